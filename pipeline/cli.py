@@ -1,0 +1,155 @@
+"""`model-release`: one command, a sub-command per stage, each a thin call into `pipeline`.
+
+Errors a user can fix print one line per problem and exit 1; anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from pipeline.errors import ReleaseError, SpecError
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from pipeline.spec import load_spec
+
+    failed = False
+    for path in args.spec:
+        try:
+            loaded = load_spec(path)
+        except SpecError as exc:
+            failed = True
+            for problem in exc.problems:
+                print(problem, file=sys.stderr)
+            continue
+        spec = loaded.spec
+        print(
+            f"{path}: ok: {spec.model.name} {spec.quantization.scheme}, {len(spec.layouts)} layouts"
+            f" ({', '.join(layout.name for layout in spec.layouts)}) on {loaded.hardware.name}"
+        )
+    return 1 if failed else 0
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from pipeline import artifacts, tiny_model
+
+    cfg = tiny_model.TinyConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
+    path = tiny_model.build(Path(args.out) if args.out else None, cfg)
+    meta = artifacts.read_manifest(path).meta
+    print(json.dumps({"path": str(path), "accuracy": meta.get("accuracy"), "train_seconds": meta.get("train_seconds")}))
+    return 0
+
+
+def _tiny_accuracy(args: argparse.Namespace) -> int:
+    from pipeline import tiny_model
+
+    path = Path(args.model) if args.model else tiny_model.build()
+    for task in args.task:
+        acc = tiny_model.greedy_accuracy(path, task, limit=args.limit)
+        print(f"{task}: exact-match accuracy {acc:.3f} on held-out items (chance is below 0.01)")
+    return 0
+
+
+def _materialize(args: argparse.Namespace) -> int:
+    from pipeline import sources
+    from pipeline.spec import load_spec
+
+    loaded = load_spec(args.spec)
+    print(sources.materialize(loaded.spec, loaded.path.parent).model_dump_json(indent=2))
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from pipeline import quantize, sources
+    from pipeline.spec import load_spec
+
+    loaded = load_spec(args.spec)
+    source = sources.materialize(loaded.spec, loaded.path.parent)
+    print(quantize.quantize(loaded.spec, source, args.method).model_dump_json(indent=2))
+    return 0
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from pipeline import flow
+
+    print(json.dumps(flow.stage(str(Path(args.spec).resolve()), {"path": args.artifact} if args.artifact else None), indent=2))
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from pipeline import storage
+
+    print(storage.fetch(args.uri, Path(args.dest)).model_dump_json(indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="model-release",
+        description="Take a MoE LLM from a BF16 checkpoint to SLO-verified vLLM serving, one stage at a time.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check release specs: types, then feasibility (fits the node, weights fit memory)")
+    p.add_argument("spec", nargs="+", help="release spec YAML (configs/releases/*.yaml)")
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("make-tiny-model", help="build (or reuse) the tiny Qwen3-MoE trained on CPU; prints path and accuracy")
+    p.add_argument("--out", help="directory to create (default: cached under MODEL_RELEASE_HOME/models)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, help="training steps (default: the cached model's)")
+    p.set_defaults(func=_make_tiny_model)
+
+    p = sub.add_parser("tiny-accuracy", help="greedy exact-match accuracy of the tiny model on its held-out tasks")
+    p.add_argument("--model", help="model directory (default: the cached tiny model)")
+    p.add_argument("--task", nargs="+", default=["tiny_add", "tiny_copy"])
+    p.add_argument("--limit", type=int)
+    p.set_defaults(func=_tiny_accuracy)
+
+    p = sub.add_parser("materialize", help="resolve the spec's model source to a local directory and its manifest hash")
+    p.add_argument("spec")
+    p.set_defaults(func=_materialize)
+
+    p = sub.add_parser("quantize", help="FP8-quantize the spec's model with llmcompressor (or the streaming converter), "
+                       "verify and publish it content-addressed; a re-run with the same inputs is a no-op")
+    p.add_argument("spec")
+    p.add_argument("--method", choices=["oneshot", "model_free", "streaming"],
+                   help="override quantization.method from the spec")
+    p.set_defaults(func=_quantize)
+
+    p = sub.add_parser("stage", help="upload the FP8 artifact to the spec's S3/Spaces prefix and/or NFS path; "
+                       "manifest last, resumable, verified; unchanged artifacts are not re-sent")
+    p.add_argument("spec")
+    p.add_argument("--artifact", help="artifact directory (default: quantize the spec's model, reusing a finished output)")
+    p.set_defaults(func=_stage)
+
+    p = sub.add_parser("fetch", help="download an artifact (s3://bucket/prefix or an NFS path) and verify every file "
+                       "against its manifest; what a serving pod's init container runs")
+    p.add_argument("uri")
+    p.add_argument("dest")
+    p.set_defaults(func=_fetch)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.func(args)
+    except ReleaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

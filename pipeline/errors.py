@@ -1,0 +1,19 @@
+"""Errors a user can fix. Anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+
+class ReleaseError(Exception):
+    """A problem the user can act on; its message is one line naming the file, field or object."""
+
+
+class SpecError(ReleaseError):
+    """A release spec (or a file it refers to) is invalid; carries one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class ArtifactError(ReleaseError):
+    """An artifact on disk or in storage is missing, incomplete or does not match its manifest."""

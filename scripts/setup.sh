@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Create or update the project's two virtualenvs. Idempotent: a venv is touched only when
+# its requirement or lock files changed since it was last installed (a stamp records their hash).
+#   scripts/setup.sh [main|serve|all]      (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+PIP_FLAGS=(--quiet --disable-pip-version-check --no-input)
+
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+ensure_venv() {
+  local venv=$1 want=$2; shift 2
+  if [[ -f $venv/.setup-stamp && $(cat "$venv/.setup-stamp") == "$want" ]]; then
+    echo "setup: $venv up to date"; return 1
+  fi
+  echo "setup: installing $venv (first time takes a few minutes)"
+  [[ -x $venv/bin/python ]] || "$PY" -m venv "$venv"
+  return 0
+}
+
+setup_main() {
+  local want; want=$(stamp_of requirements/main.in requirements/main.lock pyproject.toml)
+  ensure_venv .venv "$want" || return 0
+  .venv/bin/pip install "${PIP_FLAGS[@]}" -c requirements/main.lock -r requirements/main.in
+  .venv/bin/pip install "${PIP_FLAGS[@]}" --no-deps -e .
+  echo "$want" > .venv/.setup-stamp
+}
+
+setup_serve() {
+  local want; want=$(stamp_of requirements/serve.in requirements/serve.lock)
+  ensure_venv .venv-serve "$want" || return 0
+  .venv-serve/bin/pip install "${PIP_FLAGS[@]}" -c requirements/serve.lock -r requirements/serve.in
+  # pip brings CUDA builds of these; they cannot load beside CPU torch and break transformers
+  # ("operator torchvision::nms does not exist"). vLLM serves text models without them.
+  .venv-serve/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$want" > .venv-serve/.setup-stamp
+}
+
+case ${1:-all} in
+  main) setup_main ;;
+  serve) setup_serve ;;
+  all) setup_main; setup_serve ;;
+  *) echo "usage: $0 [main|serve|all]" >&2; exit 2 ;;
+esac

