@@ -1,0 +1,175 @@
+"""Staging to a real S3-protocol server (moto server mode, over HTTP) and to an NFS-style directory."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipeline import artifacts, storage
+from pipeline.errors import ArtifactError, ReleaseError
+from pipeline.spec import NfsTarget, S3Target, StagingSpec
+from tests.s3server import FaultProxy, MotoServer
+
+MB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # small parts so a test file exercises multipart (S3's minimum part is 5 MiB)
+    monkeypatch.setattr(storage, "PART_SIZE", 5 * MB)
+    monkeypatch.setattr(storage, "MULTIPART_THRESHOLD", 5 * MB)
+
+
+@pytest.fixture
+def artifact(tmp_path) -> Path:
+    root = tmp_path / "fp8-model-abc"
+    root.mkdir()
+    rng = __import__("random").Random(0)
+    (root / "model-00001-of-00002.safetensors").write_bytes(rng.randbytes(17 * MB))
+    (root / "model-00002-of-00002.safetensors").write_bytes(rng.randbytes(6 * MB + 123))
+    (root / "config.json").write_text('{"model_type": "qwen3_moe"}')
+    (root / "tokenizer.json").write_text("{}")
+    artifacts.write_manifest(root, kind="fp8-model")
+    return root
+
+
+def target_for(url: str, **kw) -> S3Target:
+    return S3Target(connection_id="not-configured", bucket=kw.pop("bucket", f"b-{uuid.uuid4().hex[:8]}"),
+                    prefix="releases", endpoint_url=url, create_bucket=kw.pop("create_bucket", True), **kw)
+
+
+def keys(client, bucket: str) -> set[str]:
+    return {o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+
+def test_round_trip_stage_fetch_verify(s3, artifact, tmp_path):
+    target = target_for(s3.url)
+    staged = storage.stage(artifact, StagingSpec(s3=target))
+    assert staged.s3_uri == f"s3://{target.bucket}/releases/{artifact.name}"
+    assert staged.bytes_sent == staged.total_bytes and staged.files_sent == 4
+    client = storage.s3_client(target)
+    assert f"releases/{artifact.name}/manifest.json" in keys(client, target.bucket)
+    fetched = storage.fetch(staged.s3_uri, tmp_path / "pod", target)
+    assert fetched.manifest_hash == staged.manifest_hash == artifacts.read_manifest(artifact).content_hash()
+    artifacts.verify(tmp_path / "pod")
+    again = storage.fetch(staged.s3_uri, tmp_path / "pod", target)
+    assert again.files_skipped == 4 and again.bytes_fetched == 0
+
+
+def test_restage_is_a_no_op(s3, artifact):
+    target = target_for(s3.url)
+    storage.stage(artifact, StagingSpec(s3=target))
+    again = storage.stage(artifact, StagingSpec(s3=target))
+    assert again.bytes_sent == 0 and again.files_sent == 0 and again.files_skipped == 4
+
+
+def test_interrupted_upload_resumes_without_resending_and_commits_last(s3, artifact, monkeypatch):
+    monkeypatch.setattr(storage, "WORKERS", 1)  # parts in order, so the cut lands after two whole parts
+    target = target_for(s3.url)
+    proxy = FaultProxy(s3.port, cut_after=14 * MB)
+    try:
+        with pytest.raises(ReleaseError):
+            storage.stage(artifact, StagingSpec(s3=target.model_copy(update={"endpoint_url": proxy.url})))
+    finally:
+        proxy.close()
+    client = storage.s3_client(target)
+    assert f"releases/{artifact.name}/manifest.json" not in keys(client, target.bucket)
+    assert storage.fetch_manifest_or_none(client, target.bucket, f"releases/{artifact.name}") is None
+
+    resumed = storage.stage(artifact, StagingSpec(s3=target))
+    total = resumed.total_bytes
+    assert 0 < resumed.bytes_sent <= total - 10 * MB, (resumed.bytes_sent, total)  # committed parts/files not re-sent
+    assert f"releases/{artifact.name}/manifest.json" in keys(client, target.bucket)
+    assert client.list_multipart_uploads(Bucket=target.bucket).get("Uploads", []) == []
+
+
+def test_transient_server_errors_are_retried(s3, artifact):
+    target = target_for(s3.url)
+    storage.stage(artifact, StagingSpec(s3=target.model_copy(update={"create_bucket": True})))  # bucket exists now
+    other = artifact.parent / "other"
+    other.mkdir()
+    (other / "x.bin").write_bytes(b"x" * 1000)
+    artifacts.write_manifest(other, kind="fp8-model")
+    proxy = FaultProxy(s3.port, fail_first=3)
+    try:
+        staged = storage.stage(other, StagingSpec(s3=target.model_copy(update={"endpoint_url": proxy.url})))
+    finally:
+        proxy.close()
+    assert proxy.failed == 3 and staged.files_sent == 1
+
+
+def test_corrupted_object_is_refused_on_fetch(s3, artifact, tmp_path):
+    target = target_for(s3.url)
+    staged = storage.stage(artifact, StagingSpec(s3=target))
+    client = storage.s3_client(target)
+    client.put_object(Bucket=target.bucket, Key=f"releases/{artifact.name}/config.json", Body=b'{"model_type": "evil"}')
+    with pytest.raises(ArtifactError, match=r"config\.json: downloaded bytes do not match the manifest"):
+        storage.fetch(staged.s3_uri, tmp_path / "pod", target)
+    assert not (tmp_path / "pod" / "config.json").exists()
+    assert not (tmp_path / "pod" / "manifest.json").exists()
+
+
+def test_prefix_without_manifest_is_not_an_artifact(s3, artifact, tmp_path):
+    target = target_for(s3.url)
+    storage.stage(artifact, StagingSpec(s3=target))
+    client = storage.s3_client(target)
+    client.delete_object(Bucket=target.bucket, Key=f"releases/{artifact.name}/manifest.json")
+    with pytest.raises(ArtifactError, match="no manifest.json; not a"):
+        storage.fetch(f"s3://{target.bucket}/releases/{artifact.name}", tmp_path / "pod", target)
+
+
+def test_missing_bucket_is_a_clear_error(s3, artifact):
+    target = target_for(s3.url, create_bucket=False)
+    with pytest.raises(ReleaseError, match=rf"staging\.s3\.bucket: bucket '{target.bucket}' does not exist"):
+        storage.stage(artifact, StagingSpec(s3=target))
+
+
+def test_bad_credentials_are_a_clear_error(artifact, monkeypatch):
+    server = MotoServer(env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="0"))
+    try:
+        with pytest.raises(ReleaseError, match=r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|Forbidden|403"):
+            storage.stage(artifact, StagingSpec(s3=target_for(server.url)))
+    finally:
+        server.stop()
+
+
+def test_unverified_local_artifact_is_not_staged(s3, artifact):
+    (artifact / "config.json").write_text('{"model_type": "changed"}')
+    with pytest.raises(ArtifactError, match=r"config\.json: (size|sha256)"):
+        storage.stage(artifact, StagingSpec(s3=target_for(s3.url)))
+
+
+def test_nfs_stage_is_atomic_resumable_and_fetchable(artifact, tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    # a killed earlier run left part of the copy behind
+    partial = share / f".partial-{artifact.name}"
+    partial.mkdir()
+    (partial / "config.json").write_bytes((artifact / "config.json").read_bytes())
+    (partial / "model-00002-of-00002.safetensors").write_bytes(b"half")
+    staged = storage.stage(artifact, StagingSpec(nfs=NfsTarget(path=str(share))))
+    assert staged.nfs_path == str(share / artifact.name) and staged.files_skipped == 1 and staged.files_sent == 3
+    assert not partial.exists()
+    artifacts.verify(share / artifact.name)
+    again = storage.stage(artifact, StagingSpec(nfs=NfsTarget(path=str(share))))
+    assert again.bytes_sent == 0
+    fetched = storage.fetch(str(share / artifact.name), tmp_path / "pod")
+    assert fetched.files_fetched == 4 and artifacts.verify(tmp_path / "pod")
+
+
+def test_nfs_path_must_exist(artifact, tmp_path):
+    with pytest.raises(ReleaseError, match=r"staging\.nfs\.path: .* is not a mounted directory"):
+        storage.stage(artifact, StagingSpec(nfs=NfsTarget(path=str(tmp_path / "nope"))))
