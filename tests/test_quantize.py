@@ -36,8 +36,8 @@ def source_of(path: Path) -> ModelSource:
                        total_bytes=manifest.total_bytes, files=len(manifest.files))
 
 
-@pytest.mark.parametrize("method", ["oneshot", "model_free"])
-def test_both_llmcompressor_paths_produce_verified_fp8(tiny_model_dir, spec, home, method):
+@pytest.mark.parametrize("method", ["oneshot", "model_free", "streaming"])
+def test_every_path_produces_verified_fp8(tiny_model_dir, spec, home, method):
     result = quantize.quantize(spec, source_of(tiny_model_dir), method)
     out = Path(result.path)
     assert out.parent == home / "artifacts" and not result.reused
@@ -146,3 +146,20 @@ def test_killed_run_publishes_nothing_and_rerun_completes(tiny_model_dir, home, 
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert not result["reused"] and artifacts.verify(Path(result["path"]))
+
+
+def test_streaming_output_matches_model_free_tensor_for_tensor(tiny_model_dir, spec, home):
+    import torch
+    from safetensors.torch import load_file
+
+    streamed = Path(quantize.quantize(spec, source_of(tiny_model_dir), "streaming").path)
+    reference = Path(quantize.quantize(spec, source_of(tiny_model_dir), "model_free").path)
+    a, b = load_file(streamed / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        x, y = a[name], b[name]
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)) if x.dtype == torch.float8_e4m3fn else torch.equal(x, y), name
+    qa = json.loads((streamed / "config.json").read_text())["quantization_config"]
+    qb = json.loads((reference / "config.json").read_text())["quantization_config"]
+    assert qa == qb
