@@ -1,0 +1,110 @@
+"""Accuracy gate on the tiny model: real lm-eval, real great-expectations, real FP8 candidate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline import artifacts, evaluate, flow, quantize
+from pipeline.errors import ReleaseError
+from pipeline.sources import ModelSource
+from pipeline.spec import EvalTask, load_spec
+from tests.conftest import TINY_SPEC
+
+
+@pytest.fixture(scope="module")
+def evaluation():
+    return load_spec(TINY_SPEC).spec.evaluation
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model_dir, evaluation):
+    return evaluate.evaluate(tiny_model_dir, artifacts.read_manifest(tiny_model_dir).content_hash(), evaluation)
+
+
+@pytest.fixture(scope="module")
+def fp8_candidate(tiny_model_dir, tmp_path_factory):
+    spec = load_spec(TINY_SPEC).spec
+    manifest = artifacts.read_manifest(tiny_model_dir)
+    source = ModelSource(uri="t", path=str(tiny_model_dir), manifest_hash=manifest.content_hash(),
+                         total_bytes=manifest.total_bytes, files=len(manifest.files))
+    return Path(quantize.quantize(spec, source, "model_free").path)
+
+
+def damaged_copy(src: Path, dst: Path) -> Path:
+    """The BF16 model with its attention weights fake-quantized to 2 bits per row: a broken release."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    for name, weight in tensors.items():
+        if ".self_attn." in name and name.endswith("_proj.weight"):
+            w = weight.float()
+            scale = w.abs().amax(dim=1, keepdim=True) / 1.5
+            tensors[name] = ((w / scale).round().clamp(-2, 1) * scale).to(weight.dtype)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    artifacts.write_manifest(dst, kind="model")
+    return dst
+
+
+def test_real_fp8_candidate_passes_the_gate(baseline, fp8_candidate, evaluation, tmp_path):
+    candidate = evaluate.evaluate(fp8_candidate, artifacts.read_manifest(fp8_candidate).content_hash(), evaluation)
+    decision = evaluate.gate(baseline, candidate, evaluation, tmp_path)
+    print(decision.table())
+    assert decision.passed, decision.failures
+    for verdict in decision.tasks:
+        assert verdict.samples_candidate == verdict.expected_samples == 200
+        assert verdict.baseline > 0.5 and verdict.recovery >= verdict.min_recovery
+    assert "PASSED" in Path(decision.validation_html).read_text()
+
+
+def test_damaged_candidate_fails_naming_task_and_recovery(baseline, tiny_model_dir, evaluation, tmp_path):
+    broken = damaged_copy(tiny_model_dir, tmp_path / "broken")
+    candidate = evaluate.evaluate(broken, artifacts.read_manifest(broken).content_hash(), evaluation)
+    decision = evaluate.gate(baseline, candidate, evaluation, tmp_path / "gate")
+    print(decision.table())
+    assert not decision.passed
+    failed = [t for t in decision.tasks if not t.passed]
+    assert failed
+    assert any(line.startswith(f"{failed[0].task}: recovery vs min_recovery") and "recovery=" in line
+               for line in decision.failures), decision.failures
+    with pytest.raises(flow.GateFailed, match=rf"(?s){failed[0].task}: .*recovery"):
+        flow.accuracy_gate(str(TINY_SPEC), baseline.model_dump(), candidate.model_dump(), "test-damaged")
+
+
+def test_missing_task_fails_the_gx_validation(baseline, evaluation, tmp_path):
+    partial = baseline.model_copy(update={"scores": [s for s in baseline.scores if s.task != "tiny_copy"]})
+    decision = evaluate.gate(baseline, partial, evaluation, tmp_path)
+    assert not decision.passed
+    assert "tiny_copy: configured task missing from the results (expect_column_distinct_values_to_equal_set)" in decision.failures
+
+
+def test_wrong_sample_count_fails_the_gx_validation(baseline, evaluation, tmp_path):
+    fewer = baseline.model_copy(update={"scores": [s.model_copy(update={"samples": 150}) if s.task == "tiny_add" else s
+                                                    for s in baseline.scores]})
+    decision = evaluate.gate(baseline, fewer, evaluation, tmp_path)
+    assert not decision.passed
+    assert any(f.startswith("tiny_add: samples_candidate vs expected_samples") for f in decision.failures), decision.failures
+
+
+def test_baseline_is_cached(tiny_model_dir, baseline, evaluation):
+    again = evaluate.evaluate(tiny_model_dir, baseline.model_manifest_hash, evaluation, use_cache=True)
+    assert again.cached and again.scores == baseline.scores
+
+
+def test_unknown_task_is_named(tiny_model_dir, evaluation):
+    bad = evaluation.model_copy(update={"tasks": [EvalTask(name="no_such_task_xyz")]})
+    with pytest.raises(ReleaseError, match="evaluation.tasks: no_such_task_xyz:"):
+        evaluate.evaluate(tiny_model_dir, "h", bad)
+
+
+def test_missing_data_file_is_named(tiny_model_dir, evaluation, tmp_path, monkeypatch):
+    (tmp_path / "tiny_add.yaml").write_text((evaluate.EVAL_DIR / "tiny_add.yaml").read_text())
+    monkeypatch.setattr(evaluate, "EVAL_DIR", tmp_path)
+    bad = evaluation.model_copy(update={"tasks": [EvalTask(name="tiny_add")]})
+    with pytest.raises(ReleaseError, match=r"evaluation.tasks: tiny_add: data file .*tiny_add.jsonl is missing"):
+        evaluate.evaluate(tiny_model_dir, "h", bad)
