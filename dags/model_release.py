@@ -3,8 +3,9 @@
 
 Takes one model release, described by a spec in `configs/releases/`, from its BF16
 checkpoint towards SLO-verified serving: validate the spec, materialize the model source,
-quantize it to FP8, stage it to network storage, then (as the stages land) evaluate,
-benchmark, approve, promote.
+quantize it to FP8, gate on accuracy (lm-eval, baseline vs candidate, validated by
+great-expectations), stage it to network storage, benchmark every candidate serving layout
+with vLLM against the p90 SLO and pick the best; then (as the stages land) approve, promote.
 
 Trigger with the `spec` param (a path relative to the project, or absolute). All logic lives
 in the `pipeline` package; this file only wires tasks together.
@@ -54,8 +55,29 @@ def model_release():
 
         return flow.quantize(spec["spec_path"], source)
 
+    @task
+    def evaluate_baseline(spec: dict, source: dict) -> dict:
+        """lm-eval on the BF16 source (cached by manifest hash, tasks and settings)."""
+        from pipeline import flow
+
+        return flow.evaluate(spec["spec_path"], source, baseline=True)
+
+    @task
+    def evaluate_candidate(spec: dict, quantized: dict) -> dict:
+        """lm-eval on the FP8 candidate, same tasks, few-shot, limit and seed."""
+        from pipeline import flow
+
+        return flow.evaluate(spec["spec_path"], quantized, baseline=False)
+
+    @task(retries=0)
+    def accuracy_gate(spec: dict, baseline: dict, candidate: dict, run_id: str | None = None) -> dict:
+        """great-expectations validates the per-task recovery table; a failure stops the run here."""
+        from pipeline import flow
+
+        return flow.accuracy_gate(spec["spec_path"], baseline, candidate, run_id)
+
     @task(retries=2, retry_delay=pendulum.duration(seconds=30), outlets=[STAGED])
-    def stage(spec: dict, quantized: dict, *, outlet_events=None) -> dict:
+    def stage(spec: dict, quantized: dict, gate: dict, *, outlet_events=None) -> dict:
         """Upload to S3/Spaces and/or NFS, manifest last; retried (network), resumes where it stopped."""
         from pipeline import flow
 
@@ -64,8 +86,40 @@ def model_release():
                                        "nfs_path": staged["nfs_path"], "manifest_hash": staged["manifest_hash"]}
         return staged
 
+    @task
+    def layout_names(spec: dict) -> list[str]:
+        return spec["layouts"]
+
+    # One mapped task per candidate layout. They run one at a time: layouts are compared on the
+    # same machine, and two engines at once would measure each other.
+    @task(max_active_tis_per_dagrun=1)
+    def benchmark(spec: dict, staged: dict, layout: str, run_id: str | None = None) -> dict:
+        """Serve the staged artifact with this layout; find its highest rate within the p90 SLO."""
+        from pipeline import flow
+
+        return flow.benchmark_layout(spec["spec_path"], staged, layout, run_id)
+
+    @task
+    def select_layout(spec: dict, results: list[dict], run_id: str | None = None) -> dict:
+        """Best layout by SLO rate per server; JSON, CSV and the latency-vs-rate PNG for the report."""
+        from pipeline import flow
+
+        return flow.select_layout(spec["spec_path"], list(results), run_id)
+
+    @task(retries=0)
+    def slo_gate(selection: dict) -> dict:
+        """Fails the run, with the per-layout table in the log, when no layout meets the SLO."""
+        from pipeline import flow
+
+        return flow.slo_gate(selection)
+
     spec = validate()
-    stage(spec, quantize(spec, materialize_model(spec)))
+    source = materialize_model(spec)
+    fp8 = quantize(spec, source)
+    gate = accuracy_gate(spec, evaluate_baseline(spec, source), evaluate_candidate(spec, fp8))
+    staged = stage(spec, fp8, gate)
+    results = benchmark.partial(spec=spec, staged=staged).expand(layout=layout_names(spec))
+    slo_gate(select_layout(spec, results))
 
 
 model_release()

@@ -88,6 +88,26 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from pipeline import flow
+
+    spec_path = str(Path(args.spec).resolve())
+    source = flow.materialize_model(spec_path)
+    candidate = {"path": args.candidate, "manifest_hash": _hash_of(args.candidate)} if args.candidate \
+        else flow.quantize(spec_path, source)
+    baseline = flow.evaluate(spec_path, source, baseline=True)
+    result = flow.evaluate(spec_path, candidate, baseline=False)
+    decision = flow.accuracy_gate(spec_path, baseline, result, args.run_id)
+    print(f"accuracy gate passed; GX validation report: {decision['validation_html']}")
+    return 0
+
+
+def _hash_of(path: str) -> str:
+    from pipeline import artifacts
+
+    return artifacts.verify(Path(path)).content_hash()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="model-release",
@@ -122,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=["oneshot", "model_free", "streaming"],
                    help="override quantization.method from the spec")
     p.set_defaults(func=_quantize)
+
+    p = sub.add_parser("evaluate", help="lm-eval on the baseline and the FP8 candidate with the spec's tasks, then the "
+                       "accuracy gate (great-expectations); exit 1 with the per-task table when it fails")
+    p.add_argument("spec")
+    p.add_argument("--candidate", help="candidate model directory with a manifest (default: the spec's quantized model)")
+    p.add_argument("--run-id", default="cli", help="results go to MODEL_RELEASE_HOME/runs/RUN_ID/")
+    p.set_defaults(func=_evaluate)
 
     p = sub.add_parser("stage", help="upload the FP8 artifact to the spec's S3/Spaces prefix and/or NFS path; "
                        "manifest last, resumable, verified; unchanged artifacts are not re-sent")

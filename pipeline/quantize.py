@@ -39,9 +39,10 @@ FP8_MAX = 448.0
 COPIED_FILES_SKIP = {"config.json", artifacts.MANIFEST, checkpoint.INDEX, "recipe.yaml"}
 NUMERIC_PROMPTS = ["12+34=", "copy hello=", "The capital of France is", "<|im_start|>user\n7+8=<|im_end|>\n"]
 # Check config fields against the spec before spending time on the weights.
-ARCH_FIELDS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "num_experts": "num_experts",
-               "num_experts_per_tok": "num_experts_per_tok", "num_attention_heads": "num_attention_heads",
-               "num_kv_heads": "num_key_value_heads"}
+# (transformers 5 writes num_local_experts where 4.x wrote num_experts)
+ARCH_FIELDS = {"num_layers": ("num_hidden_layers",), "hidden_size": ("hidden_size",),
+               "num_experts": ("num_experts", "num_local_experts"), "num_experts_per_tok": ("num_experts_per_tok",),
+               "num_attention_heads": ("num_attention_heads",), "num_kv_heads": ("num_key_value_heads",)}
 SCHEME_CONFIG = {  # what compressed-tensors writes for each preset
     "FP8_DYNAMIC": {"strategy": "channel", "input_strategy": "token"},
     "FP8_BLOCK": {"strategy": "block", "input_strategy": "group"},
@@ -144,8 +145,22 @@ def quantize(spec: ReleaseSpec, source: ModelSource, method: str | None = None) 
     return result
 
 
+def _llmcompressor_logs_to_stderr() -> None:
+    """llmcompressor logs to stdout through loguru; keep stdout for results (the CLI prints JSON)."""
+    import sys
+
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="INFO", format="{time:YYYY-MM-DDTHH:mm:ss} | llmcompressor | {level} - {message}")
+
+
 def run_method(method: str, src: Path, out: Path, spec: ReleaseSpec) -> None:
     scheme, ignore = spec.quantization.scheme, list(spec.quantization.ignore)
+    if method in ("oneshot", "model_free"):
+        import llmcompressor  # noqa: F401  (configures loguru on import)
+
+        _llmcompressor_logs_to_stderr()
     if method == "oneshot":
         from llmcompressor import oneshot
         from llmcompressor.modifiers.quantization import QuantizationModifier
@@ -189,10 +204,11 @@ def check_architecture(spec: ReleaseSpec, src: Path) -> None:
     if config.get("model_type") != arch.model_type:
         raise ReleaseError(f"model.architecture.model_type: spec says {arch.model_type!r}, "
                            f"{src / 'config.json'} has {config.get('model_type')!r}")
-    for field, key in ARCH_FIELDS.items():
-        if key in config and config[key] != getattr(arch, field):
-            raise ReleaseError(f"model.architecture.{field}: spec says {getattr(arch, field)}, "
-                               f"{src / 'config.json'} has {key}={config[key]}")
+    for field, keys in ARCH_FIELDS.items():
+        for key in keys:
+            if key in config and config[key] != getattr(arch, field):
+                raise ReleaseError(f"model.architecture.{field}: spec says {getattr(arch, field)}, "
+                                   f"{src / 'config.json'} has {key}={config[key]}")
 
 
 def _is_target(name: str, ignore: list[str]) -> bool:

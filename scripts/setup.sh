@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's two virtualenvs. Idempotent: a venv is touched only when
 # its requirement or lock files changed since it was last installed (a stamp records their hash).
-#   scripts/setup.sh [main|serve|all]      (default: all)
+#   scripts/setup.sh [main|serve|system|all]      (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -37,9 +37,18 @@ setup_serve() {
   echo "$want" > .venv-serve/.setup-stamp
 }
 
+setup_system() {
+  # nginx balances a layout's replicas behind one endpoint, as a Service does in production
+  if ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then
+    echo "setup: installing nginx (apt)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+  fi
+}
+
 case ${1:-all} in
   main) setup_main ;;
   serve) setup_serve ;;
-  all) setup_main; setup_serve ;;
-  *) echo "usage: $0 [main|serve|all]" >&2; exit 2 ;;
+  system) setup_system ;;
+  all) setup_system; setup_main; setup_serve ;;
+  *) echo "usage: $0 [main|serve|system|all]" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from tests.s3server import MotoServer
 DAGBAG_SCRIPT = """
 import json
 from airflow.dag_processing.dagbag import DagBag
-bag = DagBag(include_examples=False)
+bag = DagBag()
 print(json.dumps({"errors": bag.import_errors, "dags": sorted(bag.dag_ids)}))
 """
 
@@ -47,17 +48,30 @@ def test_dag_files_hold_wiring_only():
         assert len(text.splitlines()) < 250, path
 
 
+def short_search(data):
+    # the DAG test proves the wiring; test_benchmark measures the layouts properly
+    data["workload"]["num_prompts"] = 40
+    data["slo"]["resolution"] = 0.25
+
+
 @pytest.mark.slow
-def test_airflow_dags_test_runs_the_release_dag(af_env, tiny_model_dir):
+def test_airflow_dags_test_runs_the_release_dag(af_env, tiny_model_dir, spec_file):
+    spec = spec_file(TINY_SPEC, short_search)
     result = airflow(
-        ["dags", "test", "model_release", "-c", json.dumps({"spec": str(TINY_SPEC)})],
-        af_env, capture_output=True, text=True, timeout=900,
+        ["dags", "test", "model_release", "-c", json.dumps({"spec": str(spec)})],
+        af_env, capture_output=True, text=True, timeout=1800,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "state=success" in output or "DagRun Finished" in output, output[-4000:]
     assert str(tiny_model_dir) in output
     assert "s3://model-release/tiny-qwen3-moe-fp8/" in output, output[-4000:]
+    assert "accuracy gate PASSED" in output
+    runs = sorted((Path(af_env["MODEL_RELEASE_HOME"]) / "runs").glob("manual__*"), key=lambda p: p.stat().st_mtime)
+    bench = json.loads((runs[-1] / "benchmark" / "benchmark.json").read_text())
+    assert [layout["layout"] for layout in bench["layouts"]] == ["single", "two-replicas"]
+    assert bench["selection"]["passed"] and bench["selection"]["best"] in ("single", "two-replicas")
+    assert (runs[-1] / "benchmark" / "latency_vs_rate.png").exists()
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from pipeline.paths import PROJECT_ROOT
 from tests.conftest import SERVE_PYTHON
 
 # Chance is ~1% for an exact 2-digit sum and far lower for copying a 3-6 letter word.
-MIN_ADD_ACCURACY = 0.80
+MIN_ADD_ACCURACY = 0.90
 MIN_COPY_ACCURACY = 0.90
 
 
@@ -49,7 +49,7 @@ def test_tokenizer_round_trips_and_has_chat_template():
 def test_model_is_a_qwen3_moe_with_many_experts(tiny_model_dir):
     config = json.loads((tiny_model_dir / "config.json").read_text())
     assert config["architectures"] == ["Qwen3MoeForCausalLM"]
-    assert config["num_experts"] == 16 and config["num_experts_per_tok"] == 4
+    assert config.get("num_experts", config.get("num_local_experts")) == 16 and config["num_experts_per_tok"] == 4
     assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
     tok_config = json.loads((tiny_model_dir / "tokenizer_config.json").read_text())
     assert tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"

