@@ -189,7 +189,8 @@ def slo_search(run: RunProbe, workload: WorkloadSpec, slo: SloSpec, max_probes: 
 
     def probe(rate: float) -> Probe:
         nonlocal seed
-        n = workload.num_prompts
+        # short runs never build a queue and flatter high rates: send at least min_probe_seconds of load
+        n = workload.num_prompts if math.isinf(rate) else max(workload.num_prompts, math.ceil(rate * workload.min_probe_seconds))
         for _ in range(MAX_PROMPT_DOUBLINGS + 1):
             seed += 1  # a fresh prompt set each run: cached prefixes must not flatter later probes
             result = run(rate, n, seed)

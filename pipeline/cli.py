@@ -14,6 +14,14 @@ from pathlib import Path
 
 from pipeline.errors import ReleaseError, SpecError
 
+# Results go to the real stdout; while a command runs, sys.stdout points at stderr, because the
+# libraries we drive (llmcompressor's loguru sink, tqdm, lm-eval) print progress to stdout.
+_results = sys.stdout
+
+
+def emit(text: str) -> None:
+    print(text, file=_results, flush=True)
+
 
 def _validate(args: argparse.Namespace) -> int:
     from pipeline.spec import load_spec
@@ -28,7 +36,7 @@ def _validate(args: argparse.Namespace) -> int:
                 print(problem, file=sys.stderr)
             continue
         spec = loaded.spec
-        print(
+        emit(
             f"{path}: ok: {spec.model.name} {spec.quantization.scheme}, {len(spec.layouts)} layouts"
             f" ({', '.join(layout.name for layout in spec.layouts)}) on {loaded.hardware.name}"
         )
@@ -41,7 +49,7 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     cfg = tiny_model.TinyConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     path = tiny_model.build(Path(args.out) if args.out else None, cfg)
     meta = artifacts.read_manifest(path).meta
-    print(json.dumps({"path": str(path), "accuracy": meta.get("accuracy"), "train_seconds": meta.get("train_seconds")}))
+    emit(json.dumps({"path": str(path), "accuracy": meta.get("accuracy"), "train_seconds": meta.get("train_seconds")}))
     return 0
 
 
@@ -51,7 +59,7 @@ def _tiny_accuracy(args: argparse.Namespace) -> int:
     path = Path(args.model) if args.model else tiny_model.build()
     for task in args.task:
         acc = tiny_model.greedy_accuracy(path, task, limit=args.limit)
-        print(f"{task}: exact-match accuracy {acc:.3f} on held-out items (chance is below 0.01)")
+        emit(f"{task}: exact-match accuracy {acc:.3f} on held-out items (chance is below 0.01)")
     return 0
 
 
@@ -60,7 +68,7 @@ def _materialize(args: argparse.Namespace) -> int:
     from pipeline.spec import load_spec
 
     loaded = load_spec(args.spec)
-    print(sources.materialize(loaded.spec, loaded.path.parent).model_dump_json(indent=2))
+    emit(sources.materialize(loaded.spec, loaded.path.parent).model_dump_json(indent=2))
     return 0
 
 
@@ -70,21 +78,21 @@ def _quantize(args: argparse.Namespace) -> int:
 
     loaded = load_spec(args.spec)
     source = sources.materialize(loaded.spec, loaded.path.parent)
-    print(quantize.quantize(loaded.spec, source, args.method).model_dump_json(indent=2))
+    emit(quantize.quantize(loaded.spec, source, args.method).model_dump_json(indent=2))
     return 0
 
 
 def _stage(args: argparse.Namespace) -> int:
     from pipeline import flow
 
-    print(json.dumps(flow.stage(str(Path(args.spec).resolve()), {"path": args.artifact} if args.artifact else None), indent=2))
+    emit(json.dumps(flow.stage(str(Path(args.spec).resolve()), {"path": args.artifact} if args.artifact else None), indent=2))
     return 0
 
 
 def _fetch(args: argparse.Namespace) -> int:
     from pipeline import storage
 
-    print(storage.fetch(args.uri, Path(args.dest)).model_dump_json(indent=2))
+    emit(storage.fetch(args.uri, Path(args.dest)).model_dump_json(indent=2))
     return 0
 
 
@@ -98,7 +106,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     baseline = flow.evaluate(spec_path, source, baseline=True)
     result = flow.evaluate(spec_path, candidate, baseline=False)
     decision = flow.accuracy_gate(spec_path, baseline, result, args.run_id)
-    print(f"accuracy gate passed; GX validation report: {decision['validation_html']}")
+    emit(f"accuracy gate passed; GX validation report: {decision['validation_html']}")
     return 0
 
 
@@ -171,11 +179,16 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    global _results
+    _results = sys.stdout
+    sys.stdout = sys.stderr
     try:
         return args.func(args)
     except ReleaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        sys.stdout = _results
 
 
 if __name__ == "__main__":

@@ -127,6 +127,26 @@ def healthy(url: str) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL me if the process that started me dies, even by SIGKILL."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _terminate_on_sigterm() -> None:
+    """A plain SIGTERM would end Python without running `finally`; turn it into SystemExit so
+    the engines are torn down (Airflow installs its own handler in tasks, which also unwinds)."""
+    import threading
+
+    def exit_cleanly(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, exit_cleanly)
+
+
 class EngineFailed(ReleaseError):
     """The engine did not come up (bad flag, OOM, crash); carries the last log lines."""
 
@@ -152,6 +172,7 @@ class LocalEngine:
         self.stop()
 
     def start(self) -> None:
+        _terminate_on_sigterm()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         for cmd in self.commands:
@@ -160,7 +181,7 @@ class LocalEngine:
                 out.write((cmd.shell() + "\n").encode())
                 out.flush()
                 self.procs.append(subprocess.Popen(cmd.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
+                                                   start_new_session=True, preexec_fn=_die_with_parent))
             log.info("engine replica %d: pid %d on port %d, devices %s", cmd.replica, self.procs[-1].pid, cmd.port, cmd.devices)
         pending = dict(enumerate(self.commands))
         while pending:
@@ -196,7 +217,8 @@ class LocalEngine:
         )
         with open(self.log_dir / "nginx.log", "wb") as out:
             self.procs.append(subprocess.Popen([nginx, "-c", str(conf), "-p", str(self.log_dir)], stdout=out,
-                                               stderr=subprocess.STDOUT, start_new_session=True))
+                                               stderr=subprocess.STDOUT, start_new_session=True,
+                                               preexec_fn=_die_with_parent))
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
         while not healthy(url):

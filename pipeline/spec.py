@@ -184,6 +184,8 @@ class WorkloadSpec(Strict):
     input_len: Annotated[int, Field(gt=0)]
     output_len: Annotated[int, Field(gt=0)]
     num_prompts: Annotated[int, Field(gt=0)] = 200
+    min_probe_seconds: Annotated[float, Field(ge=0, description="a probe sends at least rate x this many requests, "
+                                                                  "so the queue reaches steady state")] = 30.0
     arrival: Literal["poisson", "constant"] = "poisson"
     seed: int = 0
 

@@ -121,6 +121,7 @@ def test_two_real_vllm_cpu_layouts(tiny_model_dir, tmp_path, monkeypatch):
     loaded = load_spec(TINY_SPEC)
     spec = loaded.spec.model_copy(deep=True)
     spec.workload.num_prompts = 40
+    spec.workload.min_probe_seconds = 2
     spec.slo.resolution = 0.25  # a short search: this test proves the machinery, not the number
     manifest = artifacts.read_manifest(tiny_model_dir)
     fp8 = quantize.quantize(spec, ModelSource(uri="t", path=str(tiny_model_dir), manifest_hash=manifest.content_hash(),
@@ -154,3 +155,33 @@ def test_engine_that_fails_to_start_marks_the_layout_failed(tiny_model_dir, tmp_
     result = benchmark.benchmark_layout(spec, loaded.hardware, layout, tiny_model_dir, tmp_path)
     assert result.status == "failed" and "exited" in result.error and "no-such-flag" in result.error
     assert engine_processes() == []
+
+
+@pytest.mark.slow
+def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
+    """SIGTERM (what Airflow sends a killed task) tears the engines down; SIGKILL takes them along too."""
+    import os
+    import signal
+    import sys
+    import time
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\nfrom pathlib import Path\nfrom pipeline import serving\nfrom pipeline.spec import load_spec\n"
+        f"loaded = load_spec({str(TINY_SPEC)!r})\n"
+        "layout = loaded.spec.layouts[1]\n"
+        f"cmds = serving.build_commands(loaded.spec, loaded.hardware, layout, {str(tiny_model_dir)!r}, serving.free_port())\n"
+        "for c in cmds:\n    p = serving.free_port(); c.argv[c.argv.index('--port') + 1] = str(p); c.port = p\n"
+        f"with serving.LocalEngine(cmds, Path({str(tmp_path / 'logs')!r})):\n"
+        "    print('started', flush=True)\n    import time; time.sleep(600)\n"
+    )
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "started"
+        assert len(engine_processes()) >= 2
+        os.kill(proc.pid, sig)
+        proc.wait(60)
+        deadline = time.monotonic() + 60
+        while engine_processes() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert engine_processes() == [], sig

@@ -51,6 +51,7 @@ def test_dag_files_hold_wiring_only():
 def short_search(data):
     # the DAG test proves the wiring; test_benchmark measures the layouts properly
     data["workload"]["num_prompts"] = 40
+    data["workload"]["min_probe_seconds"] = 1
     data["slo"]["resolution"] = 0.25
 
 
