@@ -14,6 +14,7 @@ import time
 from pipeline import flow, local_s3, tiny_model
 from pipeline.airflow_local import airflow, airflow_env, ensure_db
 from pipeline.errors import ReleaseError
+from pipeline.paths import runs_dir
 
 log = logging.getLogger("demo")
 
@@ -41,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("DAG run failed (exit %d); the task logs above say why", result.returncode)
         return result.returncode
     log.info("DAG run succeeded in %.0f s", time.monotonic() - started)
+    runs = sorted(runs_dir().glob("manual__*"), key=lambda p: p.stat().st_mtime)
+    if runs:
+        bench = runs[-1] / "benchmark"
+        selection = json.loads((bench / "benchmark.json").read_text())["selection"]
+        log.info("chosen layout: %s", selection["reason"])
+        log.info("accuracy gate report: %s", runs[-1] / "accuracy_validation.html")
+        log.info("latency-vs-rate curves: %s; every probe: %s", bench / "latency_vs_rate.png", bench / "benchmark.csv")
     log.info("not built yet: %s", ", ".join(flow.NOT_BUILT))
     return 0
 

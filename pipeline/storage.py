@@ -164,13 +164,18 @@ def _client_error(exc: Exception, what: str) -> ReleaseError:
 
 def stage(artifact: Path, staging: StagingSpec, name: str | None = None) -> StagedArtifact:
     """Stage a verified artifact to every configured target; the manifest goes last on each."""
-    manifest = artifacts.verify(artifact)  # never ship bytes that do not match their manifest
+    manifest = artifacts.verify(artifact, deep=False)
     name = name or artifact.name
     result = StagedArtifact(manifest_hash=manifest.content_hash(), total_bytes=manifest.total_bytes)
     started = time.monotonic()
-    if staging.s3 is not None:
-        uri, sent, files_sent, skipped = stage_s3(artifact, manifest, staging.s3, name)
-        result.s3_uri, result.bytes_sent, result.files_sent, result.files_skipped = uri, sent, files_sent, skipped
+    # The full sha256 check of the local files runs beside the upload; no manifest is committed
+    # anywhere unless it passes, so bytes that do not match their manifest are never published.
+    with ThreadPoolExecutor(1) as checker:
+        deep = checker.submit(artifacts.verify, artifact)
+        if staging.s3 is not None:
+            uri, sent, files_sent, skipped = stage_s3(artifact, manifest, staging.s3, name, before_commit=deep.result)
+            result.s3_uri, result.bytes_sent, result.files_sent, result.files_skipped = uri, sent, files_sent, skipped
+        deep.result()
     if staging.nfs is not None:
         path, sent, files_sent, skipped = stage_nfs(artifact, manifest, staging.nfs, name)
         result.nfs_path = path
@@ -190,7 +195,7 @@ def s3_uri(target: S3Target, name: str) -> str:
 
 
 def stage_s3(artifact: Path, manifest: artifacts.Manifest, target: S3Target, name: str,
-             client=None) -> tuple[str, int, int, int]:
+             client=None, before_commit=lambda: None) -> tuple[str, int, int, int]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     client = client or s3_client(target)
@@ -215,6 +220,7 @@ def stage_s3(artifact: Path, manifest: artifacts.Manifest, target: S3Target, nam
         skipped = len(manifest.files) - len(todo)
         for entry in manifest.files:  # check what the server holds before committing
             _check_object(client, target.bucket, _key(target.prefix, name, entry.path), entry)
+        before_commit()
         body = (artifact / artifacts.MANIFEST).read_bytes()
         client.put_object(Bucket=target.bucket, Key=manifest_key, Body=body, ContentMD5=_b64md5(body),
                           ContentType="application/json")

@@ -146,10 +146,18 @@ def test_bad_credentials_are_a_clear_error(artifact, monkeypatch):
         server.stop()
 
 
-def test_unverified_local_artifact_is_not_staged(s3, artifact):
-    (artifact / "config.json").write_text('{"model_type": "changed"}')
-    with pytest.raises(ArtifactError, match=r"config\.json: (size|sha256)"):
-        storage.stage(artifact, StagingSpec(s3=target_for(s3.url)))
+def test_local_bytes_that_do_not_match_the_manifest_are_never_committed(s3, artifact):
+    shard = artifact / "model-00001-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[12345] ^= 0xFF  # same size: only the sha256 can tell
+    shard.write_bytes(bytes(data))
+    target = target_for(s3.url)
+    with pytest.raises(ArtifactError, match=r"model-00001-of-00002\.safetensors: sha256 does not match"):
+        storage.stage(artifact, StagingSpec(s3=target))
+    assert f"releases/{artifact.name}/manifest.json" not in keys(storage.s3_client(target), target.bucket)
+    (artifact / "config.json").write_text('{"model_type": "changed, longer"}')
+    with pytest.raises(ArtifactError, match=r"config\.json: size"):
+        storage.stage(artifact, StagingSpec(s3=target))
 
 
 def test_nfs_stage_is_atomic_resumable_and_fetchable(artifact, tmp_path):
