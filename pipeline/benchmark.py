@@ -224,7 +224,9 @@ def slo_search(run: RunProbe, workload: WorkloadSpec, slo: SloSpec, max_probes: 
         top = probe(capacity)
         if top.passed:
             return probes, capacity, capacity, True, "SLO holds at the measured capacity: the answer is a lower bound"
-    while (hi - lo) / hi > slo.resolution:
+    # bisect to half the resolution, so the reported (last passing) rate is within the
+    # resolution of the true boundary even when the boundary sits at the top of the bracket
+    while (hi - lo) / hi > slo.resolution / 2:
         if len(probes) >= max_probes:
             return probes, capacity, lo, True, f"probe budget ({max_probes}) spent; {lo:.3g} is a lower bound"
         mid = (lo + hi) / 2
@@ -232,7 +234,7 @@ def slo_search(run: RunProbe, workload: WorkloadSpec, slo: SloSpec, max_probes: 
             lo = mid
         else:
             hi = mid
-    return probes, capacity, lo, False, f"bisected to {slo.resolution:.0%}: passes at {lo:.3g}, fails at {hi:.3g}"
+    return probes, capacity, lo, False, f"bisected to {slo.resolution / 2:.1%}: passes at {lo:.3g}, fails at {hi:.3g}"
 
 
 def uniform_sweep(run: RunProbe, capacity: float, workload: WorkloadSpec, slo: SloSpec) -> tuple[list[Probe], float | None]:
