@@ -147,6 +147,46 @@ def _terminate_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, exit_cleanly)
 
 
+def _registry() -> Path:
+    path = home() / "engines"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans() -> int:
+    """Kill engine process groups whose owner died without cleaning up (e.g. a SIGKILLed task).
+
+    PDEATHSIG takes the engine's API server along with its owner, but vLLM's EngineCore and
+    worker processes outlive it; every group we start is recorded, so the next start reaps them.
+    """
+    reaped = 0
+    for record in _registry().glob("*.json"):
+        try:
+            info = json.loads(record.read_text())
+        except (OSError, json.JSONDecodeError):
+            record.unlink(missing_ok=True)
+            continue
+        if not _alive(info["owner"]):
+            try:
+                os.killpg(info["pgid"], signal.SIGKILL)
+                reaped += 1
+                log.warning("reaped engine process group %d left by dead owner %d", info["pgid"], info["owner"])
+            except (ProcessLookupError, PermissionError):
+                pass
+            record.unlink(missing_ok=True)
+    return reaped
+
+
 class EngineFailed(ReleaseError):
     """The engine did not come up (bad flag, OOM, crash); carries the last log lines."""
 
@@ -173,6 +213,7 @@ class LocalEngine:
 
     def start(self) -> None:
         _terminate_on_sigterm()
+        reap_orphans()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         for cmd in self.commands:
@@ -182,6 +223,7 @@ class LocalEngine:
                 out.flush()
                 self.procs.append(subprocess.Popen(cmd.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                                    start_new_session=True, preexec_fn=_die_with_parent))
+            self._record(self.procs[-1].pid)
             log.info("engine replica %d: pid %d on port %d, devices %s", cmd.replica, self.procs[-1].pid, cmd.port, cmd.devices)
         pending = dict(enumerate(self.commands))
         while pending:
@@ -219,6 +261,7 @@ class LocalEngine:
             self.procs.append(subprocess.Popen([nginx, "-c", str(conf), "-p", str(self.log_dir)], stdout=out,
                                                stderr=subprocess.STDOUT, start_new_session=True,
                                                preexec_fn=_die_with_parent))
+        self._record(self.procs[-1].pid)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
         while not healthy(url):
@@ -227,6 +270,9 @@ class LocalEngine:
             time.sleep(0.2)
         log.info("load balancer (nginx) on %s in front of ports %s", url, ports)
         return url
+
+    def _record(self, pgid: int) -> None:
+        (_registry() / f"{pgid}.json").write_text(json.dumps({"pgid": pgid, "owner": os.getpid()}))
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -254,4 +300,5 @@ class LocalEngine:
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
+            (_registry() / f"{proc.pid}.json").unlink(missing_ok=True)
         self.procs = []
