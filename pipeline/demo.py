@@ -34,10 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     model = tiny_model.build()
     log.info("tiny model at %s", model)
     log.info("local S3 server at %s", local_s3.ensure_running())
-    env = airflow_env()
-    ensure_db(env)
-    log.info("running DAG model_release in Airflow (AIRFLOW_HOME=%s)", env["AIRFLOW_HOME"])
-    result = airflow(["dags", "test", "model_release", "-c", json.dumps({"spec": info["spec_path"]})], env)
+    try:
+        env = airflow_env()
+        ensure_db(env)
+        log.info("running DAG model_release in Airflow (AIRFLOW_HOME=%s)", env["AIRFLOW_HOME"])
+        result = airflow(["dags", "test", "model_release", "-c", json.dumps({"spec": info["spec_path"]})], env)
+    finally:
+        local_s3.stop()  # the demo stops what it started
     if result.returncode:
         log.error("DAG run failed (exit %d); the task logs above say why", result.returncode)
         return result.returncode
