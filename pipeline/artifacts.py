@@ -61,6 +61,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def file_matches(path: Path, entry: FileEntry) -> bool:
+    """True when `path` holds exactly the bytes the manifest entry describes (size first: cheap)."""
+    return path.is_file() and path.stat().st_size == entry.size and sha256_file(path) == entry.sha256
+
+
 def scan(root: Path) -> list[FileEntry]:
     """Every regular file under root except the manifest, with size and sha256, in path order."""
     entries = []

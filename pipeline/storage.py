@@ -376,7 +376,7 @@ def stage_nfs(artifact: Path, manifest: artifacts.Manifest, target: NfsTarget, n
 
     def copy(entry: artifacts.FileEntry) -> None:
         dst = partial / entry.path
-        if dst.is_file() and dst.stat().st_size == entry.size and artifacts.sha256_file(dst) == entry.sha256:
+        if artifacts.file_matches(dst, entry):
             with lock:
                 counts["skipped"] += 1
             progress.add(entry.size)
@@ -453,7 +453,7 @@ def fetch(uri: str, dest: Path, target: S3Target | None = None) -> FetchResult:
 
     def one(entry: artifacts.FileEntry) -> None:
         dst = dest / entry.path
-        if dst.is_file() and dst.stat().st_size == entry.size and artifacts.sha256_file(dst) == entry.sha256:
+        if artifacts.file_matches(dst, entry):
             with lock:
                 counts["skipped"] += 1
             progress.add(entry.size)
