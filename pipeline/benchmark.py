@@ -315,15 +315,15 @@ def plot(results: list[LayoutResult], slo: SloSpec, path: Path) -> None:
     for ax, metric, limit, title in ((axes[0], "p90_ttft_ms", slo.p90_ttft_ms, "p90 TTFT"),
                                      (axes[1], "p90_tpot_ms", slo.p90_tpot_ms, "p90 TPOT")):
         for r in results:
-            points = sorted((p.rate, getattr(p, metric)) for p in r.probes if not math.isinf(p.rate))
+            # a rate probed again with more requests is decided by its last run: plot that one
+            decisive = {p.rate: p for p in r.probes if not math.isinf(p.rate)}
+            points = sorted((rate, getattr(p, metric)) for rate, p in decisive.items())
             if not points:
                 continue
             line, = ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=r.layout)
-            if r.max_slo_rate is not None:
-                chosen = [p for p in r.probes if p.rate == r.max_slo_rate]
-                if chosen:
-                    ax.plot([r.max_slo_rate], [getattr(chosen[0], metric)], marker="*", markersize=16,
-                            color=line.get_color(), markeredgecolor="black")
+            if r.max_slo_rate in decisive:
+                ax.plot([r.max_slo_rate], [getattr(decisive[r.max_slo_rate], metric)], marker="*", markersize=16,
+                        color=line.get_color(), markeredgecolor="black")
         ax.axhline(limit, color="red", linestyle="--", label=f"SLO {limit:g} ms")
         ax.set_xlabel("offered request rate (req/s)")
         ax.set_ylabel(f"{title} (ms)")
