@@ -163,6 +163,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _group_is_engine(pgid: int) -> bool:
+    """Only kill a recorded group if it still holds vLLM or nginx processes (pids get reused)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            group = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+            if group == pgid:
+                cmdline = (proc / "cmdline").read_bytes().lower()
+                if b"vllm" in cmdline or b"nginx" in cmdline:
+                    return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
 def reap_orphans() -> int:
     """Kill engine process groups whose owner died without cleaning up (e.g. a SIGKILLed task).
 
@@ -176,7 +192,7 @@ def reap_orphans() -> int:
         except (OSError, json.JSONDecodeError):
             record.unlink(missing_ok=True)
             continue
-        if not _alive(info["owner"]):
+        if not _alive(info["owner"]) and _group_is_engine(info["pgid"]):
             try:
                 os.killpg(info["pgid"], signal.SIGKILL)
                 reaped += 1
