@@ -1,0 +1,386 @@
+"""The Kubernetes objects that serve one release in one layout: pure functions, plain dicts out.
+
+One Deployment per replica group (each one pod holding its group's GPUs, as in the reference
+deployment: two `amd.com/gpu: 4` pods per 8-GPU server for two TP4+EP4 replicas), a Service
+in front of all of them, a PodDisruptionBudget, and the weights either from the NFS share
+(a read-only claim) or fetched from S3 into node-local disk by an init container.
+
+Object names depend only on the model (`<spec.name>-<group>`), not on the release: a new
+release updates the same Deployments in place (Recreate: the server's GPUs are all taken, a
+surge pod could never schedule), and a rollback re-applies the previous release over them.
+The release id and the artifact's manifest hash travel as labels and annotations.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import re
+from pathlib import PurePosixPath
+from typing import Any, NamedTuple
+
+import yaml
+from pydantic import BaseModel, Field
+
+from pipeline import serving
+from pipeline.errors import ReleaseError
+from pipeline.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
+
+MODELS_MOUNT = "/models"
+FIELD_PREFIX = "model-release"
+# vLLM start-up: engine init, graph capture and kernel warm-up, then reading the weights at a
+# conservative ~100 MB/s from NFS; ~240 GB of FP8 weights get ~42 minutes, the tiny model 3.
+STARTUP_BASE_S = 180
+STARTUP_S_PER_GB = 10
+PROBE_PERIOD_S = 10
+# Before the probe starts: image pull (ROCm images are tens of GB) and the S3 fetch.
+PULL_AND_FETCH_S = 1800
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class Artifact(BaseModel):
+    """Where the staged weights are; a `storage.StagedArtifact` dump fits (extra keys are ignored)."""
+
+    s3_uri: str | None = None
+    nfs_path: str | None = None
+    manifest_hash: str
+
+
+class RenderOptions(BaseModel):
+    """Cluster facts the release spec does not hold."""
+
+    storage_class: str = Field("nfs", description="storage class of the claim on the NFS share")
+    volume_name: str | None = Field(None, description="PersistentVolume of the NFS share to bind the claim to")
+    fetch_image: str | None = Field(None, description="image with the model-release CLI for the S3 init "
+                                                      "container; default: the engine image")
+
+
+class _Weights(NamedTuple):
+    model_path: str
+    volume: dict
+    init_containers: list[dict]
+    requests: dict[str, Any]
+    objects: list[dict]
+
+
+# ---------------------------------------------------------------- names
+
+
+def dns_name(text: str, max_len: int = 63) -> str:
+    """A DNS-1035 label (what a Service name must be, so valid for every kind here)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    if not name[:1].isalpha():
+        name = f"m-{name}"
+    return name[:max_len].rstrip("-")
+
+
+def label_value(text: str) -> str:
+    """`text` as a label value; a changed or shortened value ends in a hash of the original, so two
+    release ids (`manual__2026-01-12T10:00:00+00:00`) never end up with the same label."""
+    if len(text) <= 63 and LABEL_VALUE.match(text):
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:54].strip("-._")
+    return f"{clean}-{digest}" if clean else digest
+
+
+def s3_secret_name(connection_id: str) -> str:
+    """The Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for the spec's S3 connection."""
+    return dns_name(f"{connection_id}-s3")
+
+
+# ---------------------------------------------------------------- render
+
+
+def render(loaded: LoadedSpec, layout_name: str, release_id: str, artifact: Artifact,
+           options: RenderOptions | None = None) -> list[dict]:
+    """Every object of the release, in apply order: weights claim (if any), Deployments, Service, PDB."""
+    spec, hw = loaded.spec, loaded.hardware
+    layout = _layout(loaded, layout_name)
+    if hw.kind != "gpu" or not hw.device_resource:
+        raise ReleaseError(f"hardware profile {hw.name!r}: Kubernetes needs a gpu profile with device_resource set")
+    options = options or RenderOptions()
+    base = dns_name(spec.name)
+    weights = _weights(spec, artifact, base, options)
+    labels = {**_instance_labels(spec), **_release_labels(layout, release_id, artifact)}
+    annotations = _annotations(release_id, artifact)
+    deployments = [_deployment(spec, hw, layout, weights, group, base, labels, annotations)
+                   for group in range(layout.replicas)]
+    meta = {"namespace": spec.promotion.namespace, "labels": labels, "annotations": annotations}
+    selector = {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                                       f"{FIELD_PREFIX}/release-id")}
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": base, **meta},
+        "spec": {"type": "ClusterIP", "selector": selector,
+                 "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}]},
+    }
+    pdb = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": base, **meta},
+        # One replica group at a time may be drained; a crash-looping pod never blocks a node drain.
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector},
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+    }
+    return copy.deepcopy([*weights.objects, *deployments, service, pdb])  # no dict shared between objects
+
+
+def _layout(loaded: LoadedSpec, name: str) -> Layout:
+    for layout in loaded.spec.layouts:
+        if layout.name == name:
+            return layout
+    known = ", ".join(layout.name for layout in loaded.spec.layouts)
+    raise ReleaseError(f"{loaded.path}: layouts: no layout named {name!r} (known: {known})")
+
+
+def _instance_labels(spec: ReleaseSpec) -> dict[str, str]:
+    """Stable across releases: Deployment selectors are immutable, and pruning finds our objects by these."""
+    return {
+        "app.kubernetes.io/name": spec.serving.engine,
+        "app.kubernetes.io/instance": dns_name(spec.name),
+        "app.kubernetes.io/managed-by": "model-release",
+    }
+
+
+def _release_labels(layout: Layout, release_id: str, artifact: Artifact) -> dict[str, str]:
+    return {
+        f"{FIELD_PREFIX}/release-id": label_value(release_id),
+        f"{FIELD_PREFIX}/layout": layout.name,
+        f"{FIELD_PREFIX}/manifest-hash": artifact.manifest_hash[:16],  # short, to select by; the annotation is whole
+    }
+
+
+def _annotations(release_id: str, artifact: Artifact) -> dict[str, str]:
+    return {
+        f"{FIELD_PREFIX}/release-id": release_id,
+        f"{FIELD_PREFIX}/manifest-hash": artifact.manifest_hash,
+        f"{FIELD_PREFIX}/artifact-uri": artifact.nfs_path or artifact.s3_uri or "",
+    }
+
+
+def weights_gb(spec: ReleaseSpec) -> float:
+    return spec.model.architecture.params_b * BYTES_PER_PARAM[spec.quantization.scheme]
+
+
+def startup_seconds(spec: ReleaseSpec) -> int:
+    """How long the startup probe waits for /health, from the size of the weights."""
+    budget = STARTUP_BASE_S + STARTUP_S_PER_GB * weights_gb(spec)
+    return PROBE_PERIOD_S * math.ceil(budget / PROBE_PERIOD_S)
+
+
+# ---------------------------------------------------------------- weights
+
+
+def _weights(spec: ReleaseSpec, artifact: Artifact, base: str, options: RenderOptions) -> _Weights:
+    """NFS when the artifact was staged there (10-15% faster loads than per-pod downloads in the
+    reference deployment), else an S3 fetch into node-local disk before the engine starts."""
+    if artifact.nfs_path and spec.staging.nfs:
+        return _nfs_weights(spec, artifact, base, options)
+    if artifact.s3_uri and spec.staging.s3:
+        return _s3_weights(spec, artifact, options)
+    raise ReleaseError(f"artifact {artifact.manifest_hash[:12]}: no nfs_path (with staging.nfs) or s3_uri "
+                       "(with staging.s3) to load the weights from")
+
+
+def _nfs_weights(spec: ReleaseSpec, artifact: Artifact, base: str, options: RenderOptions) -> _Weights:
+    """The claim stands for the share the staging worker mounts at staging.nfs.path: pods see
+    the same tree, read-only, under /models."""
+    root, path = PurePosixPath(spec.staging.nfs.path), PurePosixPath(artifact.nfs_path)
+    if not path.is_relative_to(root):
+        raise ReleaseError(f"artifact nfs_path {path}: expected a directory under staging.nfs.path {root}")
+    claim_name = dns_name(f"{base}-models")
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadOnlyMany"],
+        "storageClassName": options.storage_class,
+        "resources": {"requests": {"storage": f"{_volume_gi(spec)}Gi"}},
+    }
+    if options.volume_name:
+        claim_spec["volumeName"] = options.volume_name
+    claim = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim_name, "namespace": spec.promotion.namespace, "labels": _instance_labels(spec)},
+        "spec": claim_spec,
+    }
+    volume = {"name": "models", "persistentVolumeClaim": {"claimName": claim_name, "readOnly": True}}
+    return _Weights(f"{MODELS_MOUNT}/{path.relative_to(root)}", volume, [], {}, [claim])
+
+
+def _s3_weights(spec: ReleaseSpec, artifact: Artifact, options: RenderOptions) -> _Weights:
+    """`model-release fetch` verifies every file against the manifest; credentials come from a
+    Secret named after the spec's connection, never from the manifests."""
+    s3 = spec.staging.s3
+    dest = f"{MODELS_MOUNT}/{artifact.manifest_hash}"
+    env = [{"name": "AWS_ENDPOINT_URL", "value": s3.endpoint_url}] if s3.endpoint_url else []
+    env += [{"name": "AWS_DEFAULT_REGION", "value": s3.region}] if s3.region else []
+    init = {
+        "name": "fetch-weights",
+        "image": options.fetch_image or spec.serving.engine_image,
+        "command": ["model-release", "fetch", artifact.s3_uri, dest],
+        "envFrom": [{"secretRef": {"name": s3_secret_name(s3.connection_id)}}],
+        "env": env,
+        "volumeMounts": [{"name": "models", "mountPath": MODELS_MOUNT}],
+    }
+    size = f"{_volume_gi(spec)}Gi"
+    volume = {"name": "models", "emptyDir": {"sizeLimit": size}}
+    return _Weights(dest, volume, [init], {"ephemeral-storage": size}, [])
+
+
+def _volume_gi(spec: ReleaseSpec) -> int:
+    return math.ceil(weights_gb(spec) * 1.2) + 1
+
+
+# ---------------------------------------------------------------- deployment
+
+
+def _engine(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_path: str) -> tuple[list[str], dict[str, str]]:
+    """The launcher's own command for replica 0, so pods run exactly what was benchmarked; every
+    pod listens on the Service's port and the device plugin, not an env var, picks its GPUs."""
+    command = serving.build_commands(spec, hw, layout, model_path, spec.serving.port)[0]
+    argv = list(command.argv)
+    argv[argv.index("--served-model-name") + 1] = spec.name
+    env = {k: v for k, v in command.env.items() if k != hw.visible_devices_env}
+    return argv, env
+
+
+def _deployment(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _Weights, group: int,
+                base: str, labels: dict[str, str], annotations: dict[str, str]) -> dict:
+    group_label = {f"{FIELD_PREFIX}/replica-group": str(group)}
+    selector = {**_instance_labels(spec), **group_label}
+    pod_annotations = {**annotations, **_placement_annotations(hw, layout, group)}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": dns_name(f"{base}-{group}"), "namespace": spec.promotion.namespace,
+                     "labels": {**labels, **group_label}, "annotations": annotations},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "progressDeadlineSeconds": startup_seconds(spec) + PULL_AND_FETCH_S,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": {**labels, **group_label}, "annotations": pod_annotations},
+                "spec": _pod_spec(spec, hw, layout, weights),
+            },
+        },
+    }
+
+
+def _pod_spec(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _Weights) -> dict:
+    argv, env = _engine(spec, hw, layout, weights.model_path)
+    devices = {hw.device_resource: layout.devices_per_replica}
+    container = {
+        "name": "vllm",
+        "image": spec.serving.engine_image,
+        "command": argv,
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "ports": [{"name": "http", "containerPort": spec.serving.port, "protocol": "TCP"}],
+        "resources": {"limits": dict(devices), "requests": {**devices, **weights.requests}},
+        "volumeMounts": [
+            {"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        **_probes(spec),
+    }
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [weights.volume, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}],
+        "nodeSelector": dict(hw.node_labels),
+        "tolerations": [dict(taint) for taint in hw.taints],
+        "terminationGracePeriodSeconds": 60,
+    }
+    if weights.init_containers:
+        pod["initContainers"] = weights.init_containers
+    affinity = _anti_affinity(spec, hw, layout)
+    if affinity:
+        pod["affinity"] = affinity
+    return pod
+
+
+def _probes(spec: ReleaseSpec) -> dict[str, dict]:
+    """Startup covers the model load; after it, readiness takes a pod out of the Service quickly
+    and liveness restarts a hung engine only after minutes."""
+    health = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
+    return {
+        "startupProbe": {**health, "periodSeconds": PROBE_PERIOD_S,
+                         "failureThreshold": startup_seconds(spec) // PROBE_PERIOD_S},
+        "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {**health, "periodSeconds": 30, "failureThreshold": 5},
+    }
+
+
+def _anti_affinity(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> dict | None:
+    """Anti-affinity on hostname only when the replica groups cannot share one server.
+
+    The benchmarked layout puts every replica group on one server (two TP4 pods per 8-GPU
+    MI325X), so hostname anti-affinity would be wrong: it would demand a second server for the
+    second half of the same layout. What keeps the groups apart inside the server is the
+    device plugin, which hands each pod an xGMI-connected, NUMA-local GPU subset (with the
+    kubelet's topology manager aligning CPUs); Kubernetes affinity cannot address NUMA halves.
+    The intended half is recorded as an annotation. Only when the groups need more devices than
+    one server has (load_spec rejects such a layout) is spreading over servers preferred.
+    """
+    if layout.devices <= hw.devices:
+        return None
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100,
+        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": _instance_labels(spec)}},
+    }]}}
+
+
+def _placement_annotations(hw: HardwareProfile, layout: Layout, group: int) -> dict[str, str]:
+    """The NUMA half (and devices) the launcher would give this group; informational for operators."""
+    devices = serving.device_sets(layout, hw)[group]
+    out = {f"{FIELD_PREFIX}/devices": ",".join(map(str, devices))}
+    for index, numa in enumerate(hw.numa_groups):
+        if set(devices) <= set(numa):
+            out[f"{FIELD_PREFIX}/numa-group"] = str(index)
+    return out
+
+
+# ---------------------------------------------------------------- output and checks
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(objs: list[dict]) -> str:
+    """Multi-document YAML, as `kubectl apply -f` reads it; repeated values are written out, not aliased."""
+    return yaml.dump_all(objs, Dumper=_NoAliasDumper, sort_keys=False)
+
+
+def validate(objs: list[dict], k8s_version: str = "1.31") -> list[str]:
+    """Problems against the Kubernetes OpenAPI schema (strict: unknown fields are errors) plus the
+    name and label rules the schema does not carry; one line per problem, empty when valid."""
+    import kubernetes_validate
+    from kubernetes_validate.utils import VersionNotSupportedError
+
+    problems = []
+    for obj in objs:
+        where = f"{obj.get('kind', '?')}/{(obj.get('metadata') or {}).get('name', '?')}"
+        try:
+            kubernetes_validate.validate(obj, k8s_version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            field = ".".join(str(part) for part in exc.absolute_path) or "(top level)"
+            problems.append(f"{where}: {field}: {exc.message}")
+        except (kubernetes_validate.SchemaNotFoundError, VersionNotSupportedError) as exc:
+            problems.append(f"{where}: {exc.message}")
+        problems += [f"{where}: {problem}" for problem in _name_problems(obj)]
+    return problems
+
+
+def _name_problems(obj: dict) -> list[str]:
+    meta = obj.get("metadata") or {}
+    problems = []
+    name = str(meta.get("name", ""))
+    if len(name) > 63 or not DNS_LABEL.match(name):
+        problems.append(f"metadata.name: {name!r} is not a DNS-1035 label (a-z, 0-9, '-', at most 63)")
+    template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    for where, labels in (("metadata.labels", meta.get("labels")), ("spec.template.metadata.labels", template.get("labels"))):
+        for key, value in (labels or {}).items():
+            if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
+                problems.append(f"{where}.{key}: {value!r} is not a valid label value (at most 63 of A-Z a-z 0-9 - _ .)")
+    return problems

@@ -1,0 +1,255 @@
+"""An in-process stand-in for the Kubernetes API server endpoints pipeline.k8s.deploy uses.
+
+Objects are kept by (group/version, plural, namespace, name). Server-side apply (PATCH with
+application/apply-patch+yaml and a fieldManager) creates or replaces an object and bumps
+metadata.generation when its spec changed; GET, LIST (with an equality labelSelector) and
+DELETE work on the same store. A Deployment controller runs on every read of a Deployment,
+per scenario of the release its pods belong to:
+
+- "ready": the first read after a change shows the rollout in progress, the next one done;
+- "never_ready": the new pod never becomes available;
+- "smoke_fails": ready, but the service proxy answers completions with HTTP 500.
+
+Every request is recorded (method, path, content type, query, Authorization header) for the tests to inspect.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+RELEASE_LABEL = "model-release/release-id"
+OBJECT_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+))?(?P<sub>/.*)?$"
+)
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    content_type: str
+    query: dict[str, str] = field(default_factory=dict)
+    authorization: str | None = None
+
+    @property
+    def field_manager(self) -> str | None:
+        return self.query.get("fieldManager")
+
+
+class FakeCluster:
+    """Start with `with FakeCluster() as fake:`; `fake.client()` is a real kubernetes ApiClient."""
+
+    def __init__(self, scenario: str = "ready"):
+        self.scenario = scenario
+        self.scenarios: dict[str, str] = {}  # release-id label value -> scenario, overriding the default
+        self.objects: dict[tuple[str, str, str, str], dict] = {}
+        self.requests: list[Request] = []
+        self.reads: dict[tuple, int] = {}
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> "FakeCluster":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def client(self):
+        from kubernetes import client
+
+        return client.ApiClient(client.Configuration(host=self.url))
+
+    # -------------------------------------------------------- what tests look at
+
+    def get(self, plural: str, namespace: str, name: str) -> dict | None:
+        for (gv, kind_plural, ns, obj_name), obj in self.objects.items():
+            if (kind_plural, ns, obj_name) == (plural, namespace, name):
+                return obj
+        return None
+
+    def names(self, plural: str, namespace: str) -> list[str]:
+        return sorted(name for (_, p, ns, name) in self.objects if (p, ns) == (plural, namespace))
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return copy.deepcopy(self.objects)
+
+    def scenario_for(self, labels: dict[str, str] | None) -> str:
+        return self.scenarios.get((labels or {}).get(RELEASE_LABEL, ""), self.scenario)
+
+    # -------------------------------------------------------- behaviour
+
+    def apply(self, key: tuple, body: dict) -> tuple[int, dict]:
+        with self.lock:
+            old = self.objects.get(key)
+            obj = copy.deepcopy(body)
+            meta = obj.setdefault("metadata", {})
+            if old is None:
+                meta.update(uid=str(uuid.uuid4()), generation=1, resourceVersion="1")
+                code = 201
+            else:
+                changed = old.get("spec") != obj.get("spec")
+                meta.update(uid=old["metadata"]["uid"],
+                            generation=old["metadata"]["generation"] + (1 if changed else 0),
+                            resourceVersion=str(int(old["metadata"]["resourceVersion"]) + 1))
+                obj["status"] = old.get("status", {})
+                code = 200
+            self.objects[key] = obj
+            self.reads[key] = 0
+            return code, copy.deepcopy(obj)
+
+    def read(self, key: tuple) -> dict | None:
+        with self.lock:
+            obj = self.objects.get(key)
+            if obj is None:
+                return None
+            if obj.get("kind") == "Deployment":
+                self.reads[key] = self.reads.get(key, 0) + 1
+                obj["status"] = self._deployment_status(obj, self.reads[key])
+            return copy.deepcopy(obj)
+
+    def _deployment_status(self, obj: dict, reads: int) -> dict:
+        want = obj["spec"].get("replicas", 1)
+        generation = obj["metadata"]["generation"]
+        pod_labels = obj["spec"]["template"]["metadata"].get("labels")
+        if self.scenario_for(pod_labels) != "never_ready" and reads >= 2:
+            return {"observedGeneration": generation, "replicas": want, "updatedReplicas": want,
+                    "readyReplicas": want, "availableReplicas": want,
+                    "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+                                    "message": "Deployment has minimum availability."}]}
+        return {"observedGeneration": generation, "replicas": want, "updatedReplicas": want, "unavailableReplicas": want,
+                "conditions": [{"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
+                                "message": "Deployment does not have minimum availability."}]}
+
+    def proxy_completion(self, namespace: str, service: str, body: dict) -> tuple[int, dict]:
+        svc = self.get("services", namespace, service)
+        if svc is None:
+            return 404, _status(404, f'services "{service}" not found')
+        selector = svc["spec"]["selector"]
+        if self.scenario_for(selector) == "smoke_fails":
+            return 500, {"object": "error", "message": "EngineCore died", "code": 500}
+        served = set()
+        for (_, plural, ns, _), obj in self.objects.items():
+            pod = obj.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+            if plural == "deployments" and ns == namespace and all(pod.get(k) == v for k, v in selector.items()):
+                argv = obj["spec"]["template"]["spec"]["containers"][0]["command"]
+                served.add(argv[argv.index("--served-model-name") + 1])
+        if not served:
+            return 503, _status(503, f'no endpoints available for service "{service}"')
+        if body.get("model") not in served:
+            return 404, {"object": "error", "message": f"The model `{body.get('model')}` does not exist.", "code": 404}
+        return 200, {"id": "cmpl-fake", "object": "text_completion", "model": body["model"],
+                     "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}]}
+
+
+def _status(code: int, message: str) -> dict:
+    reason = {404: "NotFound", 415: "UnsupportedMediaType", 400: "BadRequest", 503: "ServiceUnavailable"}.get(code, "")
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code}
+
+
+def _matches(labels: dict, selector: str) -> bool:
+    pairs = [part.split("=", 1) for part in selector.split(",") if part]
+    return all((labels or {}).get(k) == v for k, v in pairs)
+
+
+def _handler(fake: FakeCluster):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # keep test output quiet
+            pass
+
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _route(self):
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            fake.requests.append(Request(self.command, url.path, self.headers.get("Content-Type", ""), query,
+                                         self.headers.get("Authorization")))
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            return url.path, query, raw
+
+        def do_GET(self) -> None:
+            path, query, _ = self._route()
+            if path == "/version":
+                return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
+            match = OBJECT_PATH.match(path)
+            if not match:
+                return self._send(404, _status(404, f"no route {path}"))
+            gv, ns, plural, name = match["core"] or match["gv"], match["ns"], match["plural"], match["name"]
+            if name is None:
+                with fake.lock:
+                    keys = [k for k in fake.objects if k[:3] == (gv, plural, ns)]
+                items = [fake.read(k) for k in keys]
+                items = [i for i in items if i and _matches(i["metadata"].get("labels"), query.get("labelSelector", ""))]
+                return self._send(200, {"kind": "List", "apiVersion": gv, "items": items})
+            obj = fake.read((gv, plural, ns, name))
+            if obj is None:
+                return self._send(404, _status(404, f'{plural} "{name}" not found'))
+            return self._send(200, obj)
+
+        def do_PATCH(self) -> None:
+            path, query, raw = self._route()
+            match = OBJECT_PATH.match(path)
+            if not match or not match["name"]:
+                return self._send(404, _status(404, f"no route {path}"))
+            if self.headers.get("Content-Type") != "application/apply-patch+yaml":
+                return self._send(415, _status(415, "this fake only takes server-side apply"))
+            if not query.get("fieldManager"):
+                return self._send(400, _status(400, "fieldManager is required for apply requests"))
+            body = json.loads(raw)  # the client sends JSON, which is YAML
+            if body["metadata"]["name"] != match["name"] or body["metadata"].get("namespace") != match["ns"]:
+                return self._send(400, _status(400, "the name or namespace of the object does not match the URL"))
+            code, obj = fake.apply((match["core"] or match["gv"], match["plural"], match["ns"], match["name"]), body)
+            return self._send(code, obj)
+
+        def do_DELETE(self) -> None:
+            path, _, _ = self._route()
+            match = OBJECT_PATH.match(path)
+            key = (match["core"] or match["gv"], match["plural"], match["ns"], match["name"]) if match else None
+            with fake.lock:
+                found = fake.objects.pop(key, None) if key else None
+            if found is None:
+                return self._send(404, _status(404, f"{path} not found"))
+            return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+        def do_POST(self) -> None:
+            path, _, raw = self._route()
+            match = OBJECT_PATH.match(path)
+            if (match and match["plural"] == "services" and match["name"]
+                    and match["sub"] == "/proxy/v1/completions"):
+                service = match["name"].split(":", 1)[0]
+                return self._send(*fake.proxy_completion(match["ns"], service, json.loads(raw or b"{}")))
+            return self._send(404, _status(404, f"no route {path}"))
+
+    return Handler
+
+
+def dead_url() -> str:
+    """An address where nothing listens (the port was free a moment ago)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

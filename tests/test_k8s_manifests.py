@@ -1,0 +1,212 @@
+"""Rendered Kubernetes objects for the production spec: valid against the API schema, and
+carrying the layout, placement, weights and identity the release needs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from tests.conftest import PROD_SPEC, TINY_SPEC
+from pipeline.errors import ReleaseError
+from pipeline.k8s import manifests
+from pipeline.k8s.manifests import Artifact, RenderOptions
+from pipeline.spec import load_spec
+
+HASH = "3f" * 32
+RELEASE = "manual__2026-01-12T10:00:00+00:00"
+NFS_ARTIFACT = Artifact(nfs_path="/mnt/models/qwen3-235b-a22b-fp8-3f3f", s3_uri="s3://model-release-weights/qwen3/x",
+                        manifest_hash=HASH)
+S3_ARTIFACT = Artifact(s3_uri="s3://model-release-weights/qwen3-235b-a22b-fp8/3f3f", manifest_hash=HASH)
+
+
+@pytest.fixture(scope="module")
+def prod():
+    return load_spec(PROD_SPEC)
+
+
+def of_kind(objs, kind):
+    return [obj for obj in objs if obj["kind"] == kind]
+
+
+def pod(deployment):
+    return deployment["spec"]["template"]["spec"]
+
+
+def container(deployment):
+    return pod(deployment)["containers"][0]
+
+
+@pytest.mark.parametrize("layout, groups, gpus", [("tp8-ep8", 1, 8), ("tp4-ep4-x2", 2, 4)])
+def test_each_layout_renders_one_deployment_per_replica_group_and_passes_strict_schema(prod, layout, groups, gpus):
+    objs = manifests.render(prod, layout, RELEASE, NFS_ARTIFACT)
+    assert manifests.validate(objs, "1.31") == []
+    deployments = of_kind(objs, "Deployment")
+    assert len(deployments) == groups
+    assert len({d["metadata"]["name"] for d in deployments}) == groups
+    for d in deployments:
+        assert d["spec"]["replicas"] == 1
+        assert d["spec"]["strategy"] == {"type": "Recreate"}
+        resources = container(d)["resources"]
+        assert resources["limits"] == {"amd.com/gpu": gpus} and resources["requests"]["amd.com/gpu"] == gpus
+        argv = container(d)["command"]
+        assert argv[:3] == ["vllm", "serve", "/models/qwen3-235b-a22b-fp8-3f3f"]
+        assert argv[argv.index("--tensor-parallel-size") + 1] == str(gpus)
+        assert "--enable-expert-parallel" in argv
+        assert argv[argv.index("--port") + 1] == "8000"
+        assert argv[argv.index("--served-model-name") + 1] == "qwen3-235b-a22b-fp8"
+        assert container(d)["image"] == prod.spec.serving.engine_image
+        assert d["metadata"]["namespace"] == "llm-serving"
+    assert [o["kind"] for o in objs] == ["PersistentVolumeClaim", *["Deployment"] * groups, "Service", "PodDisruptionBudget"]
+    yaml_docs = list(yaml.safe_load_all(manifests.to_yaml(objs)))
+    assert yaml_docs == objs and "&id" not in manifests.to_yaml(objs)
+
+
+def test_engine_flags_and_env_come_from_the_spec_with_aiter(prod):
+    objs = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT)
+    c = container(of_kind(objs, "Deployment")[0])
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["VLLM_ROCM_USE_AITER"] == "1" and env["VLLM_ROCM_USE_AITER_MOE"] == "1"
+    assert env["VLLM_USE_TRITON_FLASH_ATTN"] == "0" and env["HIP_FORCE_DEV_KERNARG"] == "1"  # spec and hardware env
+    assert "HIP_VISIBLE_DEVICES" not in env  # the device plugin picks the pod's GPUs
+    argv = c["command"]
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8"
+    assert argv[argv.index("--compilation-config") + 1] == '{"full_cuda_graph":false,"max_capture_size":32768}'
+    assert "--enable-prefix-caching" in argv
+
+
+def test_placement_from_the_hardware_profile(prod):
+    objs = manifests.render(prod, "tp4-ep4-x2", RELEASE, NFS_ARTIFACT)
+    for group, d in enumerate(of_kind(objs, "Deployment")):
+        spec = pod(d)
+        assert spec["nodeSelector"] == {"doks.digitalocean.com/gpu-model": "mi325x"}
+        assert spec["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        # both groups fit one server: no hostname anti-affinity, each is annotated with its NUMA half
+        assert "affinity" not in spec
+        annotations = d["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["model-release/numa-group"] == str(group)
+        shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container(d)["volumeMounts"]
+
+
+def test_groups_that_cannot_share_a_server_prefer_different_hosts(prod):
+    small = prod.model_copy(update={"hardware": prod.hardware.model_copy(update={"devices": 4})})
+    objs = manifests.render(small, "tp4-ep4-x2", RELEASE, NFS_ARTIFACT)
+    terms = pod(of_kind(objs, "Deployment")[0])["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert manifests.validate(objs) == []
+
+
+def test_probes_give_the_large_model_its_load_time_and_the_tiny_one_a_short_wait(prod, spec_file):
+    objs = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT)
+    c = container(of_kind(objs, "Deployment")[0])
+    startup = c["startupProbe"]
+    assert startup["httpGet"] == {"path": "/health", "port": "http"}
+    assert startup["failureThreshold"] * startup["periodSeconds"] >= 40 * 60
+    assert c["readinessProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/health"
+
+    def on_gpu(data):
+        data["hardware"] = "mi325x-8"
+
+    tiny = load_spec(spec_file(TINY_SPEC, on_gpu))
+    tiny_objs = manifests.render(tiny, "single", "r1", S3_ARTIFACT)
+    tiny_startup = container(of_kind(tiny_objs, "Deployment")[0])["startupProbe"]
+    assert tiny_startup["failureThreshold"] * tiny_startup["periodSeconds"] <= 5 * 60
+    assert manifests.validate(tiny_objs) == []
+
+
+def test_nfs_weights_are_a_read_only_claim_on_the_share(prod):
+    objs = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT, RenderOptions(volume_name="models-share"))
+    [claim] = of_kind(objs, "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadOnlyMany"]
+    assert claim["spec"]["storageClassName"] == "nfs" and claim["spec"]["volumeName"] == "models-share"
+    d = of_kind(objs, "Deployment")[0]
+    volume = next(v for v in pod(d)["volumes"] if v["name"] == "models")
+    assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"], "readOnly": True}
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in container(d)["volumeMounts"]
+    assert "initContainers" not in pod(d)
+    other = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT, RenderOptions(storage_class="do-nfs"))
+    assert of_kind(other, "PersistentVolumeClaim")[0]["spec"]["storageClassName"] == "do-nfs"
+
+
+def test_without_nfs_an_init_container_fetches_from_s3_with_secret_credentials(spec_file):
+    def no_nfs(data):
+        del data["staging"]["nfs"]
+
+    loaded = load_spec(spec_file(PROD_SPEC, no_nfs))
+    objs = manifests.render(loaded, "tp4-ep4-x2", RELEASE, NFS_ARTIFACT.model_copy(update={"s3_uri": S3_ARTIFACT.s3_uri}))
+    assert manifests.validate(objs) == []
+    assert of_kind(objs, "PersistentVolumeClaim") == []
+    for d in of_kind(objs, "Deployment"):
+        [init] = pod(d)["initContainers"]
+        assert init["command"] == ["model-release", "fetch", S3_ARTIFACT.s3_uri, f"/models/{HASH}"]
+        assert init["envFrom"] == [{"secretRef": {"name": "spaces-default-s3"}}]
+        assert all("KEY" not in e["name"] and "SECRET" not in e["name"] for e in init["env"])
+        assert {"name": "AWS_ENDPOINT_URL", "value": "https://nyc3.digitaloceanspaces.com"} in init["env"]
+        volume = next(v for v in pod(d)["volumes"] if v["name"] == "models")
+        assert "emptyDir" in volume and "medium" not in volume["emptyDir"]  # node-local disk, not RAM
+        argv = container(d)["command"]
+        assert argv[2] == f"/models/{HASH}"
+        assert container(d)["resources"]["requests"]["ephemeral-storage"] == volume["emptyDir"]["sizeLimit"]
+
+
+def test_labels_carry_release_id_and_manifest_hash_and_names_are_dns_safe(prod):
+    objs = manifests.render(prod, "tp4-ep4-x2", RELEASE, NFS_ARTIFACT)
+    release_label = manifests.label_value(RELEASE)
+    assert release_label != RELEASE and len(release_label) <= 63
+    for obj in objs:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "qwen3-235b-a22b-fp8"
+        assert labels["app.kubernetes.io/name"] == "vllm"
+        if obj["kind"] == "PersistentVolumeClaim":
+            continue  # shared by every release of the model
+        assert labels["model-release/release-id"] == release_label
+        assert labels["model-release/layout"] == "tp4-ep4-x2"
+        assert HASH.startswith(labels["model-release/manifest-hash"])
+        assert obj["metadata"]["annotations"]["model-release/manifest-hash"] == HASH
+        assert obj["metadata"]["annotations"]["model-release/release-id"] == RELEASE
+        assert obj["metadata"]["annotations"]["model-release/artifact-uri"] == NFS_ARTIFACT.nfs_path
+    service = of_kind(objs, "Service")[0]
+    assert service["spec"]["selector"]["model-release/release-id"] == release_label
+    assert service["spec"]["ports"][0]["port"] == 8000
+    for d in of_kind(objs, "Deployment"):
+        template_labels = d["spec"]["template"]["metadata"]["labels"]
+        assert all(template_labels[k] == v for k, v in service["spec"]["selector"].items())
+        assert "model-release/release-id" not in d["spec"]["selector"]["matchLabels"]  # selectors are immutable
+    pdb = of_kind(objs, "PodDisruptionBudget")[0]
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+
+
+def test_sanitizing_names_and_label_values():
+    assert manifests.dns_name("Qwen3.235B_fp8") == "qwen3-235b-fp8"
+    assert manifests.dns_name("3b-model") == "m-3b-model"
+    assert len(manifests.dns_name("x" * 100)) == 63
+    long_id = "scheduled__" + "2026-01-12T10:00:00+00:00" * 4
+    assert len(manifests.label_value(long_id)) <= 63
+    assert manifests.label_value(long_id) != manifests.label_value(long_id + "x")
+    assert manifests.label_value("r-42") == "r-42"
+
+
+def test_the_validator_catches_broken_objects(prod):
+    objs = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT)
+    broken = copy.deepcopy(objs)
+    d = of_kind(broken, "Deployment")[0]
+    d["spec"]["replicas"] = "one"
+    container(d)["imagePullPolicy2"] = "Always"  # unknown field: strict mode
+    problems = manifests.validate(broken)
+    assert any("replicas" in p for p in problems), problems
+    unknown = copy.deepcopy(objs)
+    container(of_kind(unknown, "Deployment")[0])["imagePullPolicy2"] = "Always"
+    assert any("imagePullPolicy2" in p for p in manifests.validate(unknown))
+    bad_name = copy.deepcopy(objs)
+    of_kind(bad_name, "Service")[0]["metadata"]["name"] = "Bad_Name"
+    assert any("Service/Bad_Name: metadata.name" in p for p in manifests.validate(bad_name))
+
+
+def test_unknown_layout_and_missing_weights_are_user_errors(prod):
+    with pytest.raises(ReleaseError, match="no layout named 'tp2'.*tp8-ep8"):
+        manifests.render(prod, "tp2", RELEASE, NFS_ARTIFACT)
+    with pytest.raises(ReleaseError, match="no nfs_path"):
+        manifests.render(prod, "tp8-ep8", RELEASE, Artifact(manifest_hash=HASH))
