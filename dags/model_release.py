@@ -5,10 +5,13 @@ Takes one model release, described by a spec in `configs/releases/`, from its BF
 checkpoint towards SLO-verified serving: validate the spec, materialize the model source,
 quantize it to FP8, gate on accuracy (lm-eval, baseline vs candidate, validated by
 great-expectations), stage it to network storage, benchmark every candidate serving layout
-with vLLM against the p90 SLO and pick the best; then (as the stages land) approve, promote.
+with vLLM against the p90 SLO and pick the best, write the reviewer report, wait for a
+reviewer's approval (human-in-the-loop, in this UI), promote to the spec's target and verify.
 
-Trigger with the `spec` param (a path relative to the project, or absolute). All logic lives
-in the `pipeline` package; this file only wires tasks together.
+Trigger with the `spec` param (a path relative to the project, or absolute); optionally narrow
+the layouts or tighten the SLO for this run. Every gate, decision and rollout step is recorded
+in the release registry (see "Model releases" in the menu). All logic lives in the `pipeline`
+package; this file only wires tasks together.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Asset, Param, dag, task
 
+from pipeline.approval import ReleaseApproval
+
 DEFAULT_SPEC = "configs/releases/tiny-qwen3-moe-cpu.yaml"
 # Other DAGs (re-benchmarks) can be scheduled on a newly staged artifact.
 STAGED = Asset("model-release://staged-artifact")
+LIVE = Asset("model-release://live-release")
 
 
 @dag(
@@ -31,15 +37,22 @@ STAGED = Asset("model-release://staged-artifact")
     params={
         "spec": Param(DEFAULT_SPEC, type="string", title="Release spec",
                       description="YAML release spec, relative to the project root or absolute"),
+        "layouts": Param([], type="array", items={"type": "string"}, title="Layouts to benchmark",
+                         description="Names from the spec's layouts; empty: all of them"),
+        "p90_ttft_ms": Param(None, type=["null", "number"], exclusiveMinimum=0, title="p90 TTFT limit (ms)",
+                             description="Override the spec's SLO for this run; empty: the spec's"),
+        "p90_tpot_ms": Param(None, type=["null", "number"], exclusiveMinimum=0, title="p90 TPOT limit (ms)",
+                             description="Override the spec's SLO for this run; empty: the spec's"),
     },
 )
 def model_release():
     @task
-    def validate(params: dict | None = None) -> dict:
-        """Type and feasibility checks; fails the run with one line per problem."""
+    def validate(params: dict | None = None, run_id: str | None = None) -> dict:
+        """Type and feasibility checks (one line per problem); opens the release in the registry."""
         from pipeline import flow
 
-        return flow.validate_spec(params["spec"])
+        overrides = {k: params.get(k) for k in ("layouts", "p90_ttft_ms", "p90_tpot_ms")}
+        return flow.validate_spec(params["spec"], run_id, overrides)
 
     @task
     def materialize_model(spec: dict) -> dict:
@@ -74,14 +87,14 @@ def model_release():
         """great-expectations validates the per-task recovery table; a failure stops the run here."""
         from pipeline import flow
 
-        return flow.accuracy_gate(spec["spec_path"], baseline, candidate, run_id)
+        return flow.accuracy_gate(spec["spec_path"], baseline, candidate, run_id, spec["release_id"])
 
     @task(retries=2, retry_delay=pendulum.duration(seconds=30), outlets=[STAGED])
     def stage(spec: dict, quantized: dict, gate: dict, *, outlet_events=None) -> dict:
         """Upload to S3/Spaces and/or NFS, manifest last; retried (network), resumes where it stopped."""
         from pipeline import flow
 
-        staged = flow.stage(spec["spec_path"], quantized)
+        staged = flow.stage(spec["spec_path"], quantized, spec["release_id"])
         outlet_events[STAGED].extra = {"release": spec["name"], "s3_uri": staged["s3_uri"],
                                        "nfs_path": staged["nfs_path"], "manifest_hash": staged["manifest_hash"]}
         return staged
@@ -107,11 +120,38 @@ def model_release():
         return flow.select_layout(spec["spec_path"], list(results), run_id)
 
     @task(retries=0)
-    def slo_gate(selection: dict) -> dict:
+    def slo_gate(spec: dict, selection: dict) -> dict:
         """Fails the run, with the per-layout table in the log, when no layout meets the SLO."""
         from pipeline import flow
 
-        return flow.slo_gate(selection)
+        return flow.slo_gate(selection, spec["release_id"])
+
+    @task
+    def report(spec: dict, gate: dict, run_id: str | None = None) -> dict:
+        """The reviewer's page: accuracy, latency-vs-load curves, chosen layout vs live, audit trail."""
+        from pipeline import flow
+
+        return flow.report(spec["release_id"], run_id)
+
+    approve = ReleaseApproval(task_id="approve", doc_md="A reviewer named in the spec approves or rejects, "
+                              "in this UI (Required actions) or over the REST API; no answer in time means Reject.")
+
+    @task(retries=0, outlets=[LIVE])
+    def promote(spec: dict, run_id: str | None = None, *, outlet_events=None) -> dict:
+        """Re-checks every gate and the approval in code, then rolls out; restores the previous release on failure."""
+        from pipeline import flow
+
+        result = flow.promote(spec["release_id"], run_id)
+        outlet_events[LIVE].extra = {"release": spec["name"], "release_id": result["release_id"],
+                                     "endpoint": result["endpoint"]}
+        return result
+
+    @task(retries=1, retry_delay=pendulum.duration(seconds=20))
+    def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
+        """The live endpoint answers a completion after the switch, not only during it."""
+        from pipeline import flow
+
+        return flow.verify(spec["release_id"], run_id)
 
     spec = validate()
     source = materialize_model(spec)
@@ -119,7 +159,12 @@ def model_release():
     gate = accuracy_gate(spec, evaluate_baseline(spec, source), evaluate_candidate(spec, fp8))
     staged = stage(spec, fp8, gate)
     results = benchmark.partial(spec=spec, staged=staged).expand(layout=layout_names(spec))
-    slo_gate(select_layout(spec, results))
+    selected = slo_gate(spec, select_layout(spec, results))
+    reviewed = report(spec, selected)
+    reviewed >> approve
+    promoted = promote(spec)
+    approve >> promoted
+    verify(spec, promoted)
 
 
 model_release()

@@ -340,8 +340,13 @@ def plot(results: list[LayoutResult], slo: SloSpec, path: Path) -> None:
 
 
 def benchmark_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, out_dir: Path,
-                     base_port: int | None = None) -> LayoutResult:
-    """Start the layout's engines, run the search against their one endpoint, always tear down."""
+                     base_port: int | None = None, max_probes: int = 12,
+                     check_rates: list[float] | None = None) -> LayoutResult:
+    """Start the layout's engines, run the search against their one endpoint, always tear down.
+
+    `check_rates`: endpoint rates to probe after the search as well (a re-benchmark checks the
+    rate the release was promoted at, whatever the search found).
+    """
     from pipeline import serving
 
     started = time.monotonic()
@@ -377,7 +382,12 @@ def benchmark_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, mod
                 return probe
 
             _, result.capacity_rps, result.max_slo_rate, result.bound_only, result.stop_reason = slo_search(
-                run, spec.workload, spec.slo)
+                run, spec.workload, spec.slo, max_probes)
+            for rate in check_rates or []:
+                n = max(spec.workload.num_prompts, math.ceil(rate * spec.workload.min_probe_seconds))
+                probe = run(rate, n, spec.workload.seed + 1000 + len(result.probes))
+                log.info("check at %.3g req/s: p90 TTFT %.1f ms, p90 TPOT %.1f ms -> %s", rate, probe.p90_ttft_ms,
+                         probe.p90_tpot_ms, "pass" if probe.passed else "fail (" + "; ".join(probe.reasons) + ")")
     except (ReleaseError, subprocess.TimeoutExpired) as exc:
         result.status = "failed"
         result.error = str(exc)

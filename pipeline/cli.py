@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -100,6 +101,15 @@ def _evaluate(args: argparse.Namespace) -> int:
     from pipeline import flow
 
     spec_path = str(Path(args.spec).resolve())
+    if args.side:  # one side only, result to storage: what an evaluation pod runs (execution: kubernetes)
+        from pipeline.k8s import results
+
+        if not args.results:
+            raise ReleaseError("evaluate --side needs --results URI (where the pod writes its result)")
+        if args.side == "candidate" and not args.candidate:
+            raise ReleaseError("evaluate --side candidate needs --candidate DIR")
+        emit(json.dumps(results.evaluate_side(spec_path, args.side, args.results, args.run_id, args.candidate)))
+        return 0
     source = flow.materialize_model(spec_path)
     candidate = {"path": args.candidate, "manifest_hash": _hash_of(args.candidate)} if args.candidate \
         else flow.quantize(spec_path, source)
@@ -107,6 +117,76 @@ def _evaluate(args: argparse.Namespace) -> int:
     result = flow.evaluate(spec_path, candidate, baseline=False)
     decision = flow.accuracy_gate(spec_path, baseline, result, args.run_id)
     emit(f"accuracy gate passed; GX validation report: {decision['validation_html']}")
+    return 0
+
+
+def _benchmark(args: argparse.Namespace) -> int:
+    """One layout's SLO search; exit 0 even when the layout failed (its result says so)."""
+    from pipeline.k8s import results
+
+    emit(json.dumps(results.benchmark_layout(str(Path(args.spec).resolve()), args.layout, args.model, args.results,
+                                             args.run_id)))
+    return 0
+
+
+def _manifests(args: argparse.Namespace) -> int:
+    from pipeline.k8s import manifests
+    from pipeline.spec import load_spec
+
+    loaded = load_spec(args.spec)
+    artifact = manifests.Artifact(s3_uri=args.s3_uri, nfs_path=args.nfs_path, manifest_hash=args.manifest_hash)
+    objs = manifests.render(loaded, args.layout, args.release_id, artifact)
+    problems = manifests.validate(objs)
+    if problems:
+        raise ReleaseError("rendered manifests fail schema validation:\n" + "\n".join(problems))
+    emit(manifests.to_yaml(objs))
+    return 0
+
+
+def _releases(args: argparse.Namespace) -> int:
+    from pipeline import registry
+
+    reg = registry.Registry()
+    if args.action == "show":
+        emit(registry.audit_trail(reg, args.id))
+        return 0
+    if args.action == "rollback":
+        from pipeline import promote
+
+        current = reg.get(args.id) if args.id else None
+        name = args.name or (current.name if current else None)
+        if not name:
+            raise ReleaseError("releases rollback: give --name NAME (or --to ID)")
+        target_rel = reg.get(args.to) if args.to else None
+        target = (target_rel or current or (reg.releases(name=name) or [None])[0])
+        if target is None:
+            raise ReleaseError(f"releases rollback: no releases named {name!r}")
+        rel = promote.rollback(reg, name, target.target, getattr(args, "as"), args.reason, to=args.to)
+        emit(f"release {rel.id} is {rel.status} again ({rel.data.get('endpoint')})")
+        return 0
+    rows = reg.releases(name=args.name, status=args.status)
+    emit(f"{'id':>4}  {'release':28} {'status':12} {'target':10} {'layout':14} {'req/s/server':>12}  created (UTC)")
+    for rel in rows:
+        rate = rel.data.get("rate_per_server")
+        emit(f"{rel.id:>4}  {rel.name:28} {rel.status:12} {rel.target:10} {str(rel.data.get('layout') or '-'):14} "
+             f"{(f'{rate:.3g}' if isinstance(rate, (int, float)) else '-'):>12}  {rel.created_at:%Y-%m-%d %H:%M}")
+    return 0
+
+
+def _respond(args: argparse.Namespace) -> int:
+    from pipeline.airflow_rest import AirflowClient
+    from pipeline.paths import home
+
+    user = getattr(args, "as")
+    # AIRFLOW_PASSWORD, else the embedded Airflow's generated passwords file (make demo's users)
+    local = Path(os.environ.get("AIRFLOW_HOME") or home() / "airflow") / "passwords.json"
+    password = os.environ.get("AIRFLOW_PASSWORD") or (json.loads(local.read_text()).get(user) if local.exists() else None)
+    if not password:
+        raise ReleaseError(f"no password for Airflow user {user!r}: set AIRFLOW_PASSWORD")
+    client = AirflowClient(args.url, user, password)
+    approve = args.command == "approve"
+    client.respond(args.run_id, approve, args.comment or "")
+    emit(f"{'approved' if approve else 'rejected'} run {args.run_id} as {user}")
     return 0
 
 
@@ -156,7 +236,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec")
     p.add_argument("--candidate", help="candidate model directory with a manifest (default: the spec's quantized model)")
     p.add_argument("--run-id", default="cli", help="results go to MODEL_RELEASE_HOME/runs/RUN_ID/")
+    p.add_argument("--side", choices=["baseline", "candidate"], help="evaluate one side only (no gate) and write "
+                   "its result to --results (what an evaluation pod runs)")
+    p.add_argument("--results", help="s3://bucket/prefix or a directory for --side results")
     p.set_defaults(func=_evaluate)
+
+    p = sub.add_parser("benchmark", help="serve a model with one layout and find its highest rate within the p90 SLO; "
+                       "the result goes to --results (what a benchmark pod runs)")
+    p.add_argument("spec")
+    p.add_argument("--layout", required=True)
+    p.add_argument("--model", required=True, help="model directory the engine loads")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--results", required=True, help="s3://bucket/prefix or a directory")
+    p.set_defaults(func=_benchmark)
 
     p = sub.add_parser("stage", help="upload the FP8 artifact to the spec's S3/Spaces prefix and/or NFS path; "
                        "manifest last, resumable, verified; unchanged artifacts are not re-sent")
@@ -169,6 +261,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("uri")
     p.add_argument("dest")
     p.set_defaults(func=_fetch)
+
+    p = sub.add_parser("manifests", help="render (and schema-validate) the Kubernetes objects a promotion applies "
+                       "for a layout: Deployments per replica group, Service, PDB, weights volume")
+    p.add_argument("spec")
+    p.add_argument("--layout", required=True)
+    p.add_argument("--release-id", default="preview")
+    p.add_argument("--manifest-hash", default="0" * 64)
+    p.add_argument("--s3-uri")
+    p.add_argument("--nfs-path")
+    p.set_defaults(func=_manifests)
+
+    p = sub.add_parser("releases", help="the release registry: list, show a release's audit trail, roll back")
+    rs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = rs.add_parser("list", help="releases, newest first")
+    q.add_argument("--name")
+    q.add_argument("--status")
+    q = rs.add_parser("show", help="a release with its full audit trail")
+    q.add_argument("id", type=int)
+    q = rs.add_parser("rollback", help="put back the release that served before the live one (or --to ID); "
+                      "records who and why")
+    q.add_argument("--name", help="release name (spec name); default: that of --to")
+    q.add_argument("--to", type=int, help="release id to restore (default: the previous one that served)")
+    q.add_argument("--reason", required=True)
+    q.add_argument("--as", required=True, metavar="USER", help="who rolls back (recorded)")
+    q.set_defaults(id=None)
+    p.set_defaults(func=_releases)
+
+    for name, verb in (("approve", "approve"), ("reject", "reject")):
+        p = sub.add_parser(name, help=f"{verb} a release run waiting for review, as a reviewer, over Airflow's REST API "
+                           "(the same human-in-the-loop endpoint the UI uses)")
+        p.add_argument("run_id")
+        p.add_argument("--as", required=True, metavar="USER", help="a reviewer named in the spec (an Airflow user)")
+        p.add_argument("--comment", help="recorded in the audit trail")
+        p.add_argument("--url", default=os.environ.get("AIRFLOW_URL", "http://localhost:8080"), help="Airflow API server")
+        p.set_defaults(func=_respond)
     return parser
 
 

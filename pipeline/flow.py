@@ -17,10 +17,6 @@ from pipeline.spec import load_spec
 
 log = logging.getLogger(__name__)
 
-# Stages of the release flow that have no task yet; the demo names them so nobody mistakes
-# a skeleton run for a release.
-NOT_BUILT = ["report", "approve", "promote"]
-
 
 def resolve_spec_path(path: str) -> Path:
     """Relative spec paths are relative to the project, so DAG params read the same everywhere."""
@@ -28,12 +24,51 @@ def resolve_spec_path(path: str) -> Path:
     return candidate if candidate.is_absolute() else PROJECT_ROOT / candidate
 
 
-def validate_spec(path: str) -> dict[str, Any]:
-    loaded = load_spec(resolve_spec_path(path))
+def registry():
+    from pipeline.registry import Registry
+
+    return Registry()
+
+
+def validate_spec(path: str, run_key: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check the spec; with `run_key`, open this run's release in the registry (status candidate).
+
+    `overrides` (DAG params: layouts to try, SLO limits) are applied to a copy of the spec
+    written into the run's directory, so every later task and the registry see the same spec.
+    """
+    spec_path = resolve_spec_path(path)
+    if overrides and any(v not in (None, "", []) for v in overrides.values()) and run_key:
+        spec_path = apply_overrides(spec_path, overrides, run_dir(run_key))
+    loaded = load_spec(spec_path)
     spec = loaded.spec
     log.info("spec %s valid: %s, layouts %s, hardware %s", loaded.path, spec.name,
              [layout.name for layout in spec.layouts], loaded.hardware.name)
-    return {"spec_path": str(loaded.path), "name": spec.name, "layouts": [layout.name for layout in spec.layouts]}
+    out = {"spec_path": str(loaded.path), "name": spec.name, "layouts": [layout.name for layout in spec.layouts]}
+    if run_key:
+        rel = registry().open_release(run_key, spec.name, str(loaded.path), loaded.path.read_text(),
+                                      spec.promotion.target)
+        out["release_id"] = rel.id
+        log.info("release %d opened in the registry (%s)", rel.id, registry().safe_url)
+    return out
+
+
+def apply_overrides(spec_path: Path, overrides: dict[str, Any], out_dir: Path) -> Path:
+    """A copy of the spec with the trigger form's overrides; validated like any spec."""
+    import yaml
+
+    data = yaml.safe_load(spec_path.read_text())
+    if layouts := overrides.get("layouts"):
+        known = {layout["name"]: layout for layout in data["layouts"]}
+        unknown = [name for name in layouts if name not in known]
+        if unknown:
+            raise ReleaseError(f"param layouts: {unknown} not in {spec_path} (known: {', '.join(known)})")
+        data["layouts"] = [known[name] for name in layouts]
+    for key in ("p90_ttft_ms", "p90_tpot_ms"):
+        if overrides.get(key):
+            data["slo"][key] = float(overrides[key])
+    out = out_dir / "spec.yaml"
+    out.write_text(f"# {spec_path} with trigger overrides {overrides}\n" + yaml.safe_dump(data, sort_keys=False))
+    return out
 
 
 def materialize_model(spec_path: str) -> dict[str, Any]:
@@ -51,7 +86,7 @@ def quantize(spec_path: str, source: dict[str, Any]) -> dict[str, Any]:
             "max_rel_error": result.numeric_check.max_rel_error}
 
 
-def stage(spec_path: str, quantized: dict[str, Any] | None = None) -> dict[str, Any]:
+def stage(spec_path: str, quantized: dict[str, Any] | None = None, release_id: int | None = None) -> dict[str, Any]:
     """Stage the FP8 artifact; without `quantized`, quantize first (a finished output is reused)."""
     from pipeline import storage
 
@@ -60,7 +95,18 @@ def stage(spec_path: str, quantized: dict[str, Any] | None = None) -> dict[str, 
         quantized = quantize(spec_path, materialize_model(spec_path))
     artifact = Path(quantized["path"])
     staged = storage.stage(artifact, loaded.spec.staging, name=artifact.name)
+    if release_id is not None:
+        record_staged(release_id, {**staged.model_dump(), "quantized_path": str(artifact)})
     return staged.model_dump()
+
+
+def record_staged(release_id: int, staged: dict[str, Any]) -> dict[str, Any]:
+    """Where the release's weights are, by manifest hash: what promotion re-verifies and deploys."""
+    registry().record(release_id, "staged", "pipeline", {k: staged.get(k) for k in
+                                                         ("s3_uri", "nfs_path", "manifest_hash", "bytes_sent")},
+                      data={"artifact_uri": staged.get("s3_uri"), "nfs_path": staged.get("nfs_path"),
+                            "manifest_hash": staged["manifest_hash"], "quantized_path": staged.get("quantized_path")})
+    return staged
 
 
 class GateFailed(ReleaseError):
@@ -77,7 +123,8 @@ def evaluate(spec_path: str, model: dict[str, Any], *, baseline: bool) -> dict[s
     return result.model_dump()
 
 
-def accuracy_gate(spec_path: str, baseline: dict[str, Any], candidate: dict[str, Any], run_id: str) -> dict[str, Any]:
+def accuracy_gate(spec_path: str, baseline: dict[str, Any], candidate: dict[str, Any], run_id: str,
+                  release_id: int | None = None) -> dict[str, Any]:
     from pipeline import evaluate as evaluate_stage
 
     loaded = load_spec(spec_path)
@@ -85,6 +132,11 @@ def accuracy_gate(spec_path: str, baseline: dict[str, Any], candidate: dict[str,
                                    loaded.spec.evaluation, run_dir(run_id))
     log.info("accuracy gate %s (GX validation: %s)\n%s", "PASSED" if decision.passed else "FAILED",
              decision.validation_html, decision.table())
+    if release_id is not None:
+        registry().record(release_id, "accuracy_gate", "gate", {"passed": decision.passed, "failures": decision.failures},
+                          status=None if decision.passed else "gate_failed",
+                          data={"accuracy": decision.model_dump(), "source_hash": baseline["model_manifest_hash"],
+                                "source_path": baseline["model_path"], "quantized_path": candidate["model_path"]})
     if not decision.passed:
         raise GateFailed("accuracy gate failed:\n" + "\n".join(decision.failures) + "\n" + decision.table())
     return decision.model_dump()
@@ -134,13 +186,97 @@ def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) ->
     files = benchmark.write_outputs(layouts, loaded.spec.slo, run_dir(run_id) / "benchmark", selection)
     log.info("layouts measured:\n%s\nselection: %s\nfiles: %s", benchmark.table(layouts), selection.reason, files)
     return {**json.loads(selection.model_dump_json(exclude={"layouts"})), "files": files,
-            "layouts": [json.loads(r.model_dump_json(exclude={"probes"})) for r in layouts]}
+            "layouts": [json.loads(r.model_dump_json(exclude={"probes"})) for r in layouts],
+            "chosen": chosen_figures(next((r for r in layouts if r.layout == selection.best), None))}
 
 
-def slo_gate(selection: dict[str, Any]) -> dict[str, Any]:
+def chosen_figures(best) -> dict[str, Any]:
+    """What the registry, the approval and later re-benchmarks need of the chosen layout."""
+    if best is None:
+        return {}
+    from pipeline import report
+
+    probe = report.chosen_probe(json.loads(best.model_dump_json())) or {}
+    return {"layout": best.layout, "rate_per_server": best.per_server, "per_device": best.per_device,
+            "max_slo_rate": best.max_slo_rate, "p90_ttft_ms": probe.get("p90_ttft_ms"),
+            "p90_tpot_ms": probe.get("p90_tpot_ms"), "load_seconds": best.load_seconds}
+
+
+def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[str, Any]:
+    from pipeline import benchmark
+
+    if release_id is not None:
+        chosen = selection.get("chosen") or {}
+        registry().record(release_id, "slo_gate", "gate", {"passed": selection["passed"], "reason": selection["reason"],
+                                                            **chosen},
+                          status=None if selection["passed"] else "gate_failed",
+                          data={**chosen, "benchmark_files": selection.get("files", {})})
     if not selection["passed"]:
-        from pipeline import benchmark
-
         layouts = [benchmark.LayoutResult(**r) for r in selection["layouts"]]
         raise GateFailed(f"SLO gate failed: {selection['reason']}\n{benchmark.table(layouts)}")
     return selection
+
+
+def report(release_id: int, run_id: str) -> dict[str, Any]:
+    """Write the reviewer report; re-rendered later steps keep the same path."""
+    from pipeline import report as report_page
+
+    reg = registry()
+    rel = reg.get(release_id)
+    path = report_page.write(reg, rel, load_spec(rel.spec_path), run_dir(run_id))
+    if rel.data.get("report") != str(path):
+        reg.record(release_id, "report", "pipeline", {"path": str(path)}, data={"report": str(path)})
+    log.info("reviewer report: %s", path)
+    return {"release_id": release_id, "path": str(path)}
+
+
+def promote(release_id: int, run_id: str) -> dict[str, Any]:
+    from pipeline import promote as promotion
+
+    reg = registry()
+    try:
+        rel = promotion.promote(reg, release_id)
+    finally:
+        report(release_id, run_id)  # the audit trail in the report includes the outcome
+    log.info("release %d is %s at %s", rel.id, rel.status, rel.data.get("endpoint"))
+    return {"release_id": rel.id, "status": rel.status, "endpoint": rel.data.get("endpoint")}
+
+
+def verify(release_id: int, run_id: str) -> dict[str, Any]:
+    from pipeline import promote as promotion
+
+    from pipeline import rebenchmark as rebench
+
+    result = promotion.verify(registry(), release_id)
+    rebench.refresh_report(registry(), release_id)  # same page, now with the verification in its trail
+    return result
+
+
+def live_release_ids(name: str, only: int | None = None) -> list[int]:
+    from pipeline import rebenchmark as rebench
+
+    ids = [r.id for r in rebench.live_releases(registry(), name) if only is None or r.id == only]
+    if not ids:
+        log.info("no live release of %s%s: nothing to re-benchmark", name, f" with id {only}" if only else "")
+    return ids
+
+
+def rebenchmark(release_id: int, run_id: str, context: Any = None) -> dict[str, Any]:
+    from pipeline import rebenchmark as rebench
+
+    reg = registry()
+    verdict = rebench.rebenchmark(reg, release_id, run_dir(run_id) / f"rebenchmark-{release_id}", context=context)
+    rebench.refresh_report(reg, release_id)
+    return verdict.model_dump()
+
+
+def rollback(name: str, release_id: int | None, reason: str, actor: str) -> dict[str, Any]:
+    from pipeline import promote as promotion
+
+    reg = registry()
+    candidates = reg.releases(name=name)
+    if not candidates:
+        raise ReleaseError(f"param name: no releases named {name!r} in the registry")
+    target = reg.get(release_id).target if release_id else candidates[0].target
+    rel = promotion.rollback(reg, name, target, actor, reason, to=release_id)
+    return {"release_id": rel.id, "status": rel.status, "endpoint": rel.data.get("endpoint")}

@@ -204,12 +204,34 @@ class PromotionSpec(Strict):
     requires_approval: bool = True
     reviewers: list[str] = Field(default_factory=list)
     approval_timeout: Annotated[str, Field(pattern=DURATION_PATTERN.pattern)] = "24h"
+    kubernetes_conn_id: str | None = Field("kubernetes_default", description="Airflow connection of the cluster; "
+                                           "None: kubeconfig or in-cluster config")
+    rollout_timeout: Annotated[str, Field(pattern=DURATION_PATTERN.pattern)] = "45m"
+
+
+class NotifySpec(Strict):
+    """Where a re-benchmark verdict goes: the registry always; also e-mail or Slack via an Airflow connection."""
+
+    kind: Literal["log", "smtp", "slack"] = "log"
+    connection_id: str | None = Field(None, description="Airflow connection (smtp or slack webhook)")
+    to: list[str] = Field(default_factory=list, description="e-mail recipients (smtp)")
+    from_email: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> "NotifySpec":
+        if self.kind != "log" and not self.connection_id:
+            raise ValueError(f"kind {self.kind!r} needs connection_id")
+        if self.kind == "smtp" and not self.to:
+            raise ValueError("kind 'smtp' needs at least one address in to")
+        return self
 
 
 class RebenchmarkSpec(Strict):
     schedule: str = "@daily"
-    tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.10
+    tolerance: Annotated[float, Field(gt=0, lt=1, description="allowed drop of the max SLO rate")] = 0.10
     auto_rollback: bool = False
+    max_probes: Annotated[int, Field(ge=3)] = 6
+    notify: NotifySpec = Field(default_factory=NotifySpec)
 
 
 class HardwareProfile(Strict):

