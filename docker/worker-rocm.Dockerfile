@@ -1,6 +1,8 @@
 # GPU worker for the heavy stages (quantize, evaluate, benchmark, fetch) on MI325X nodes:
 # the ROCm vLLM image plus this project's CLI, llmcompressor and lm-eval.
-# The engine image tag is pinned here, in one place; release specs name the built image.
+# The engine image tag is pinned here, in one place; release specs name the same engine
+# (serving.engine_image, checked by tests). Build and push with docker/images.sh, which tags
+# this image with the package version; pods take it from MODEL_RELEASE_WORKER_IMAGE.
 ARG ROCM_VLLM_IMAGE=rocm/vllm:rocm7.0.0_vllm_0.11.2_20251210
 FROM ${ROCM_VLLM_IMAGE}
 
@@ -20,9 +22,10 @@ COPY pyproject.toml ./
 COPY pipeline ./pipeline
 COPY configs ./configs
 # torch, vllm and transformers come with the base image: install ours without touching them.
+# Editable install: `pipeline` finds configs/ (eval tasks, hardware profiles) next to itself.
 RUN pip freeze | grep -Ei '^(torch|vllm|transformers|triton)==' > /tmp/base-pins.txt \
  && pip install --no-cache-dir --constraint /tmp/base-pins.txt \
       llmcompressor lm-eval great-expectations boto3 pydantic pyyaml matplotlib \
- && pip install --no-cache-dir --no-deps .
+ && pip install --no-cache-dir --no-deps --editable .
 ENTRYPOINT ["model-release"]
 CMD ["--help"]

@@ -40,3 +40,68 @@ def test_compose_has_the_airflow_components_on_postgres_without_secrets():
         assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")
         assert "${POSTGRES_PASSWORD" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]  # from the environment only
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${")
+
+
+def test_worker_image_carries_the_engine_the_production_spec_names_where_the_pods_expect_it():
+    from pipeline.k8s import pods
+    from pipeline.spec import load_spec
+    from tests.conftest import PROD_SPEC
+
+    text = (DOCKER / "worker-rocm.Dockerfile").read_text()
+    assert re.search(r"^ARG ROCM_VLLM_IMAGE=(\S+)$", text, re.M).group(1) == load_spec(PROD_SPEC).spec.serving.engine_image
+    assert f"MODEL_RELEASE_HOME={pods.POD_HOME}" in text and f"WORKDIR {pods.POD_PROJECT}\n" in text
+    # editable installs: `pipeline` finds configs/ next to itself (pipeline.paths.CONFIGS_DIR)
+    assert "pip install --no-cache-dir --no-deps --editable .\n" in text
+    assert "--editable /opt/model-release\n" in (DOCKER / "airflow.Dockerfile").read_text()
+
+
+def test_airflow_image_has_what_the_light_tasks_of_the_kubernetes_dag_import():
+    text = (DOCKER / "airflow.Dockerfile").read_text()
+    assert "great_expectations" in text and "apache-airflow-providers-cncf-kubernetes" in text
+    assert "grep -E '^great_expectations==' /opt/model-release/requirements/main.lock" in text  # the locked version
+
+
+def test_each_image_sends_only_what_it_copies_as_build_context():
+    for name in ("airflow", "worker-rocm"):
+        dockerfile = (DOCKER / f"{name}.Dockerfile").read_text()
+        ignore = (DOCKER / f"{name}.Dockerfile.dockerignore").read_text().split("\n")
+        assert "*" in ignore  # allowlist: .venv, .model-release and .git stay out
+        for line in dockerfile.splitlines():
+            if line.startswith("COPY "):
+                sources = [part for part in line.split()[1:-1] if not part.startswith("--")]
+                assert all(f"!{source}" in ignore for source in sources), (name, line)
+
+
+def test_compose_keeps_the_release_registry_in_its_own_database_on_the_same_postgres():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    mounts = compose["services"]["postgres"]["volumes"]
+    init = next(m for m in mounts if "/docker-entrypoint-initdb.d/" in m).split(":")[0]
+    database = re.search(r"CREATE DATABASE (\w+)", (DOCKER / init).read_text()).group(1)
+    for name in ("api-server", "scheduler", "dag-processor", "triggerer"):
+        env = compose["services"][name]["environment"]
+        assert env["MODEL_RELEASE_REGISTRY_URL"].startswith("postgresql+psycopg2://airflow:${POSTGRES_PASSWORD}@postgres/")
+        assert env["MODEL_RELEASE_REGISTRY_URL"].endswith(f"@postgres/{database}")
+        assert env["MODEL_RELEASE_WORKER_IMAGE"].startswith("${")  # from the environment, default empty
+
+
+def test_images_script_tags_both_images_with_the_package_version(tmp_path):
+    import os
+    import subprocess
+
+    from pipeline import __version__
+    from pipeline.k8s import pods
+
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "$@" >> "$DOCKER_LOG"\n')
+    fake.chmod(0o755)
+    log = tmp_path / "docker.log"
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "DOCKER_LOG": str(log)}
+    out = subprocess.run(["sh", "docker/images.sh", "reg.example.com/mr", "--push"], cwd=PROJECT_ROOT, env=env,
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert out == [f"reg.example.com/mr/airflow:{__version__}", f"reg.example.com/mr/worker-rocm:{__version__}"]
+    assert log.read_text().splitlines() == [
+        f"build -f docker/airflow.Dockerfile -t {out[0]} .", f"push {out[0]}",
+        f"build -f docker/worker-rocm.Dockerfile -t {out[1]} .", f"push {out[1]}",
+    ]
+    assert pods.DEFAULT_WORKER_IMAGE == f"registry.digitalocean.com/model-release/worker-rocm:{__version__}"

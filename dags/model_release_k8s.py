@@ -1,0 +1,116 @@
+"""
+### Model release on Kubernetes
+
+One DAG per release spec in `configs/releases/` with `execution: kubernetes`, the same flow as
+`model_release` up to the SLO gate. The heavy steps run as pods on the cluster, from the worker
+image, each one `model-release` CLI sub-command: quantize, evaluate baseline and candidate,
+stage, fetch, and one benchmark per layout on a whole GPU node. The light steps run here, in
+the Airflow worker: validate the spec, the accuracy gate and the layout selection on the pods'
+results in storage, the SLO gate.
+
+Pods, resources and placement come from `pipeline/k8s/pods.py`; this file only wires tasks.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.sdk import chain, dag, task
+
+from pipeline.approval import ReleaseApproval
+from pipeline.k8s import pods
+from pipeline.spec import LoadedSpec
+
+
+def release_dag(loaded: LoadedSpec):
+    spec_path = str(loaded.path)
+
+    def pod(task_id: str, step: pods.Step, **args: str) -> KubernetesPodOperator:
+        return KubernetesPodOperator(task_id=task_id, **pods.pod_operator_kwargs(loaded, step, **args))
+
+    @dag(
+        dag_id=pods.dag_id(loaded),
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        doc_md=__doc__,
+        tags=["model-release", "kubernetes", loaded.spec.name],
+    )
+    def release():
+        @task
+        def validate(run_id: str | None = None) -> dict:
+            """Type and feasibility checks, again at run time; opens the release in the registry."""
+            from pipeline import flow
+
+            return flow.validate_spec(spec_path, run_id)
+
+        @task(retries=0)
+        def accuracy_gate(spec: dict, baseline: dict, candidate: dict, run_id: str | None = None) -> dict:
+            """great-expectations on the two evaluation pods' stored scores; a failure stops the run."""
+            from pipeline.k8s import results
+
+            return results.accuracy_gate(spec_path, baseline, candidate, run_id, spec["release_id"])
+
+        @task
+        def record_staged(spec: dict, staged: dict) -> dict:
+            from pipeline import flow
+
+            return flow.record_staged(spec["release_id"], staged)
+
+        @task
+        def select_layout(refs: list[dict], run_id: str | None = None) -> dict:
+            """Best layout by SLO rate per server, from the benchmark pods' stored results."""
+            from pipeline.k8s import results
+
+            return results.select_layout(spec_path, list(refs), run_id)
+
+        @task(retries=0)
+        def slo_gate(spec: dict, selection: dict) -> dict:
+            """Fails the run, with the per-layout table in the log, when no layout meets the SLO."""
+            from pipeline import flow
+
+            return flow.slo_gate(selection, spec["release_id"])
+
+        @task
+        def report(spec: dict, gate: dict, run_id: str | None = None) -> dict:
+            from pipeline import flow
+
+            return flow.report(spec["release_id"], run_id)
+
+        @task(retries=0)
+        def promote(spec: dict, run_id: str | None = None) -> dict:
+            """Gates re-checked in code, then server-side apply to DOKS; the previous release comes back on failure."""
+            from pipeline import flow
+
+            return flow.promote(spec["release_id"], run_id)
+
+        @task(retries=1, retry_delay=pendulum.duration(seconds=30))
+        def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
+            from pipeline import flow
+
+            return flow.verify(spec["release_id"], run_id)
+
+        quantize = pod("quantize", "quantize")
+        baseline = pod("evaluate_baseline", "evaluate", side="baseline")
+        candidate = pod("evaluate_candidate", "evaluate", side="candidate")
+        stage = pod("stage", "stage")
+        fetch = pod("fetch", "fetch")
+        benchmarks = [pod(f"benchmark_{layout.name}", "benchmark", layout=layout.name) for layout in loaded.spec.layouts]
+
+        spec = validate()
+        spec >> [quantize, baseline]
+        # GPU steps run one after another: one node suffices, and layouts are measured on the same one.
+        chain([quantize, baseline], candidate)
+        chain(accuracy_gate(spec, baseline.output, candidate.output), stage, fetch, *benchmarks)
+        stage >> record_staged(spec, stage.output)
+        reviewed = report(spec, slo_gate(spec, select_layout([b.output for b in benchmarks])))
+        approve = ReleaseApproval(task_id="approve")
+        promoted = promote(spec)
+        reviewed >> approve >> promoted
+        verify(spec, promoted)
+
+    return release()
+
+
+for _loaded in pods.kubernetes_specs():
+    globals()[pods.dag_id(_loaded)] = release_dag(_loaded)

@@ -1,0 +1,161 @@
+"""What the step pods leave in storage, and how the light Airflow tasks read it back.
+
+A pod's full result (a side's lm-eval scores, a layout's probes) is a JSON file in storage under
+`<base>/<run>/`; the pod's XCom holds only its URI and hashes. The base is the spec's S3 prefix
+(`s3://bucket/prefix/runs`) when it stages to S3, which the Airflow workers reach through the
+spec's connection; else `<staging.nfs.path>/runs`, which the workers must then mount.
+
+The pod side (`evaluate_side`, `benchmark_layout`) is what the CLI's `evaluate --side` and
+`benchmark` sub-commands call; the Airflow side (`accuracy_gate`, `select_layout`) wraps the
+same `flow` functions the local DAG uses, so both DAGs decide by the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipeline import flow
+from pipeline.errors import ReleaseError
+from pipeline.spec import LoadedSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- where
+
+
+def base_uri(loaded: LoadedSpec) -> str:
+    s3 = loaded.spec.staging.s3
+    if s3 is not None:
+        return "s3://" + "/".join(part.strip("/") for part in (s3.bucket, s3.prefix, "runs") if part.strip("/"))
+    return f"{loaded.spec.staging.nfs.path.rstrip('/')}/runs"
+
+
+def run_key(run_id: str) -> str:
+    """The run's directory name; the same rule as `flow.run_dir`, so local and stored runs match."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
+
+
+def run_uri(base: str, run_id: str) -> str:
+    return f"{base.rstrip('/')}/{run_key(run_id)}"
+
+
+# ---------------------------------------------------------------- read and write
+
+
+def _s3(uri: str, loaded: LoadedSpec):
+    from pipeline import storage
+
+    if loaded.spec.staging.s3 is None:
+        raise ReleaseError(f"{uri}: the spec has no staging.s3 to reach it with")
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return storage.s3_client(loaded.spec.staging.s3), bucket, key
+
+
+def write_bytes(uri: str, data: bytes, loaded: LoadedSpec) -> str:
+    if uri.startswith("s3://"):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client, bucket, key = _s3(uri, loaded)
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=data)
+        except (ClientError, BotoCoreError) as exc:
+            raise ReleaseError(f"{uri}: cannot write: {exc}") from None
+        return uri
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)  # a reader never sees half a result
+    return uri
+
+
+def write(uri: str, data: dict[str, Any], loaded: LoadedSpec) -> str:
+    return write_bytes(uri, json.dumps(data, indent=2).encode(), loaded)
+
+
+def read(uri: str, loaded: LoadedSpec) -> dict[str, Any]:
+    if uri.startswith("s3://"):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client, bucket, key = _s3(uri, loaded)
+        try:
+            return json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except (ClientError, BotoCoreError) as exc:
+            raise ReleaseError(f"{uri}: cannot read the step's result: {exc}") from None
+    try:
+        return json.loads(Path(uri).read_text())
+    except FileNotFoundError:
+        raise ReleaseError(f"{uri}: no such result (is the NFS share mounted on this worker?)") from None
+
+
+# ---------------------------------------------------------------- pod side
+
+
+def evaluate_side(spec_path: str, side: str, results: str, run_id: str, candidate: str | None = None) -> dict[str, Any]:
+    """One side of the accuracy comparison. The baseline is the spec's source (materialized, and
+    cached, on the shared volume); the candidate a directory with a manifest, verified first."""
+    from pipeline import artifacts
+
+    loaded = load_spec(spec_path)
+    if side == "baseline":
+        model = flow.materialize_model(spec_path)
+    elif side == "candidate" and candidate:
+        model = {"path": candidate, "manifest_hash": artifacts.verify(Path(candidate)).content_hash()}
+    else:
+        raise ReleaseError(f"evaluate: side {side!r}: expected baseline, or candidate with a candidate directory")
+    result = flow.evaluate(spec_path, model, baseline=side == "baseline")
+    uri = write(f"{run_uri(results, run_id)}/evaluate-{side}.json", result, loaded)
+    return {"side": side, "result_uri": uri, "model_manifest_hash": result["model_manifest_hash"]}
+
+
+def benchmark_layout(spec_path: str, layout: str, model_dir: str, results: str, run_id: str) -> dict[str, Any]:
+    """One layout's SLO search on this (whole) node; probes and engine logs stay in the run
+    directory on the shared volume, the LayoutResult goes to storage."""
+    from pipeline import benchmark
+
+    loaded = load_spec(spec_path)
+    chosen = next((item for item in loaded.spec.layouts if item.name == layout), None)
+    if chosen is None:
+        raise ReleaseError(f"layouts: no layout named {layout!r} in {spec_path}")
+    result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, chosen, Path(model_dir),
+                                        flow.run_dir(run_id) / "benchmark" / layout)
+    log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
+    uri = write(f"{run_uri(results, run_id)}/benchmark/{layout}.json", json.loads(result.model_dump_json()), loaded)
+    return {"layout": layout, "status": result.status, "result_uri": uri}
+
+
+# ---------------------------------------------------------------- Airflow side
+
+
+def publish_run_dir(loaded: LoadedSpec, run_id: str) -> dict[str, str]:
+    """Copy what a light task wrote into its (ephemeral) local run directory to storage."""
+    local = flow.run_dir(run_id)
+    base = run_uri(base_uri(loaded), run_id)
+    return {str(path): write_bytes(f"{base}/{path.relative_to(local).as_posix()}", path.read_bytes(), loaded)
+            for path in sorted(local.rglob("*")) if path.is_file()}
+
+
+def accuracy_gate(spec_path: str, baseline: dict[str, Any], candidate: dict[str, Any], run_id: str,
+                  release_id: int | None = None) -> dict[str, Any]:
+    """The local DAG's gate on the pods' stored results; the GX report is published either way."""
+    loaded = load_spec(spec_path)
+    try:
+        decision = flow.accuracy_gate(spec_path, read(baseline["result_uri"], loaded),
+                                      read(candidate["result_uri"], loaded), run_id, release_id)
+    finally:
+        published = publish_run_dir(loaded, run_id)
+    decision["validation_html"] = published.get(str(decision["validation_html"]), decision["validation_html"])
+    return decision
+
+
+def select_layout(spec_path: str, refs: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
+    """The best layout from the benchmark pods' stored results; the JSON, CSV and plot go to storage."""
+    loaded = load_spec(spec_path)
+    selection = flow.select_layout(spec_path, [read(ref["result_uri"], loaded) for ref in refs], run_id)
+    published = publish_run_dir(loaded, run_id)
+    selection["files"] = {kind: published.get(path, path) for kind, path in selection["files"].items()}
+    return selection

@@ -1,0 +1,388 @@
+"""Production mode: the step pods of `execution: kubernetes` specs, and the DAG that runs them.
+
+No cluster here: the DAG files are imported by a real DagBag, every pod is built by the real
+KubernetesPodOperator (templates rendered, `build_pod_request_obj`) and validated against the
+Kubernetes OpenAPI schema in strict mode, and the docs' objects and Helm values are checked
+against the names the code uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shlex
+
+import kubernetes
+import kubernetes_validate
+import pytest
+import yaml
+
+from pipeline import __version__, cli, flow
+from pipeline.k8s import pods, results
+from pipeline.k8s.manifests import s3_secret_name
+from pipeline.paths import PROJECT_ROOT
+from pipeline.spec import load_spec
+from tests.conftest import PROD_SPEC
+
+K8S_VERSION = "1.31"
+DAG_ID = "model_release_k8s__qwen3_235b_a22b_fp8"
+BENCHMARKS = ["benchmark_tp8-ep8", "benchmark_tp4-ep4-x2"]
+HEAVY = ["quantize", "evaluate_baseline", "evaluate_candidate", "stage", "fetch", *BENCHMARKS]
+LIGHT = ["validate", "accuracy_gate", "record_staged", "select_layout", "slo_gate", "report", "approve", "promote",
+         "verify"]
+RUN_ID = "manual__2026-01-12T10:00:00+00:00"
+HASH = "ab" * 32
+ARTIFACT = "/var/lib/model-release/artifacts/qwen3-235b-a22b-fp8-0123456789abcdef"
+# What the upstream pods print (their XCom), for rendering the templates that pull from them.
+XCOMS = {
+    "quantize": {"path": ARTIFACT, "manifest_hash": HASH},
+    "stage": {"s3_uri": "s3://model-release-weights/qwen3-235b-a22b-fp8/qwen3-235b-a22b-fp8-0123456789abcdef/",
+              "nfs_path": "/mnt/models/qwen3-235b-a22b-fp8-0123456789abcdef", "manifest_hash": HASH},
+    "fetch": {"path": f"/var/lib/model-release/serving-cache/{HASH[:16]}", "manifest_hash": HASH},
+}
+# Sub-commands the pods run that pipeline/cli.py does not have yet (issue #10 hands them over).
+
+
+@pytest.fixture(scope="module")
+def prod():
+    return load_spec(PROD_SPEC)
+
+
+@pytest.fixture(scope="module")
+def dagbag(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW_HOME", str(tmp_path_factory.mktemp("airflow-home")))
+        mp.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+        for name in ("MODEL_RELEASE_WORKER_IMAGE", "MODEL_RELEASE_NAMESPACE", "MODEL_RELEASE_PVC"):
+            mp.delenv(name, raising=False)
+        from airflow.dag_processing.dagbag import DagBag
+
+        yield DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+
+
+class FakeTI:
+    """Just enough of a task instance for rendering: XCom comes from XCOMS, and only from tasks
+    upstream of the one being rendered (a template pulling from anywhere else is a bug)."""
+
+    def __init__(self, dag, task):
+        self.dag_id, self.task_id, self.run_id = dag.dag_id, task.task_id, RUN_ID
+        self.try_number, self.map_index = 1, -1
+        self._upstream = task.get_flat_relative_ids(upstream=True)
+
+    def xcom_pull(self, task_ids, **kwargs):
+        assert task_ids in self._upstream, f"{self.task_id} pulls XCom from {task_ids}, which is not upstream"
+        return XCOMS[task_ids]
+
+
+@pytest.fixture(scope="module")
+def rendered(dagbag):
+    """task id -> the pod the operator would create, as the JSON it would send."""
+    dag = dagbag.dags[DAG_ID]
+    out = {}
+    for task_id in HEAVY:
+        op = copy.deepcopy(dag.get_task(task_id))
+        context = {"ti": FakeTI(dag, op), "run_id": RUN_ID, "dag": dag, "task": op, "dag_run": None}
+        op.render_template_fields(context)
+        pod = op.build_pod_request_obj(context, dry_run=True)  # dry run: no kube config needed
+        out[task_id] = kubernetes.client.ApiClient().sanitize_for_serialization(pod)
+    return out
+
+
+def container(pod: dict) -> dict:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "base")
+
+
+def env_of(pod: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(pod)["env"]}
+
+
+def mounts_of(pod: dict) -> dict[str, dict]:
+    return {m["mountPath"]: m for m in container(pod)["volumeMounts"]}
+
+
+def cli_argv(pod: dict) -> list[str]:
+    script = container(pod)["args"][0]
+    match = re.fullmatch(r"set -e; model-release (.*) > /airflow/xcom/return\.json; cat /airflow/xcom/return\.json", script)
+    assert match, script
+    return shlex.split(match.group(1))
+
+
+# ---------------------------------------------------------------- the DAGs
+
+
+def test_both_dag_files_import_without_errors(dagbag):
+    files = {"model_release.py", "model_release_k8s.py"}
+    assert {path: error for path, error in dagbag.import_errors.items() if path.rsplit("/", 1)[-1] in files} == {}
+    assert {"model_release", DAG_ID} <= set(dagbag.dag_ids)
+
+
+def test_local_dag_runs_nothing_as_a_pod(dagbag):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    tasks = dagbag.dags["model_release"].tasks
+    assert tasks and not any(isinstance(task, KubernetesPodOperator) for task in tasks)
+
+
+def test_kubernetes_dag_has_one_dag_per_kubernetes_spec(dagbag, prod):
+    assert [pods.dag_id(loaded) for loaded in pods.kubernetes_specs()] == [DAG_ID]  # the tiny spec runs locally
+    assert pods.dag_id(prod) == DAG_ID
+    assert sorted(d for d in dagbag.dag_ids if d.startswith("model_release_k8s__")) == [DAG_ID]
+
+
+def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    dag = dagbag.dags[DAG_ID]
+    assert set(dag.task_ids) == {*HEAVY, *LIGHT}
+    for task_id in HEAVY:
+        assert isinstance(dag.get_task(task_id), KubernetesPodOperator), task_id
+    for task_id in LIGHT:
+        assert not isinstance(dag.get_task(task_id), KubernetesPodOperator), task_id
+
+    def up(task_id):
+        return dag.get_task(task_id).upstream_task_ids
+
+    assert up("quantize") == up("evaluate_baseline") == {"validate"}
+    assert up("evaluate_candidate") == {"quantize", "evaluate_baseline"}  # one GPU step at a time
+    assert up("accuracy_gate") == {"validate", "evaluate_baseline", "evaluate_candidate"}
+    assert up("stage") == {"accuracy_gate"} and up("fetch") == {"stage"}
+    assert up(BENCHMARKS[0]) == {"fetch"} and up(BENCHMARKS[1]) == {BENCHMARKS[0]}
+    assert up("select_layout") == set(BENCHMARKS) and up("slo_gate") == {"validate", "select_layout"}
+    # the same review and promotion tail as the local DAG: gates in code, a reviewer, then DOKS
+    assert up("approve") == {"report"} and up("promote") == {"validate", "approve"} and up("verify") == {"validate", "promote"}
+
+
+# ---------------------------------------------------------------- the pods
+
+
+@pytest.mark.parametrize("task_id", HEAVY)
+def test_every_pod_is_a_valid_kubernetes_pod(rendered, task_id):
+    pod = rendered[task_id]
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True) == K8S_VERSION
+    assert "{{" not in json.dumps(pod), "a template was left unrendered"
+
+
+def test_a_pod_with_a_wrong_field_fails_validation(rendered):
+    bad = copy.deepcopy(rendered["quantize"])
+    container(bad)["resource"] = container(bad).pop("resources")  # misspelled field
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+    bad = copy.deepcopy(rendered["quantize"])
+    bad["spec"]["volumes"][0]["persistentVolumeClaim"] = {"claim": "model-release-nfs"}  # claimName missing
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("task_id", BENCHMARKS)
+def test_benchmark_pod_takes_the_whole_gpu_node(rendered, prod, task_id):
+    pod = rendered[task_id]
+    resources = container(pod)["resources"]
+    assert resources["limits"]["amd.com/gpu"] == resources["requests"]["amd.com/gpu"] == str(prod.hardware.devices) == "8"
+    assert pod["spec"]["nodeSelector"] == {"doks.digitalocean.com/gpu-model": "mi325x"}
+    assert pod["spec"]["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    env = env_of(pod)
+    assert env["VLLM_ROCM_USE_AITER"] == env["VLLM_ROCM_USE_AITER_MOE"] == "1"
+    assert env["HIP_FORCE_DEV_KERNARG"] == "1" and env["VLLM_USE_TRITON_FLASH_ATTN"] == "0"  # profile, spec
+    assert env["MODEL_RELEASE_HOME"] == pods.POD_HOME
+    mounts = mounts_of(pod)
+    assert mounts["/dev/shm"]["name"] == "dshm" and mounts[pods.POD_HOME]["subPath"] == pods.HOME_SUBPATH
+    assert mounts["/mnt/models"]["name"] == "data"  # staging.nfs.path, the share itself
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "model-release-nfs"}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    layout = task_id.removeprefix("benchmark_")
+    argv = cli_argv(pod)
+    assert argv[:4] == ["benchmark", "/opt/model-release/configs/releases/qwen3-235b-a22b-fp8-mi325x.yaml", "--layout", layout]
+    assert argv[argv.index("--model") + 1] == XCOMS["fetch"]["path"]
+    assert argv[argv.index("--results") + 1] == "s3://model-release-weights/qwen3-235b-a22b-fp8/runs"
+    assert argv[argv.index("--run-id") + 1] == RUN_ID
+
+
+@pytest.mark.parametrize("task_id", HEAVY)
+def test_every_pod_runs_the_worker_image_with_secrets_by_reference_only(rendered, task_id):
+    pod = rendered[task_id]
+    assert container(pod)["image"] == pods.DEFAULT_WORKER_IMAGE
+    assert pod["metadata"]["namespace"] == "model-release"
+    assert {"secretRef": {"name": s3_secret_name("spaces_default")}} in container(pod)["envFrom"]
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN"} & set(env_of(pod))
+    assert env_of(pod)["AWS_ENDPOINT_URL"] == "https://nyc3.digitaloceanspaces.com"
+    assert container(pod)["command"] == ["/bin/sh", "-c"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "model-release"
+
+
+def test_cpu_steps_stay_off_the_gpu_nodes_and_gpu_steps_ask_for_what_they_use(rendered):
+    for task_id in ("quantize", "stage", "fetch"):  # production spec quantizes with model_free, on CPU
+        pod = rendered[task_id]
+        assert "amd.com/gpu" not in container(pod)["resources"]["requests"], task_id
+        assert not pod["spec"].get("nodeSelector") and not pod["spec"].get("tolerations"), task_id
+        assert "VLLM_ROCM_USE_AITER" not in env_of(pod)
+    for task_id in ("evaluate_baseline", "evaluate_candidate"):  # vllm backend: the widest tp, 8
+        assert container(rendered[task_id])["resources"]["limits"]["amd.com/gpu"] == "8"
+    assert env_of(rendered["quantize"])["HF_HUB_OFFLINE"] == "0"  # downloads the BF16 source
+
+
+def test_pods_pass_the_upstream_results_along(rendered):
+    assert cli_argv(rendered["evaluate_candidate"])[:6] == [
+        "evaluate", "/opt/model-release/configs/releases/qwen3-235b-a22b-fp8-mi325x.yaml",
+        "--side", "candidate", "--candidate", ARTIFACT]
+    assert cli_argv(rendered["stage"])[-2:] == ["--artifact", ARTIFACT]
+    assert cli_argv(rendered["fetch"]) == ["fetch", XCOMS["stage"]["s3_uri"], XCOMS["fetch"]["path"]]
+
+
+@pytest.mark.parametrize("task_id", HEAVY)
+def test_cli_accepts_each_pod_command(rendered, task_id):
+    argv = cli_argv(rendered[task_id])
+    cli.build_parser().parse_args(argv)  # argparse exits on an unknown command or option
+    specs = [arg for arg in argv if arg.startswith(pods.POD_PROJECT)]
+    assert all((PROJECT_ROOT / spec.removeprefix(pods.POD_PROJECT + "/")).is_file() for spec in specs)
+
+
+def test_quantize_oneshot_takes_one_gpu_and_hf_evaluation_none(spec_file):
+    def edit(data):
+        data["quantization"]["method"] = "oneshot"
+        data["evaluation"]["backend"] = "local-completions"
+
+    loaded = load_spec(spec_file(PROD_SPEC, edit))
+    assert pods.resources(loaded, "quantize").gpus == 1
+    assert pods.resources(loaded, "evaluate").gpus == 0
+    kwargs = pods.pod_operator_kwargs(loaded, "quantize", settings=pods.ClusterSettings())
+    assert kwargs["container_resources"].limits == {"amd.com/gpu": "1"}
+    assert kwargs["node_selector"] == {"doks.digitalocean.com/gpu-model": "mi325x"}
+
+
+def test_worker_image_namespace_and_claim_come_from_the_environment(prod, monkeypatch):
+    monkeypatch.setenv("MODEL_RELEASE_WORKER_IMAGE", "registry.example.com/mr/worker-rocm:abc123")
+    monkeypatch.setenv("MODEL_RELEASE_PVC", "other-claim")
+    kwargs = pods.pod_operator_kwargs(prod, "fetch")
+    assert kwargs["image"] == "registry.example.com/mr/worker-rocm:abc123"
+    assert kwargs["volumes"][0].persistent_volume_claim.claim_name == "other-claim"
+    assert kwargs["namespace"] == "model-release"
+    assert pods.DEFAULT_WORKER_IMAGE.endswith(f"/worker-rocm:{__version__}")
+
+
+def test_nfs_only_spec_fetches_from_nfs_and_keeps_results_there(spec_file, tmp_path):
+    def edit(data):
+        data["staging"] = {"nfs": {"path": str(tmp_path / "nfs")}}
+
+    loaded = load_spec(spec_file(PROD_SPEC, edit))
+    assert pods.cli_args(loaded, "fetch")[1] == pods.xcom("stage", "nfs_path")
+    assert results.base_uri(loaded) == f"{tmp_path}/nfs/runs"
+    kwargs = pods.pod_operator_kwargs(loaded, "benchmark", settings=pods.ClusterSettings(), layout="tp8-ep8")
+    assert kwargs["env_from"] == [] and "AWS_ENDPOINT_URL" not in {e.name for e in kwargs["env_vars"]}
+    assert str(tmp_path / "nfs") in {m.mount_path for m in kwargs["volume_mounts"]}
+
+
+# ---------------------------------------------------------------- results in storage
+
+
+def test_light_tasks_select_a_layout_from_the_pods_stored_results(spec_file, tmp_path, monkeypatch):
+    from pipeline import benchmark
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
+    loaded = load_spec(spec_file(PROD_SPEC, lambda d: d.update(staging={"nfs": {"path": str(tmp_path / "nfs")}})))
+    run = results.run_uri(results.base_uri(loaded), RUN_ID)
+    assert run.endswith("/" + flow.run_dir(RUN_ID).name)  # same directory name as a local run
+    refs = []
+    for name, tp, per_server in (("tp8-ep8", 8, 1.5), ("tp4-ep4-x2", 4, 2.2)):
+        layout = benchmark.LayoutResult(layout=name, tp=tp, dp=1, ep=tp, pp=1, replicas=8 // tp, devices=8,
+                                        status="ok", max_slo_rate=per_server, per_server=per_server,
+                                        per_device=per_server / 8)
+        uri = results.write(f"{run}/benchmark/{name}.json", json.loads(layout.model_dump_json()), loaded)
+        refs.append({"layout": name, "status": "ok", "result_uri": uri})
+    selection = results.select_layout(str(loaded.path), refs, RUN_ID)
+    assert selection["best"] == "tp4-ep4-x2" and selection["passed"]
+    assert selection["files"]["json"] == f"{run}/benchmark/benchmark.json"
+    assert json.loads((tmp_path / "nfs" / "runs" / flow.run_dir(RUN_ID).name / "benchmark" / "benchmark.json")
+                      .read_text())["selection"]["best"] == "tp4-ep4-x2"
+
+
+def test_reading_a_missing_result_names_it(prod, tmp_path):
+    from pipeline.errors import ReleaseError
+
+    with pytest.raises(ReleaseError, match="no such result"):
+        results.read(str(tmp_path / "missing.json"), prod)
+
+
+# ---------------------------------------------------------------- docs and Helm values
+
+
+def doc_objects() -> list[dict]:
+    text = (PROJECT_ROOT / "docs" / "production.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    return [obj for block in blocks for obj in yaml.safe_load_all(block) if obj and "apiVersion" in obj]
+
+
+def test_production_doc_objects_are_valid_and_match_the_pods():
+    objects = doc_objects()
+    assert [obj["kind"] for obj in objects] == ["PersistentVolume", "PersistentVolumeClaim"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    claim = objects[1]
+    settings = pods.ClusterSettings()
+    assert claim["metadata"] == {"name": settings.pvc, "namespace": settings.namespace}
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_production_doc_names_what_the_code_uses(prod):
+    text = (PROJECT_ROOT / "docs" / "production.md").read_text()
+    assert "No Docker engine, GPU or Kubernetes cluster was available" in text
+    for name in (DAG_ID, s3_secret_name(prod.spec.staging.s3.connection_id), prod.spec.staging.s3.bucket,
+                 "doks.digitalocean.com/gpu-model=mi325x", "amd.com/gpu:NoSchedule", "docker/images.sh",
+                 "MODEL_RELEASE_REGISTRY_URL", "docs/helm-values.yaml", "spaces_default"):
+        assert name in text, name
+
+
+def test_helm_values_configure_what_the_pods_and_light_tasks_need(prod):
+    values = yaml.safe_load((PROJECT_ROOT / "docs" / "helm-values.yaml").read_text())
+    assert values["executor"] == "KubernetesExecutor"
+    assert values["dags"]["gitSync"]["enabled"] and values["dags"]["gitSync"]["subPath"] == "dags"
+    assert values["images"]["airflow"]["tag"] == values["defaultAirflowTag"] == __version__
+    assert values["airflowVersion"] == "3.3.2"
+    env = {item["name"]: item["value"] for item in values["env"]}
+    settings = pods.ClusterSettings()
+    assert env["MODEL_RELEASE_WORKER_IMAGE"] == pods.DEFAULT_WORKER_IMAGE
+    assert env["MODEL_RELEASE_NAMESPACE"] == settings.namespace and env["MODEL_RELEASE_PVC"] == settings.pvc
+    kube = json.loads(env["AIRFLOW_CONN_KUBERNETES_DEFAULT"])
+    assert kube["extra"] == {"in_cluster": True, "namespace": settings.namespace}
+    secrets = {item["envName"]: item for item in values["secret"]}
+    assert f"AIRFLOW_CONN_{prod.spec.staging.s3.connection_id.upper()}" in secrets
+    assert "MODEL_RELEASE_REGISTRY_URL" in secrets
+    assert values["postgresql"]["enabled"] is False and values["data"]["metadataSecretName"]
+    assert not literal_credentials(values)
+
+
+CHART_LITERAL_KEYS = {"pass", "fernetKey", "apiSecretKey", "jwtSecret", "webserverSecretKey", "brokerUrl"}
+
+
+def literal_credentials(node, path="") -> list[str]:
+    """Keys that would hold a credential in the clear: the chart's literal-key fields, passwords."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            literal = str(key) in CHART_LITERAL_KEYS or "password" in str(key).lower()
+            if literal and isinstance(value, str) and value:
+                found.append(f"{path}.{key}")
+            found += literal_credentials(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            found += literal_credentials(item, f"{path}[{i}]")
+    return found
+
+
+def test_accuracy_gate_reads_both_sides_from_storage_and_publishes_its_report(spec_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
+    loaded = load_spec(spec_file(PROD_SPEC, lambda d: d.update(staging={"nfs": {"path": str(tmp_path / "nfs")}})))
+    run = results.run_uri(results.base_uri(loaded), RUN_ID)
+
+    def side(name: str, score: float) -> dict:
+        data = {"model_path": f"/models/{name}", "model_manifest_hash": name * 8, "backend": "vllm", "settings": {},
+                "seconds": 1.0, "scores": [{"task": t.name, "metric": "acc", "score": score, "stderr": 0.001,
+                                            "samples": 1000} for t in loaded.spec.evaluation.tasks]}
+        return {"side": name, "result_uri": results.write(f"{run}/evaluate-{name}.json", data, loaded)}
+
+    decision = results.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.899), RUN_ID)
+    assert decision["passed"] and decision["validation_html"] == f"{run}/accuracy_validation.html"
+    with pytest.raises(flow.GateFailed, match="accuracy gate failed"):
+        results.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.80), RUN_ID)
+    assert "FAIL" in (tmp_path / "nfs" / "runs" / flow.run_dir(RUN_ID).name / "accuracy_validation.html").read_text()
