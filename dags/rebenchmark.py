@@ -2,8 +2,9 @@
 ### Re-benchmark live releases
 
 One DAG per release spec in `configs/releases/`, on the spec's `rebenchmark.schedule` (cron,
-default daily), and also when a new staged artifact or a new serving image is announced
-(Assets), or by hand. For each live release of that spec: benchmark a fresh instance of its
+default daily), and also when a release goes live or a new serving image is announced
+(Assets), or by hand; not on a newly staged artifact, since that run is benchmarking its
+layouts right then and two benchmarks on one machine measure each other. For each live release of that spec: benchmark a fresh instance of its
 exact layout and artifact (never the production endpoint), at its promoted rate and with a
 short SLO search; append a trend point; mark it `degraded` and alert when it no longer holds
 what it was promoted on; roll back by itself when the spec says `auto_rollback: true`.
@@ -16,14 +17,14 @@ from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param,
 
 from pipeline.rebenchmark import scheduled_specs
 
-STAGED = Asset("model-release://staged-artifact")
+LIVE = Asset("model-release://live-release")  # a promotion or rollback: measure the new live release
 ENGINE_IMAGE = Asset("model-release://engine-image")  # CI emits an event when it pushes a new serving image
 
 
 def rebenchmark_dag(name: str, spec_path: str, cron: str):
     @dag(
         dag_id=f"rebenchmark__{name.replace('-', '_').replace('.', '_')}",
-        schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=(STAGED | ENGINE_IMAGE)),
+        schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=(LIVE | ENGINE_IMAGE)),
         start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
         catchup=False,
         max_active_runs=1,

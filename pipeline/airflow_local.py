@@ -59,8 +59,9 @@ def passwords(airflow_home: Path) -> dict[str, str]:
     known = json.loads(path.read_text()) if path.exists() else {}
     if set(USERS) - set(known):
         known = {user: known.get(user) or secrets.token_urlsafe(12) for user in USERS}
-        path.write_text(json.dumps(known))
-        path.chmod(0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others, not even briefly
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(known))
     return known
 
 

@@ -107,12 +107,13 @@ class ReleaseApproval(ApprovalOperator):
             reg.record(release_id, "rejected", "timeout", {"error": event.get("error_type")}, status="rejected")
             return super().execute_complete(context, event)
         user = event.get("responded_by_user") or {}
-        actor = user.get("name") or user.get("id") or "timeout (default: Reject)"
+        # Airflow authorises assigned users by id; record the id (the name goes in the detail)
+        actor = user.get("id") or user.get("name") or "timeout (default: Reject)"
         chosen = (event.get("chosen_options") or [self.REJECT])[0]
         comment = (event.get("params_input") or {}).get("comment", "")
         approved = chosen == self.APPROVE
         reg.record(release_id, "approved" if approved else "rejected", actor,
-                   {"comment": comment, "responded_at": str(event.get("responded_at"))},
+                   {"comment": comment, "responded_at": str(event.get("responded_at")), "user_name": user.get("name")},
                    status="approved" if approved else "rejected")
         log.info("release %d %s by %s%s", release_id, "approved" if approved else "rejected", actor,
                  f": {comment}" if comment else "")

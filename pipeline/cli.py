@@ -153,15 +153,14 @@ def _releases(args: argparse.Namespace) -> int:
     if args.action == "rollback":
         from pipeline import promote
 
-        current = reg.get(args.id) if args.id else None
-        name = args.name or (current.name if current else None)
+        chosen = reg.get(args.to) if args.to else None
+        name = args.name or (chosen.name if chosen else None)
         if not name:
-            raise ReleaseError("releases rollback: give --name NAME (or --to ID)")
-        target_rel = reg.get(args.to) if args.to else None
-        target = (target_rel or current or (reg.releases(name=name) or [None])[0])
-        if target is None:
-            raise ReleaseError(f"releases rollback: no releases named {name!r}")
-        rel = promote.rollback(reg, name, target.target, getattr(args, "as"), args.reason, to=args.to)
+            raise ReleaseError("releases rollback: give --name NAME or --to ID")
+        known = chosen or next(iter(reg.releases(name=name)), None)
+        if known is None:
+            raise ReleaseError(f"releases rollback: no releases named {name!r} in {reg.safe_url}")
+        rel = promote.rollback(reg, name, known.target, getattr(args, "as"), args.reason, to=args.to)
         emit(f"release {rel.id} is {rel.status} again ({rel.data.get('endpoint')})")
         return 0
     rows = reg.releases(name=args.name, status=args.status)
@@ -285,7 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--to", type=int, help="release id to restore (default: the previous one that served)")
     q.add_argument("--reason", required=True)
     q.add_argument("--as", required=True, metavar="USER", help="who rolls back (recorded)")
-    q.set_defaults(id=None)
     p.set_defaults(func=_releases)
 
     for name, verb in (("approve", "approve"), ("reject", "reject")):

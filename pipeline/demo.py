@@ -15,7 +15,7 @@ import sys
 import time
 
 from pipeline import flow, local_s3, local_target, tiny_model
-from pipeline.airflow_local import Standalone, passwords, standalone_env
+from pipeline.airflow_local import Standalone, standalone_env
 from pipeline.errors import ReleaseError
 from pipeline.registry import Registry
 from pipeline.spec import load_spec
@@ -79,8 +79,8 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
         rel = Registry().by_run(run_id)
         log.info("run %s is waiting for approval after %.1f min (trigger -> approval request)", run_id, waited / 60)
         log.info("  report:  %s", rel.data.get("report") if rel else "?")
-        log.info("  UI:      %s  (Browse > Required actions, or Model releases) login %s / %s", airflow.url, reviewer,
-                 passwords(airflow.home)[reviewer])
+        log.info("  UI:      %s  (Browse > Required actions, or Model releases) login %s, password in %s",
+                 airflow.url, reviewer, airflow.home / "passwords.json")
         log.info("  CLI:     .venv/bin/model-release approve %s --as %s --url %s   (or: reject ...)", run_id, reviewer,
                  airflow.url)
         if auto_approve:

@@ -25,9 +25,9 @@ def resolve_spec_path(path: str) -> Path:
 
 
 def registry():
-    from pipeline.registry import Registry
+    from pipeline.registry import cached
 
-    return Registry()
+    return cached()
 
 
 def validate_spec(path: str, run_key: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -134,7 +134,8 @@ def accuracy_gate(spec_path: str, baseline: dict[str, Any], candidate: dict[str,
              decision.validation_html, decision.table())
     if release_id is not None:
         registry().record(release_id, "accuracy_gate", "gate", {"passed": decision.passed, "failures": decision.failures},
-                          status=None if decision.passed else "gate_failed",
+                          status="candidate" if decision.passed else "gate_failed",
+                          only_from=("candidate", "gate_failed"),
                           data={"accuracy": decision.model_dump(), "source_hash": baseline["model_manifest_hash"],
                                 "source_path": baseline["model_path"], "quantized_path": candidate["model_path"]})
     if not decision.passed:
@@ -209,7 +210,8 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
         chosen = selection.get("chosen") or {}
         registry().record(release_id, "slo_gate", "gate", {"passed": selection["passed"], "reason": selection["reason"],
                                                             **chosen},
-                          status=None if selection["passed"] else "gate_failed",
+                          status="candidate" if selection["passed"] else "gate_failed",
+                          only_from=("candidate", "gate_failed"),
                           data={**chosen, "benchmark_files": selection.get("files", {})})
     if not selection["passed"]:
         layouts = [benchmark.LayoutResult(**r) for r in selection["layouts"]]

@@ -11,6 +11,8 @@ engines are killed and the old release keeps serving, untouched.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -55,6 +57,17 @@ def state_dir(name: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def switching(name: str):
+    """One switch of `name` at a time (a promotion, a rollback DAG and an auto-rollback may race)."""
+    with open(state_dir(name) / "switch.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def current(name: str) -> Deployment | None:
     path = state_dir(name) / "current.json"
     return Deployment.model_validate_json(path.read_text()) if path.exists() else None
@@ -88,6 +101,8 @@ def _alive_group(pgid: int) -> bool:
 
 
 def _stop_groups(pgids: list[int], grace: float = 30) -> None:
+    # recorded pids may have been reused since (a reboot, a crash): only signal our own processes
+    pgids = [p for p in pgids if serving._group_is_engine(p)]
     for pgid in pgids:
         try:
             os.killpg(pgid, signal.SIGTERM)
@@ -127,12 +142,21 @@ def _start_engines(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model
         (log_dir / f"engine-{cmd.replica}.pid").write_text(str(proc.pid))
     dep = Deployment(release_id=release_id, layout=layout.name, model_dir=str(model_dir), pgids=pgids, ports=ports,
                      log_dir=str(log_dir))
+    try:
+        _wait_healthy(dep, timeout)
+    except BaseException:  # a failed start or a killed task must not leave detached engines behind
+        _stop_groups(pgids)
+        raise
+    return dep
+
+
+def _wait_healthy(dep: Deployment, timeout: float) -> None:
+    pgids, ports, log_dir, release_id = dep.pgids, dep.ports, Path(dep.log_dir), dep.release_id
     started = time.monotonic()
     pending = set(range(len(ports)))
     while pending:
         for i in sorted(pending):
             if not _alive_group(pgids[i]):
-                _stop_groups(pgids)
                 raise LocalDeployFailed(f"release {release_id}: engine replica {i} exited before it was healthy; "
                                         f"log {log_dir}/engine-{i}.log:\n{_tail(log_dir / f'engine-{i}.log')}")
             if serving.healthy(f"http://127.0.0.1:{ports[i]}"):
@@ -140,13 +164,11 @@ def _start_engines(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model
                 log.info("release %d replica %d healthy on port %d after %.0f s", release_id, i, ports[i], dep.load_seconds[-1])
                 pending.discard(i)
         if pending and time.monotonic() - started > timeout:
-            _stop_groups(pgids)
             raise LocalDeployFailed(f"release {release_id}: engine not healthy after {timeout:.0f} s; logs in {log_dir}")
         if pending:
             time.sleep(1)
             if int(time.monotonic() - started) % 15 == 0:
                 log.info("waiting for %d replica(s) to load (%.0f s)", len(pending), time.monotonic() - started)
-    return dep
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -156,7 +178,7 @@ def _tail(path: Path, lines: int = 20) -> str:
 # ---------------------------------------------------------------- the front (nginx on the spec's port)
 
 
-def _front_conf(name: str, port: int, backends: list[int]) -> Path:
+def _front_conf(name: str, port: int, backends: list[int], release_id: int) -> Path:
     root = state_dir(name) / "front"
     root.mkdir(exist_ok=True)
     conf = root / "nginx.conf"
@@ -167,7 +189,8 @@ def _front_conf(name: str, port: int, backends: list[int]) -> Path:
         f"events {{ worker_connections 1024; }}\n"
         f"http {{ access_log {root}/access.log; upstream live {{ least_conn; {upstreams} keepalive 32; }}\n"
         f"  client_body_temp_path {root}/body; proxy_temp_path {root}/proxy;\n"
-        f"  server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://live; proxy_http_version 1.1;\n"
+        f"  server {{ listen 127.0.0.1:{port}; location = /__release {{ return 200 \"{release_id}\"; }}\n"
+        f"    location / {{ proxy_pass http://live; proxy_http_version 1.1;\n"
         f"    proxy_set_header Connection \"\"; proxy_buffering off; proxy_read_timeout 600s; }} }} }}\n"
     )
     os.replace(tmp, conf)
@@ -179,27 +202,42 @@ def _front_pid(name: str) -> int | None:
     if not path.exists():
         return None
     pid = int(path.read_text())
-    return pid if _alive_group(pid) else None
+    return pid if _alive_group(pid) and serving._group_is_engine(pid) else None
 
 
-def _point_front(spec: ReleaseSpec, backends: list[int]) -> None:
-    """Start nginx on the spec's port, or reload it with new backends (old connections finish)."""
-    conf = _front_conf(spec.name, spec.serving.port, backends)
+def _front_release(spec: ReleaseSpec) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{endpoint(spec)}/__release", timeout=3) as response:
+            return response.read().decode()
+    except OSError:
+        return None
+
+
+def _point_front(spec: ReleaseSpec, backends: list[int], release_id: int) -> None:
+    """Start nginx on the spec's port, or reload it with new backends (old connections finish).
+
+    A reload is asynchronous and a bad config keeps the old workers answering, so the switch
+    counts only once the front itself says it serves `release_id`.
+    """
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    conf = _front_conf(spec.name, spec.serving.port, backends, release_id)
+    check = subprocess.run([nginx, "-t", "-c", str(conf), "-p", str(conf.parent)], capture_output=True, text=True)
+    if check.returncode:
+        raise LocalDeployFailed(f"front config {conf} rejected by nginx -t: {check.stderr.strip()[-500:]}")
     pid = _front_pid(spec.name)
     if pid is not None:
         os.kill(pid, signal.SIGHUP)
     else:
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         with open(conf.parent / "nginx.log", "ab") as out:
             proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(conf.parent)], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         (conf.parent / "front.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if serving.healthy(endpoint(spec)):
+        if _front_release(spec) == str(release_id):
             return
         time.sleep(0.3)
-    raise LocalDeployFailed(f"front (nginx) on port {spec.serving.port} is not answering: "
+    raise LocalDeployFailed(f"front (nginx) on port {spec.serving.port} does not serve release {release_id}: "
                             f"{_tail(conf.parent / 'error.log', 5)}")
 
 
@@ -213,24 +251,25 @@ def deploy(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Pa
     Returns the new deployment and the smoke completion's text. On failure the previous release
     (if any) is still serving and LocalDeployFailed says why.
     """
-    previous = current(spec.name)
-    if previous and not is_healthy(previous):
-        log.warning("previous live release %d is not healthy (engines gone?); it cannot be kept as a fallback",
-                    previous.release_id)
-    dep = _start_engines(spec, hw, layout, model_dir, release_id, timeout)
-    try:
-        for port in dep.ports:
-            text = smoke(f"http://127.0.0.1:{port}")
-        _point_front(spec, dep.ports)
-        text = smoke(endpoint(spec))
-    except BaseException:
-        _stop_groups(dep.pgids)
-        if previous and is_healthy(previous):
-            _point_front(spec, previous.ports)  # undo a switch that happened before the failure
-        raise
-    _write_current(spec.name, dep)
-    if previous and previous.pgids != dep.pgids:
-        _stop_groups(previous.pgids)
+    with switching(spec.name):
+        previous = current(spec.name)
+        if previous and not is_healthy(previous):
+            log.warning("previous live release %d is not healthy (engines gone?); it cannot be kept as a fallback",
+                        previous.release_id)
+        dep = _start_engines(spec, hw, layout, model_dir, release_id, timeout)
+        try:
+            for port in dep.ports:
+                text = smoke(f"http://127.0.0.1:{port}")
+            _point_front(spec, dep.ports, release_id)
+            text = smoke(endpoint(spec))
+        except BaseException:
+            _stop_groups(dep.pgids)
+            if previous and is_healthy(previous):
+                _point_front(spec, previous.ports, previous.release_id)  # undo a switch made before the failure
+            raise
+        _write_current(spec.name, dep)
+        if previous and previous.pgids != dep.pgids:
+            _stop_groups(previous.pgids)
     log.info("release %d live at %s (layout %s, replicas on ports %s); smoke completion %r",
              release_id, endpoint(spec), layout.name, dep.ports, text)
     return dep, text
@@ -245,15 +284,16 @@ def _write_current(name: str, dep: Deployment) -> None:
 
 def stop(name: str) -> bool:
     """Stop the live server of `name` (engines and front); True if anything was running."""
-    dep = current(name)
-    pids = list(dep.pgids if dep else [])
-    front = _front_pid(name)
-    if front:
-        pids.append(front)
-    _stop_groups(pids)
-    (state_dir(name) / "current.json").unlink(missing_ok=True)
-    (state_dir(name) / "front" / "front.pid").unlink(missing_ok=True)
-    return bool(pids)
+    with switching(name):
+        dep = current(name)
+        pids = list(dep.pgids if dep else [])
+        front = _front_pid(name)
+        if front:
+            pids.append(front)
+        _stop_groups(pids)
+        (state_dir(name) / "current.json").unlink(missing_ok=True)
+        (state_dir(name) / "front" / "front.pid").unlink(missing_ok=True)
+        return bool(pids)
 
 
 def stop_all() -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from pipeline.registry import Registry, UnknownRelease, audit_trail
+from pipeline.registry import Registry, UnknownRelease, audit_trail, cached
 
 DAG_ID = "model_release"
 
@@ -56,10 +56,12 @@ def releases_page(reg: Registry) -> str:
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="Model releases", dependencies=[Depends(_auth_dependency())])
+    # no /docs or /openapi.json: FastAPI serves those outside the app-level auth dependency
+    app = FastAPI(title="Model releases", dependencies=[Depends(_auth_dependency())], docs_url=None, redoc_url=None,
+                  openapi_url=None)
 
     def registry() -> Registry:
-        return Registry()
+        return cached()
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:

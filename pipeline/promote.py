@@ -76,17 +76,26 @@ def promote(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
     previous = reg.live(rel.name, rel.target)
     reg.record(rel.id, "deploy_started", actor, {"target": rel.target, "layout": rel.data["layout"],
                                                   "replacing": previous.id if previous else None}, status="deploying")
-    if rel.target == "local":
-        _deploy_local(reg, rel, loaded, previous, actor)
-    else:
-        _deploy_kubernetes(reg, rel, loaded, previous, actor, k8s_client)
+    try:
+        if rel.target == "local":
+            _deploy_local(reg, rel, loaded, previous, actor)
+        else:
+            _deploy_kubernetes(reg, rel, loaded, previous, actor, k8s_client)
+    except BaseException as exc:
+        # whatever went wrong (a bug, a killed task), the release must not stay "deploying"
+        if reg.get(rel.id).status == "deploying":
+            reg.record(rel.id, "deploy_failed", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]}, status="failed")
+        raise
     if previous and previous.id != rel.id:
         reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
     return reg.get(rel.id)
 
 
 def _layout(loaded: LoadedSpec, name: str):
-    return next(layout for layout in loaded.spec.layouts if layout.name == name)
+    for layout in loaded.spec.layouts:
+        if layout.name == name:
+            return layout
+    raise ReleaseError(f"{loaded.path}: layouts: no layout named {name!r} (the spec changed since the release ran?)")
 
 
 def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
@@ -102,7 +111,9 @@ def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Rel
     try:
         dep, text = local_target.deploy(loaded.spec, loaded.hardware, layout, serving_dir(loaded, rel.data), rel.id)
     except ReleaseError as exc:
-        restored = previous is not None and local_target.current(rel.name) is not None
+        now = local_target.current(rel.name)
+        restored = (previous is not None and now is not None and now.release_id == previous.id
+                    and local_target.is_healthy(now))
         status = "rolled_back" if restored else "failed"
         reg.record(rel.id, "deploy_failed", actor, {"error": str(exc)[:2000],
                                                     "previous_serving": previous.id if restored and previous else None},
@@ -161,8 +172,9 @@ def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: 
     if rel.target == "local":
         dep = local_target.current(rel.name)
         if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
-            reg.record(rel.id, "verify_failed", actor, {"error": "local engines not running"}, status="failed")
-            raise ReleaseError(f"release {rel.id}: the local engines are not running")
+            # evidence, not a verdict: a retry may pass, and a re-benchmark or a human decides the rest
+            reg.record(rel.id, "verify_failed", actor, {"error": "local engines not running or not healthy"})
+            raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
         text = local_target.smoke(local_target.endpoint(loaded.spec))
         url = local_target.endpoint(loaded.spec)
     else:
@@ -192,9 +204,12 @@ def rollback(reg: Registry, name: str, target: str, actor: str, reason: str, to:
             raise ReleaseError(f"{name} ({target}): release {live.id} is live and nothing served before it")
         to = prev.id
     rel = reg.get(to)
+    if (rel.name, rel.target) != (name, target):
+        raise ReleaseError(f"release {rel.id} is {rel.name} on {rel.target}, not {name} on {target}; refusing")
     if not any(e.kind == "deploy_finished" for e in reg.events(rel.id)):
         raise ReleaseError(f"release {rel.id} never went live; only a release that served can be restored")
     loaded = load_spec(rel.spec_path)
+    before = rel.status
     reg.record(rel.id, "rollback_started", actor, {"reason": reason, "from": live.id if live else None}, status="deploying")
     try:
         if target == "local":
@@ -211,9 +226,9 @@ def rollback(reg: Registry, name: str, target: str, actor: str, reason: str, to:
             if outcome.status != "live":
                 raise DeployFailed(f"rollback to release {rel.id} failed: {outcome.error}")
             detail, data = {"events": [k for k, _ in outcome.events]}, {}
-    except ReleaseError as exc:
-        reg.record(rel.id, "rollback_failed", actor, {"reason": reason, "error": str(exc)[:2000]},
-                   status="superseded")
+    except BaseException as exc:
+        reg.record(rel.id, "rollback_failed", actor, {"reason": reason, "error": f"{type(exc).__name__}: {exc}"[:2000]},
+                   status=before)  # back to what it was: a failed rollback changes nothing on record
         raise
     reg.record(rel.id, "rollback_finished", actor, {"reason": reason, **detail}, status="live", data=data)
     if live and live.id != rel.id:

@@ -105,17 +105,24 @@ def rebenchmark(reg: Registry, release_id: int, out_dir: Path, loaded: LoadedSpe
         verdict = Verdict(release_id=rel.id, status="error", reasons=[str(exc)[:1500]], expected=expected, measured={},
                           versions=found)
         reg.record(rel.id, "rebenchmark_failed", "rebenchmark", verdict.model_dump())
-        alerts.send(reg, rel, loaded, verdict, context)
+        try:
+            alerts.send(reg, rel, loaded, verdict, context)
+        except Exception as alert_exc:  # noqa: BLE001
+            reg.record(rel.id, "alert_failed", "rebenchmark", {"error": str(alert_exc)[:1000]})
         return verdict
     status, reasons, measured = judge(rel, result, loaded)
     verdict = Verdict(release_id=rel.id, status=status, reasons=reasons, expected=expected, measured=measured,
                       versions=found)
     reg.record(rel.id, "trend_point", "rebenchmark", {**measured, **found, "verdict": status, "out_dir": str(out_dir)},
-               status="degraded" if status == "degraded" else ("live" if rel.status == "degraded" else None))
+               status="degraded" if status == "degraded" else "live", only_from=SERVING)
     log.info("release %d: %s\n  expected %s\n  measured %s%s", rel.id, status.upper(), json.dumps(expected),
              json.dumps(measured), "".join(f"\n  - {r}" for r in reasons))
     if status == "degraded":
-        alerts.send(reg, rel, loaded, verdict, context)
+        try:
+            alerts.send(reg, rel, loaded, verdict, context)
+        except Exception as exc:  # noqa: BLE001 - a broken mail server must not stop the rollback below
+            log.error("alert for release %d could not be sent: %s", rel.id, exc)
+            reg.record(rel.id, "alert_failed", "rebenchmark", {"error": str(exc)[:1000]})
         if loaded.spec.rebenchmark.auto_rollback:
             try:
                 promote.rollback(reg, rel.name, rel.target, "rebenchmark", "auto_rollback: " + "; ".join(reasons))

@@ -10,6 +10,7 @@ the environment (`MODEL_RELEASE_REGISTRY_URL`) or the Airflow connection `model_
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -149,8 +150,13 @@ class Registry:
             return Release.model_validate(row, from_attributes=True)
 
     def record(self, release_id: int, kind: str, actor: str, detail: dict[str, Any] | None = None, *,
-               status: str | None = None, data: dict[str, Any] | None = None) -> Event:
-        """Append an event; optionally move the release to `status` and merge `data` into its record."""
+               status: str | None = None, data: dict[str, Any] | None = None,
+               only_from: tuple[str, ...] | None = None) -> Event:
+        """Append an event; optionally move the release to `status` and merge `data` into its record.
+
+        `only_from`: change the status only if the release is (still) in one of these, checked in
+        the same transaction (a verdict measured for minutes must not revive a superseded release).
+        """
         if status is not None and status not in STATUSES:
             raise ValueError(f"status {status!r}: expected one of {', '.join(STATUSES)}")
         with self._session() as s:
@@ -158,13 +164,15 @@ class Registry:
             if row is None:
                 raise UnknownRelease(f"release {release_id}: no such release in {self.safe_url}")
             now = _now()
+            if status is not None and only_from is not None and row.status not in only_from:
+                status = None
             if status is not None:
                 row.status = status
             if data:
-                row.data = {**row.data, **json.loads(json.dumps(data, default=str))}
+                row.data = {**row.data, **_json_safe(data)}
             row.updated_at = now
             ev = EventRow(release_id=release_id, at=now, kind=kind, actor=actor, status_after=status,
-                          detail=json.loads(json.dumps(detail or {}, default=str)))
+                          detail=_json_safe(detail or {}))
             s.add(ev)
             s.flush()
             return Event.model_validate(ev, from_attributes=True)
@@ -218,6 +226,17 @@ class Registry:
         return self.engine.url.render_as_string(hide_password=True)
 
 
+_REGISTRIES: dict[str, Registry] = {}
+
+
+def cached(url: str | None = None) -> Registry:
+    """One Registry (engine, schema check) per URL per process: tasks and plugin pages call this often."""
+    url = url or registry_url()
+    if url not in _REGISTRIES:
+        _REGISTRIES[url] = Registry(url)
+    return _REGISTRIES[url]
+
+
 def audit_trail(reg: Registry, release_id: int) -> str:
     """A release and its events as plain text: what `model-release releases show` prints."""
     rel = reg.get(release_id)
@@ -235,6 +254,19 @@ def audit_trail(reg: Registry, release_id: int) -> str:
         detail = ", ".join(f"{k}={_short(v)}" for k, v in ev.detail.items())
         lines.append(f"  {ev.at:%Y-%m-%d %H:%M:%S}  {ev.kind:<18} by {ev.actor}{status}" + (f"  ({detail})" if detail else ""))
     return "\n".join(lines)
+
+
+def _json_safe(value: Any) -> Any:
+    """Strict JSON (Postgres' json type rejects NaN/Infinity): non-finite numbers become None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
 
 
 def _short(value: Any, limit: int = 120) -> str:

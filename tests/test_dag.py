@@ -67,7 +67,7 @@ def test_release_dag_runs_gates_then_review_then_promotion(af_env):
     assert info["retries"]["accuracy_gate"] == 0 and info["retries"]["slo_gate"] == 0 and info["retries"]["stage"] == 2
     assert info["retries"]["promote"] == 0
     # re-benchmarks: the spec's cron, or a new staged artifact / serving image
-    assert "0 3 * * *" in info["rebench_schedule"] and "staged-artifact" in info["rebench_schedule"]
+    assert "0 3 * * *" in info["rebench_schedule"] and "live-release" in info["rebench_schedule"]
 
 
 def test_dag_files_hold_wiring_only():

@@ -147,8 +147,9 @@ def test_plugin_page_in_a_real_browser(stack):
             host = base.split("//")[1].split(":")[0]
             context.add_cookies([{"name": "_token", "value": token, "domain": host, "path": "/"}])
             page.goto(f"{base}/model-releases/")
-            row = page.locator(f"tr:has-text('{live.name}')").first
-            assert "live" in row.inner_text()
+            row = page.locator("tr", has=page.locator(f"td:first-child:text-is('{live.id}')"))
+            assert "live" in row.inner_text() and live.name in row.inner_text()
+            assert "rejected by reviewer" in page.content()  # the second run's decision is listed too
             page.screenshot(path=str(ARTIFACTS / "plugin-releases.png"), full_page=True)
             page.click(f"a[href='releases/{live.id}']")
             page.wait_for_load_state()

@@ -32,11 +32,13 @@ def env(monkeypatch, tmp_path):
 
 @pytest.fixture
 def tiny_spec(spec_file, s3):
+    port = free_port()  # one live slot per test: every variant serves on the same port
+
     def make(edit=None, name="tiny.yaml"):
         def change(data):
             data["staging"]["s3"].update({"endpoint_url": s3.url, "connection_id": "not-configured",
                                           "bucket": "promo", "create_bucket": True})
-            data["serving"]["port"] = free_port()
+            data["serving"]["port"] = port
             if edit:
                 edit(data)
         return spec_file(TINY_SPEC, change, name)
@@ -179,7 +181,13 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
     from pathlib import Path
 
     reg = Registry()
-    spec = tiny_spec()
+
+    def own_name(data, extra=None):  # its own live slot: never touches a `make demo` running beside it
+        data["name"] = "tiny-promotion-test"
+        if extra:
+            extra(data)
+
+    spec = tiny_spec(own_name)
     name = load_spec(spec).spec.name
     artifact = Path(fp8_artifact["path"])
     try:
@@ -191,7 +199,8 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
         assert promote.verify(reg, first.id)["text"]
 
         # a release whose engine cannot start: the first one keeps serving, untouched
-        bad_spec = tiny_spec(lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": -1}), name="bad.yaml")
+        bad_spec = tiny_spec(lambda d: own_name(d, lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": -1})),
+                             name="bad.yaml")
         bad, _ = candidate(reg, bad_spec, artifact, run="bad")
         with pytest.raises(promote.DeployFailed, match=f"release {first.id} still serving"):
             promote.promote(reg, bad.id)
@@ -199,7 +208,8 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
         assert local_target.current(name).release_id == first.id and completion(url)
 
         # a good second release replaces it; then a rollback puts the first back
-        second, _ = candidate(reg, spec, artifact, run="second")
+        second_spec = tiny_spec(own_name, name="second.yaml")
+        second, _ = candidate(reg, second_spec, artifact, run="second")
         assert promote.promote(reg, second.id).status == "live"
         assert reg.get(first.id).status == "superseded" and completion(url)
         restored = promote.rollback(reg, name, "local", "sre-oncall", "p90 TPOT regression after release 2")
@@ -210,3 +220,22 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
     finally:
         local_target.stop(name)
     assert local_target.current(name) is None
+
+
+def test_cli_releases_show_prints_the_audit_trail(tiny_spec, small_artifact, capsys):
+    from pipeline import cli
+
+    reg = Registry()
+    rel, staged = candidate(reg, tiny_spec(), small_artifact)
+    with pytest.raises(promote.PromotionRefused):
+        reg.record(rel.id, "rejected", "reviewer", {"comment": "p90 TPOT too close"}, status="rejected")
+        promote.promote(reg, rel.id, actor="ml-ops")
+    assert cli.main(["releases", "show", str(rel.id)]) == 0
+    out = capsys.readouterr().out
+    for needle in (f"release {rel.id}: tiny-qwen3-moe-fp8  status=rejected", staged.s3_uri, "accuracy_gate",
+                   "slo_gate", "approved           by reviewer", "rejected           by reviewer",
+                   "p90 TPOT too close", "promotion_refused  by ml-ops"):
+        assert needle in out, needle
+    assert cli.main(["releases", "list"]) == 0
+    assert "rejected" in capsys.readouterr().out
+    assert cli.main(["releases", "show", "999"]) == 1  # unknown id: one clear line, exit 1

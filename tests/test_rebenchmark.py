@@ -115,9 +115,23 @@ def test_verdict_against_the_promoted_figures(new_rate, at_promoted_ok, expected
     assert measured["max_slo_rate"] == new_rate and measured["slo_holds_at_promoted_rate"] is at_promoted_ok
 
 
-def test_no_live_release_is_not_an_error(spec_file, s3):
-    Registry()
+def test_only_live_releases_are_rebenchmarked(spec_file, s3, tmp_path):
+    reg = Registry()
+    spec = quick_spec(spec_file, s3)
+    assert flow.live_release_ids("tiny-qwen3-moe-fp8") == []  # none live: nothing to do, not an error
+    artifact = tmp_path / "a"
+    artifact.mkdir()
+    (artifact / "w.safetensors").write_bytes(b"1" * 100)
+    from pipeline import artifacts
+    artifacts.write_manifest(artifact, kind="fp8-model")
+    old = live_release(reg, spec, artifact, 10.0, run="old")
+    reg.record(old.id, "superseded", "test", status="superseded")
+    rejected = reg.open_release("rejected", "tiny-qwen3-moe-fp8", str(spec), "", "local")
+    reg.record(rejected.id, "rejected", "reviewer", status="rejected")
     assert flow.live_release_ids("tiny-qwen3-moe-fp8") == []
+    live = live_release(reg, spec, artifact, 10.0, run="live")
+    assert flow.live_release_ids("tiny-qwen3-moe-fp8") == [live.id]
+    assert flow.live_release_ids("other-model") == []
 
 
 def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path, mailbox):
