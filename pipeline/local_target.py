@@ -93,11 +93,16 @@ def smoke(url: str, timeout: float = 60) -> str:
 
 
 def _alive_group(pgid: int) -> bool:
+    """The group's leader still runs (an exited child of ours lingers as a zombie: not alive)."""
     try:
         os.killpg(pgid, 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    try:
+        state = Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 def _stop_groups(pgids: list[int], grace: float = 30) -> None:

@@ -41,7 +41,7 @@ class ReleaseRow(Base):
     __tablename__ = "releases"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    run_key: Mapped[str] = mapped_column(String(250), unique=True, doc="dag_id/run_id: one release per run")
+    run_key: Mapped[str] = mapped_column(String(250), unique=True, doc="the Airflow run id: one release per run")
     name: Mapped[str] = mapped_column(String(200), index=True)
     spec_path: Mapped[str] = mapped_column(Text)
     spec_yaml: Mapped[str] = mapped_column(Text)

@@ -52,6 +52,19 @@ class Mailbox:
         self.server.close()
 
 
+def mail_text(raw: str) -> str:
+    """Headers and every decoded part of a received message (bodies arrive base64-encoded)."""
+    import email
+
+    message = email.message_from_string(raw)
+    parts = [str(message.get(h, "")) for h in ("Subject", "To", "From")]
+    for part in message.walk():
+        payload = part.get_payload(decode=True)
+        if payload:
+            parts.append(payload.decode(errors="replace"))
+    return "\n".join(parts)
+
+
 @pytest.fixture
 def mailbox(monkeypatch):
     box = Mailbox()
@@ -151,7 +164,7 @@ def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path
     assert reg.get(rel.id).status == "live"
     kinds = [e.kind for e in reg.events(rel.id)]
     assert "rebenchmark_failed" in kinds and "alert" in kinds and "trend_point" not in kinds
-    assert len(mailbox.messages) == 1 and "re-benchmark FAILED" in mailbox.messages[0]
+    assert len(mailbox.messages) == 1 and "re-benchmark FAILED" in mail_text(mailbox.messages[0])
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +195,7 @@ def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file,
     assert verdict.status == "degraded", verdict
     assert reg.get(rel.id).status == "degraded"
     assert len(mailbox.messages) == 1
-    mail = mailbox.messages[0]
+    mail = mail_text(mailbox.messages[0])
     assert "DEGRADED" in mail and f"expected {measured:.3g} req/s" in mail and "oncall@example.com" in mail
     trend = rebenchmark.trend(reg, rel.id)
     assert [p["verdict"] for p in trend] == ["promoted", "ok", "degraded"]
