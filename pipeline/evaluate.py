@@ -150,7 +150,8 @@ def _model_args(model_path: Path, evaluation: EvaluationSpec, base_url: str | No
     if evaluation.backend == "hf":
         return "hf", {"pretrained": str(model_path), "dtype": "float32", "device": "cpu"}
     if evaluation.backend == "vllm":
-        return "vllm", {"pretrained": str(model_path), "dtype": "auto"}
+        return "vllm", {"pretrained": str(model_path), "dtype": "auto",
+                        "tensor_parallel_size": evaluation.tensor_parallel_size or 1}
     if not base_url:
         raise ReleaseError("evaluation.backend: local-completions needs a running engine (base_url)")
     return "local-completions", {"model": str(model_path), "base_url": f"{base_url}/v1/completions",

@@ -105,6 +105,8 @@ class EvaluationSpec(Strict):
     limit: Annotated[int | None, Field(gt=0)] = None
     seed: int = 1234
     batch_size: Annotated[int, Field(gt=0)] = 8
+    tensor_parallel_size: Annotated[int | None, Field(ge=1, description="vllm backend: devices the evaluation "
+                                                      "engine shards over; default: the widest layout's tp")] = None
 
 
 class S3Target(Strict):
@@ -332,6 +334,8 @@ def load_spec(path: str | Path) -> LoadedSpec:
     problems = [f"{path}: {field}: {msg}" for field, msg in feasibility_problems(spec, hardware)]
     if problems:
         raise SpecError(problems)
+    if spec.evaluation.tensor_parallel_size is None:  # the weights fit where the widest layout fits them
+        spec.evaluation.tensor_parallel_size = max(layout.tp for layout in spec.layouts)
     return LoadedSpec(path=path.resolve(), spec=spec, hardware=hardware)
 
 
@@ -402,6 +406,11 @@ def feasibility_problems(spec: ReleaseSpec, hw: HardwareProfile) -> list[tuple[s
             ))
     if spec.promotion.requires_approval and not spec.promotion.reviewers:
         problems.append(("promotion.reviewers", "set at least one reviewer when requires_approval is true"))
+    eval_tp = spec.evaluation.tensor_parallel_size
+    if eval_tp is not None and (eval_tp > hw.devices or arch.num_attention_heads % eval_tp):
+        problems.append(("evaluation.tensor_parallel_size",
+                         f"{eval_tp} must divide the {arch.num_attention_heads} attention heads and fit the "
+                         f"{hw.devices} devices of {hw.name!r}"))
     if spec.evaluation.backend == "hf" and hw.kind == "gpu" and arch.params_b > 100:
         problems.append(("evaluation.backend", "'hf' runs in-process; use 'vllm' or 'local-completions' for a model this large"))
     if spec.promotion.target == "kubernetes" and hw.device_resource is None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import artifacts, evaluate, flow, quantize
-from pipeline.errors import ReleaseError
+from pipeline.errors import ReleaseError, SpecError
 from pipeline.sources import ModelSource
 from pipeline.spec import EvalTask, load_spec
 from tests.conftest import TINY_SPEC
@@ -108,3 +108,23 @@ def test_missing_data_file_is_named(tiny_model_dir, evaluation, tmp_path, monkey
     bad = evaluation.model_copy(update={"tasks": [EvalTask(name="tiny_add")]})
     with pytest.raises(ReleaseError, match=r"evaluation.tasks: tiny_add: data file .*tiny_add.jsonl is missing"):
         evaluate.evaluate(tiny_model_dir, "h", bad)
+
+
+def test_vllm_backend_shards_the_model_like_the_widest_layout(spec_file):
+    from pipeline import evaluate as evaluate_stage
+    from pipeline.spec import load_spec
+    from tests.conftest import PROD_SPEC
+
+    loaded = load_spec(PROD_SPEC)
+    assert loaded.spec.evaluation.tensor_parallel_size == 8  # tp8-ep8 is the widest layout
+    model, args = evaluate_stage._model_args(Path("/models/x"), loaded.spec.evaluation, None)
+    assert model == "vllm" and args["tensor_parallel_size"] == 8
+
+    def four(data):
+        data["evaluation"]["tensor_parallel_size"] = 4
+    assert load_spec(spec_file(PROD_SPEC, four)).spec.evaluation.tensor_parallel_size == 4
+
+    def three(data):
+        data["evaluation"]["tensor_parallel_size"] = 3
+    with pytest.raises(SpecError, match="evaluation.tensor_parallel_size: 3 must divide the 64 attention heads"):
+        load_spec(spec_file(PROD_SPEC, three))

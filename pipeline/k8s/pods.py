@@ -172,7 +172,7 @@ def resources(loaded: LoadedSpec, step: Step) -> PodResources:
     if step == "evaluate":
         backend = spec.evaluation.backend
         if backend == "vllm":
-            tp = max(layout.tp for layout in spec.layouts)
+            tp = spec.evaluation.tensor_parallel_size or max(layout.tp for layout in spec.layouts)
             return PodResources(gpus=tp if gpu else 0, cpu="32", memory="256Gi", shm="64Gi")
         if backend == "hf":
             return PodResources(gpus=0, cpu="16", memory=_gi(params_b * 4 * 1.25 + 16), shm="8Gi")
