@@ -75,10 +75,16 @@ class AirflowClient:
         return self._call("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails", json=body)
 
     def wait(self, run_id: str, until: str = "finished", timeout: float = 3600, poll: float = 10,
-             on_progress=None, dag_id: str = DAG_ID) -> str:
-        """Poll until the run finishes (or, with until="approval", waits for a reviewer)."""
+             on_progress=None, dag_id: str = DAG_ID, task_id: str = "approve") -> str:
+        """Poll until the run finishes (or, with until="approval", waits for a reviewer).
+
+        "Waiting for a reviewer" means the approval task is parked in awaiting_input on two polls
+        in a row, not merely that its request exists: the request is written before the task
+        parks, and an answer racing the park makes Airflow 3.3 fail the task (seen in CI).
+        """
         started = time.monotonic()
         last = None
+        parked = 0
         while time.monotonic() - started < timeout:
             state = self.run(run_id, dag_id)["state"]
             states = self.task_states(run_id, dag_id)
@@ -87,7 +93,10 @@ class AirflowClient:
                 last = states
             if state in ("success", "failed"):
                 return state
-            if until == "approval" and self.pending_approval(run_id, dag_id):
-                return "awaiting_approval"
+            if until == "approval":
+                parked = parked + 1 if states.get(task_id) == "awaiting_input" and self.pending_approval(
+                    run_id, dag_id) else 0
+                if parked >= 2:
+                    return "awaiting_approval"
             time.sleep(poll)
         raise AirflowError(f"run {run_id} still {state} after {timeout:.0f} s")
