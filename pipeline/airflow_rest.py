@@ -71,6 +71,11 @@ class AirflowClient:
 
     def respond(self, run_id: str, approve: bool, comment: str = "", task_id: str = "approve",
                 dag_id: str = DAG_ID) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while self.task_states(run_id, dag_id).get(task_id) != "awaiting_input":  # see wait(): never race the park
+            if time.monotonic() > deadline:
+                raise AirflowError(f"run {run_id}: task {task_id} is not waiting for an answer")
+            time.sleep(2)
         body = {"chosen_options": ["Approve" if approve else "Reject"], "params_input": {"comment": comment}}
         return self._call("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails", json=body)
 
