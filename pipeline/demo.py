@@ -17,7 +17,7 @@ import time
 from pipeline import flow, local_s3, local_target, tiny_model
 from pipeline.airflow_local import Standalone, standalone_env
 from pipeline.errors import ReleaseError
-from pipeline.registry import Registry
+from pipeline.registry import cached
 from pipeline.spec import load_spec
 
 log = logging.getLogger("demo")
@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         airflow.stop()
         local_s3.stop()
         for name in local_target.stop_all():
-            rel = Registry().live(name, "local")
+            rel = cached().live(name, "local")
             if rel:
-                Registry().record(rel.id, "serving_stopped", "make demo", {"why": "the demo stopped what it started"},
+                cached().record(rel.id, "serving_stopped", "make demo", {"why": "the demo stopped what it started"},
                                   status="stopped")
 
 
@@ -76,7 +76,7 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
     state = admin.wait(run_id, until="approval", timeout=7200, on_progress=progress)
     if state == "awaiting_approval":
         waited = time.monotonic() - started
-        rel = Registry().by_run(run_id)
+        rel = cached().by_run(run_id)
         log.info("run %s is waiting for approval after %.1f min (trigger -> approval request)", run_id, waited / 60)
         log.info("  report:  %s", rel.data.get("report") if rel else "?")
         log.info("  UI:      %s  (Browse > Required actions, or Model releases) login %s, password in %s",
@@ -87,7 +87,7 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
             airflow.client(reviewer).respond(run_id, True, "approved unattended by make demo --yes")
             log.info("approved as %s (--yes)", reviewer)
         state = admin.wait(run_id, timeout=7200, on_progress=progress)
-    rel = Registry().by_run(run_id)
+    rel = cached().by_run(run_id)
     log.info("run %s finished: %s in %.1f min; release %s is %s", run_id, state, (time.monotonic() - started) / 60,
              rel.id if rel else "?", rel.status if rel else "?")
     if rel:

@@ -40,6 +40,46 @@ def spec_file(tmp_path):
     return make
 
 
+@pytest.fixture(scope="module")
+def s3():
+    """A real S3-protocol server (moto, over HTTP) for one test module."""
+    from tests.s3server import MotoServer
+
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def release_env(monkeypatch, tmp_path):
+    """S3 credentials for the local server and a registry of the test's own."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+
+
+@pytest.fixture
+def small_artifact(tmp_path) -> Path:
+    """A tiny artifact with a manifest: enough for staging, verification and gate checks."""
+    from pipeline import artifacts
+
+    root = tmp_path / "fp8-small"
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(b"\0" * 4096)
+    (root / "config.json").write_text("{}")
+    artifacts.write_manifest(root, kind="fp8-model")
+    return root
+
+
+@pytest.fixture(scope="session")
+def fp8_artifact(tiny_model_dir) -> Path:
+    """The tiny model's real FP8 artifact (llmcompressor), as the quantize stage publishes it."""
+    from pipeline import flow
+
+    return Path(flow.quantize(str(TINY_SPEC), flow.materialize_model(str(TINY_SPEC)))["path"])
+
+
 @pytest.fixture
 def copy_dir(tmp_path):
     def make(src: Path, name: str = "copy") -> Path:

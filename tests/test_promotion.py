@@ -8,26 +8,14 @@ import urllib.request
 import pytest
 import sqlalchemy
 
-from pipeline import artifacts, flow, local_target, promote, report, storage
+from pipeline import local_target, promote, report, storage
 from pipeline.registry import Registry, audit_trail
 from pipeline.spec import load_spec
 from tests.conftest import TINY_SPEC
-from tests.s3server import MotoServer, free_port
+from tests.s3server import free_port
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = MotoServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def env(monkeypatch, tmp_path):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+pytestmark = pytest.mark.usefixtures("release_env")
 
 
 @pytest.fixture
@@ -43,16 +31,6 @@ def tiny_spec(spec_file, s3):
                 edit(data)
         return spec_file(TINY_SPEC, change, name)
     return make
-
-
-@pytest.fixture
-def small_artifact(tmp_path):
-    root = tmp_path / "fp8-small"
-    root.mkdir()
-    (root / "model.safetensors").write_bytes(b"\0" * 4096)
-    (root / "config.json").write_text("{}")
-    artifacts.write_manifest(root, kind="fp8-model")
-    return root
 
 
 def candidate(reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, approver="reviewer", run="run-1"):
@@ -170,16 +148,8 @@ def completion(url: str) -> str:
         return json.loads(response.read())["choices"][0]["text"]
 
 
-@pytest.fixture(scope="module")
-def fp8_artifact(tiny_model_dir):
-    """The tiny model's real FP8 artifact (llmcompressor), as the quantize stage publishes it."""
-    return flow.quantize(str(TINY_SPEC), flow.materialize_model(str(TINY_SPEC)))
-
-
 @pytest.mark.slow
 def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spec, fp8_artifact):
-    from pathlib import Path
-
     reg = Registry()
 
     def own_name(data, extra=None):  # its own live slot: never touches a `make demo` running beside it
@@ -189,7 +159,7 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
 
     spec = tiny_spec(own_name)
     name = load_spec(spec).spec.name
-    artifact = Path(fp8_artifact["path"])
+    artifact = fp8_artifact
     try:
         first, _ = candidate(reg, spec, artifact, run="first")
         live = promote.promote(reg, first.id)

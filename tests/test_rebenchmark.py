@@ -14,22 +14,10 @@ from pipeline import benchmark, flow, rebenchmark, storage
 from pipeline.registry import Registry
 from pipeline.spec import load_spec
 from tests.conftest import TINY_SPEC
-from tests.s3server import MotoServer, free_port
+from tests.s3server import free_port
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = MotoServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def env(monkeypatch, tmp_path):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+pytestmark = pytest.mark.usefixtures("release_env")
 
 
 class Mailbox:
@@ -112,15 +100,10 @@ def probe(rate, passed, reasons=()):
     (6.0, True, "degraded"),   # 40% lower
     (10.0, False, "degraded"),  # the SLO fails at the promoted rate
 ])
-def test_verdict_against_the_promoted_figures(new_rate, at_promoted_ok, expected, spec_file, s3, tmp_path):
+def test_verdict_against_the_promoted_figures(new_rate, at_promoted_ok, expected, spec_file, s3, small_artifact):
     reg = Registry()
     spec = quick_spec(spec_file, s3)
-    artifact = tmp_path / "a"
-    artifact.mkdir()
-    (artifact / "w.safetensors").write_bytes(b"1" * 100)
-    from pipeline import artifacts
-    artifacts.write_manifest(artifact, kind="fp8-model")
-    rel = live_release(reg, spec, artifact, 10.0)
+    rel = live_release(reg, spec, small_artifact, 10.0)
     result = benchmark.LayoutResult(layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok",
                                     max_slo_rate=new_rate, probes=[probe(10.0, at_promoted_ok, ["p90 TTFT 900 > 500"])])
     status, reasons, measured = rebenchmark.judge(rel, result, load_spec(spec))
@@ -128,15 +111,11 @@ def test_verdict_against_the_promoted_figures(new_rate, at_promoted_ok, expected
     assert measured["max_slo_rate"] == new_rate and measured["slo_holds_at_promoted_rate"] is at_promoted_ok
 
 
-def test_only_live_releases_are_rebenchmarked(spec_file, s3, tmp_path):
+def test_only_live_releases_are_rebenchmarked(spec_file, s3, small_artifact):
     reg = Registry()
     spec = quick_spec(spec_file, s3)
     assert flow.live_release_ids("tiny-qwen3-moe-fp8") == []  # none live: nothing to do, not an error
-    artifact = tmp_path / "a"
-    artifact.mkdir()
-    (artifact / "w.safetensors").write_bytes(b"1" * 100)
-    from pipeline import artifacts
-    artifacts.write_manifest(artifact, kind="fp8-model")
+    artifact = small_artifact
     old = live_release(reg, spec, artifact, 10.0, run="old")
     reg.record(old.id, "superseded", "test", status="superseded")
     rejected = reg.open_release("rejected", "tiny-qwen3-moe-fp8", str(spec), "", "local")
@@ -147,29 +126,19 @@ def test_only_live_releases_are_rebenchmarked(spec_file, s3, tmp_path):
     assert flow.live_release_ids("other-model") == []
 
 
-def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path, mailbox):
+def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path, mailbox, small_artifact):
     reg = Registry()
     spec = quick_spec(spec_file, s3)
-    artifact = tmp_path / "gone"
-    artifact.mkdir()
-    (artifact / "w.safetensors").write_bytes(b"1" * 100)
-    from pipeline import artifacts
-    artifacts.write_manifest(artifact, kind="fp8-model")
-    rel = live_release(reg, spec, artifact, 10.0)
+    rel = live_release(reg, spec, small_artifact, 10.0)
     client = storage.s3_client(load_spec(spec).spec.staging.s3)
     bucket, _, prefix = rel.data["artifact_uri"].removeprefix("s3://").partition("/")
-    client.delete_object(Bucket=bucket, Key=f"{prefix}/w.safetensors")
+    client.delete_object(Bucket=bucket, Key=f"{prefix}/model.safetensors")
     verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "out")
-    assert verdict.status == "error" and "w.safetensors" in verdict.reasons[0]
+    assert verdict.status == "error" and "model.safetensors" in verdict.reasons[0]
     assert reg.get(rel.id).status == "live"
     kinds = [e.kind for e in reg.events(rel.id)]
     assert "rebenchmark_failed" in kinds and "alert" in kinds and "trend_point" not in kinds
     assert len(mailbox.messages) == 1 and "re-benchmark FAILED" in mail_text(mailbox.messages[0])
-
-
-@pytest.fixture(scope="module")
-def fp8_artifact(tiny_model_dir):
-    return Path(flow.quantize(str(TINY_SPEC), flow.materialize_model(str(TINY_SPEC)))["path"])
 
 
 @pytest.mark.slow

@@ -16,13 +16,6 @@ from tests.s3server import FaultProxy, MotoServer
 MB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = MotoServer()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
