@@ -21,23 +21,35 @@ pytestmark = pytest.mark.usefixtures("release_env")
 
 
 class Mailbox:
-    """A real SMTP server on localhost that keeps what it receives."""
+    """A real SMTP server on localhost that keeps what it receives.
+
+    Each mailbox has its own asyncore socket map and loop thread, stopped and joined on close:
+    two loops sharing the global map race on the same channels (seen in CI as a dropped mail).
+    """
 
     def __init__(self):
         self.port = free_port()
         self.messages: list[str] = []
+        self.map: dict = {}
+        self.stopping = threading.Event()
         box = self
 
         class Server(smtpd.SMTPServer):
             def process_message(self, peer, mailfrom, rcpttos, data, **kwargs):
                 box.messages.append(data.decode() if isinstance(data, bytes) else data)
 
-        self.server = Server(("127.0.0.1", self.port), None)
-        self.thread = threading.Thread(target=asyncore.loop, kwargs={"timeout": 0.2}, daemon=True)
+        self.server = Server(("127.0.0.1", self.port), None, map=self.map)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
+    def _serve(self):
+        while not self.stopping.is_set():
+            asyncore.loop(timeout=0.05, map=self.map, count=1)
+
     def close(self):
-        self.server.close()
+        self.stopping.set()
+        self.thread.join(timeout=5)
+        asyncore.close_all(map=self.map)
 
 
 def mail_text(raw: str) -> str:
