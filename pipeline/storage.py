@@ -204,9 +204,6 @@ def stage_s3(artifact: Path, manifest: artifacts.Manifest, target: S3Target, nam
     try:
         _ensure_bucket(client, target)
         remote = _remote_manifest(client, target.bucket, manifest_key)
-        if remote is not None and remote.content_hash() == manifest.content_hash():
-            log.info("stage: %s already holds this artifact (manifest matches); nothing to send", uri)
-            return uri, 0, 0, len(manifest.files)
         progress = Progress(f"stage {uri}", manifest.total_bytes)
         existing = _existing_objects(client, target.bucket, _key(target.prefix, name, "") + "/")
         todo = []
@@ -216,6 +213,13 @@ def stage_s3(artifact: Path, manifest: artifacts.Manifest, target: S3Target, nam
                 progress.add(entry.size)
             else:
                 todo.append((entry, key))
+        if remote is not None and remote.content_hash() == manifest.content_hash():
+            if not todo:
+                log.info("stage: %s already holds this artifact (manifest and objects match); nothing to send", uri)
+                return uri, 0, 0, len(manifest.files)
+            # committed once, damaged since: withdraw the manifest so nobody takes it for whole meanwhile
+            log.warning("stage: %s: %d of its objects are missing or changed; repairing", uri, len(todo))
+            client.delete_object(Bucket=target.bucket, Key=manifest_key)
         sent = _upload_all(client, target.bucket, artifact, todo, progress)
         skipped = len(manifest.files) - len(todo)
         for entry in manifest.files:  # check what the server holds before committing

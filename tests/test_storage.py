@@ -69,6 +69,20 @@ def test_restage_is_a_no_op(s3, artifact):
     assert again.bytes_sent == 0 and again.files_sent == 0 and again.files_skipped == 4
 
 
+def test_restage_repairs_an_artifact_damaged_after_its_commit(s3, artifact):
+    from pipeline.errors import ReleaseError
+
+    target = target_for(s3.url)
+    staged = storage.stage(artifact, StagingSpec(s3=target))
+    client = storage.s3_client(target)
+    client.delete_object(Bucket=target.bucket, Key=f"releases/{artifact.name}/tokenizer.json")
+    with pytest.raises(ReleaseError, match="tokenizer.json"):
+        storage.verify_staged(staged.manifest_hash, staged.s3_uri, target=target)
+    repaired = storage.stage(artifact, StagingSpec(s3=target))
+    assert repaired.files_sent == 1 and repaired.files_skipped == 3  # only what was lost goes again
+    storage.verify_staged(staged.manifest_hash, staged.s3_uri, target=target)
+
+
 def test_interrupted_upload_resumes_without_resending_and_commits_last(s3, artifact, monkeypatch):
     monkeypatch.setattr(storage, "WORKERS", 1)  # parts in order, so the cut lands after two whole parts
     target = target_for(s3.url)
