@@ -17,7 +17,7 @@ from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
 from pipeline import flow
-from pipeline.spec import duration_seconds, load_spec
+from pipeline.spec import duration_seconds
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,12 @@ class ReleaseApproval(ApprovalOperator):
     def execute(self, context):
         from airflow.configuration import conf
 
+        from pipeline.promote import release_spec
+
         self._own_form()
         reg = flow.registry()
         rel = reg.get(self._release_id(context))
-        loaded = load_spec(rel.spec_path)
+        loaded = release_spec(rel)
         promotion = loaded.spec.promotion
         if not promotion.requires_approval:
             reg.record(rel.id, "approved", "policy", {"comment": "spec: promotion.requires_approval is false"},

@@ -9,9 +9,11 @@ step of a rollout, and every rollback, is an event in the release's audit trail.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
-from pipeline import local_target, storage
+from pipeline import local_target, paths, storage
 from pipeline.errors import ReleaseError
 from pipeline.registry import Registry, Release
 from pipeline.spec import LoadedSpec, load_spec
@@ -25,6 +27,24 @@ class PromotionRefused(ReleaseError):
 
 class DeployFailed(ReleaseError):
     """The rollout failed; the previous release (if any) was restored."""
+
+
+def release_spec(rel: Release) -> LoadedSpec:
+    """The spec as it was when the release was opened (its recorded text), not as the file reads
+    now: a spec edited after the run must not change what gets deployed, rolled back to or
+    re-measured. The file itself is used while it still matches."""
+    path = Path(rel.spec_path)
+    if path.is_file() and path.read_text() == rel.spec_yaml:
+        return load_spec(path)
+    copy = paths.home() / "releases" / str(rel.id) / "spec.yaml"
+    if not copy.is_file() or copy.read_text() != rel.spec_yaml:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        tmp = copy.with_name(f".spec.{os.getpid()}.tmp")
+        tmp.write_text(rel.spec_yaml)
+        tmp.replace(copy)
+    log.warning("release %d: %s %s since the release was opened; using the recorded spec (%s)", rel.id, path,
+                "changed" if path.is_file() else "is gone", copy)
+    return load_spec(copy)
 
 
 def last_event(reg: Registry, release_id: int, *kinds: str) -> Any:
@@ -68,7 +88,7 @@ def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
 def promote(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Release:
     """Check every gate, then roll out; returns the release as it ends (live) or raises."""
     rel = reg.get(release_id)
-    loaded = load_spec(rel.spec_path)
+    loaded = release_spec(rel)
     problems = gate_problems(reg, rel, loaded)
     if problems:
         reg.record(rel.id, "promotion_refused", actor, {"reasons": problems})
@@ -168,7 +188,7 @@ def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: 
     rel = reg.get(release_id)
     if rel.status != "live":
         raise ReleaseError(f"release {rel.id} is {rel.status}, not live; nothing to verify")
-    loaded = load_spec(rel.spec_path)
+    loaded = release_spec(rel)
     if rel.target == "local":
         dep = local_target.current(rel.name)
         if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
@@ -208,7 +228,7 @@ def rollback(reg: Registry, name: str, target: str, actor: str, reason: str, to:
         raise ReleaseError(f"release {rel.id} is {rel.name} on {rel.target}, not {name} on {target}; refusing")
     if not any(e.kind == "deploy_finished" for e in reg.events(rel.id)):
         raise ReleaseError(f"release {rel.id} never went live; only a release that served can be restored")
-    loaded = load_spec(rel.spec_path)
+    loaded = release_spec(rel)
     before = rel.status
     reg.record(rel.id, "rollback_started", actor, {"reason": reason, "from": live.id if live else None}, status="deploying")
     try:

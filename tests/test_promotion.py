@@ -100,6 +100,24 @@ def test_event_log_is_append_only_in_the_database(tiny_spec, small_artifact):
     assert [e.kind for e in reg.events(rel.id)] == ["created", "staged", "accuracy_gate", "slo_gate", "approved"]
 
 
+def test_a_spec_edited_after_the_run_does_not_change_what_is_promoted(tiny_spec, small_artifact):
+    import yaml
+
+    reg = Registry()
+    spec = tiny_spec()
+    rel, _ = candidate(reg, spec, small_artifact)
+    recorded = yaml.safe_load(spec.read_text())
+    assert "reviewer" in recorded["promotion"]["reviewers"]
+    edited = dict(recorded, promotion={**recorded["promotion"], "reviewers": ["mallory"]})
+    spec.write_text(yaml.safe_dump(edited))  # after the run: the approval by "reviewer" would no longer count
+    loaded = promote.release_spec(reg.get(rel.id))
+    assert loaded.spec.promotion.reviewers == recorded["promotion"]["reviewers"]
+    assert loaded.path != spec.resolve() and loaded.path.read_text() == reg.get(rel.id).spec_yaml
+    assert promote.gate_problems(reg, reg.get(rel.id), loaded) == []
+    spec.unlink()  # gone altogether: still the recorded one
+    assert promote.release_spec(reg.get(rel.id)).spec.promotion.reviewers == recorded["promotion"]["reviewers"]
+
+
 def test_open_release_is_idempotent_per_run(tiny_spec):
     reg = Registry()
     loaded = load_spec(tiny_spec())
