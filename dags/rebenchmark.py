@@ -8,20 +8,27 @@ layouts right then and two benchmarks on one machine measure each other. For eac
 exact layout and artifact (never the production endpoint), at its promoted rate and with a
 short SLO search; append a trend point; mark it `degraded` and alert when it no longer holds
 what it was promoted on; roll back by itself when the spec says `auto_rollback: true`.
+
+With `execution: kubernetes` the measurement runs as a pod on a whole GPU node (one per live
+release, mapped), from the worker image, and leaves its result in storage; the verdict is
+reached here, by the same code as the local measurement's.
 """
 
 from __future__ import annotations
 
 import pendulum
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
+from pipeline.k8s import pods
 from pipeline.rebenchmark import scheduled_specs
+from pipeline.spec import load_spec
 
 LIVE = Asset("model-release://live-release")  # a promotion or rollback: measure the new live release
 ENGINE_IMAGE = Asset("model-release://engine-image")  # CI emits an event when it pushes a new serving image
 
 
-def rebenchmark_dag(name: str, spec_path: str, cron: str):
+def rebenchmark_dag(name: str, spec_path: str, cron: str, execution: str):
     @dag(
         dag_id=f"rebenchmark__{name.replace('-', '_').replace('.', '_')}",
         schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=(LIVE | ENGINE_IMAGE)),
@@ -41,17 +48,39 @@ def rebenchmark_dag(name: str, spec_path: str, cron: str):
 
             return flow.live_release_ids(name, params.get("release_id"))
 
-        @task(max_active_tis_per_dagrun=1, retries=0)
-        def measure(release_id: int, run_id: str | None = None, **context) -> dict:
-            """Fresh instance, short search + check at the promoted rate, verdict, trend point, alert."""
-            from pipeline import flow
+        releases = live_releases()
+        if execution == "local":
+            @task(max_active_tis_per_dagrun=1, retries=0)
+            def measure(release_id: int, run_id: str | None = None, **context) -> dict:
+                """Fresh instance, short search + check at the promoted rate, verdict, trend point, alert."""
+                from pipeline import flow
 
-            return flow.rebenchmark(release_id, run_id, context)
+                return flow.rebenchmark(release_id, run_id, context)
 
-        measure.expand(release_id=live_releases())
+            measure.expand(release_id=releases)
+            return
+
+        @task
+        def pod_arguments(release_ids: list[int], run_id: str | None = None) -> list[list[str]]:
+            """Each live release's layout, artifact and promoted rate, from the registry."""
+            from pipeline.k8s import results
+
+            return results.remeasure_arguments(release_ids, run_id)
+
+        @task(retries=0, trigger_rule="all_done")
+        def judge(release_id: int, run_id: str | None = None, **context) -> dict:
+            """The pod's stored measurement against the promotion figures: trend point, verdict, alert."""
+            from pipeline.k8s import results
+
+            return results.judge_remeasured(release_id, run_id, context)
+
+        loaded = load_spec(spec_path)
+        measure = KubernetesPodOperator.partial(task_id="measure", max_active_tis_per_dagrun=1,
+                                                **pods.pod_operator_partial_kwargs(loaded, "rebenchmark"))
+        measure.expand(arguments=pod_arguments(releases)) >> judge.expand(release_id=releases)
 
     return rebenchmark()
 
 
 for _spec in scheduled_specs():
-    rebenchmark_dag(_spec["name"], _spec["path"], _spec["schedule"])
+    rebenchmark_dag(_spec["name"], _spec["path"], _spec["schedule"], _spec["execution"])

@@ -129,6 +129,17 @@ def _benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remeasure(args: argparse.Namespace) -> int:
+    """A live release's re-benchmark on this node; exit 0 when it could not measure (the stored
+    result says why, and the judge task alerts with it)."""
+    from pipeline.k8s import results
+
+    staged = {"artifact_uri": args.artifact_uri, "nfs_path": args.nfs_path, "manifest_hash": args.manifest_hash}
+    emit(json.dumps(results.remeasure(str(Path(args.spec).resolve()), args.release, args.layout, staged,
+                                      args.promoted_rate, args.results, args.run_id)))
+    return 0
+
+
 def _manifests(args: argparse.Namespace) -> int:
     from pipeline.k8s import manifests
     from pipeline.spec import load_spec
@@ -248,6 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", required=True)
     p.add_argument("--results", required=True, help="s3://bucket/prefix or a directory")
     p.set_defaults(func=_benchmark)
+
+    p = sub.add_parser("remeasure", help="re-benchmark a live release's layout and staged artifact on a fresh "
+                       "engine (short search + its promoted rate); the result goes to --results (the re-benchmark pod)")
+    p.add_argument("spec")
+    p.add_argument("--release", type=int, required=True, help="registry id of the release")
+    p.add_argument("--layout", required=True)
+    p.add_argument("--artifact-uri", help="s3:// URI the release was staged to")
+    p.add_argument("--nfs-path", help="NFS path the release was staged to")
+    p.add_argument("--manifest-hash", required=True)
+    p.add_argument("--promoted-rate", type=float, required=True, help="req/s the release was promoted at")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--results", required=True, help="s3://bucket/prefix or a directory")
+    p.set_defaults(func=_remeasure)
 
     p = sub.add_parser("stage", help="upload the FP8 artifact to the spec's S3/Spaces prefix and/or NFS path; "
                        "manifest last, resumable, verified; unchanged artifacts are not re-sent")

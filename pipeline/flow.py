@@ -222,10 +222,11 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
 def report(release_id: int, run_id: str) -> dict[str, Any]:
     """Write the reviewer report; re-rendered later steps keep the same path."""
     from pipeline import report as report_page
+    from pipeline.promote import release_spec
 
     reg = registry()
     rel = reg.get(release_id)
-    path = report_page.write(reg, rel, load_spec(rel.spec_path), run_dir(run_id))
+    path = report_page.write(reg, rel, release_spec(rel), run_dir(run_id))
     if rel.data.get("report") != str(path):
         reg.record(release_id, "report", "pipeline", {"path": str(path)}, data={"report": str(path)})
     log.info("reviewer report: %s", path)
@@ -269,6 +270,8 @@ def rebenchmark(release_id: int, run_id: str, context: Any = None) -> dict[str, 
     reg = registry()
     verdict = rebench.rebenchmark(reg, release_id, run_dir(run_id) / f"rebenchmark-{release_id}", context=context)
     rebench.refresh_report(reg, release_id)
+    if verdict.status == "error":  # alerted and recorded; the task fails so the run shows it too
+        raise ReleaseError(f"release {release_id}: re-benchmark failed: {verdict.reasons[0]}")
     return verdict.model_dump()
 
 

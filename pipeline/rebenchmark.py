@@ -76,35 +76,53 @@ def judge(rel: Release, result: benchmark.LayoutResult, loaded: LoadedSpec) -> t
     return ("degraded" if reasons else "ok"), reasons, measured
 
 
+def measure(loaded: LoadedSpec, staged: dict[str, Any], layout_name: str, promoted_rate: float,
+            out_dir: Path) -> benchmark.LayoutResult:
+    """A fresh instance of the layout on the staged artifact (verified, then fetched): a short SLO
+    search plus a probe at the promoted rate. Raises ReleaseError when it cannot measure. This is
+    what runs beside Airflow (local) or in a pod on the GPU node (`model-release remeasure`)."""
+    layout = next((lay for lay in loaded.spec.layouts if lay.name == layout_name), None)
+    if layout is None:
+        raise ReleaseError(f"{loaded.path}: layouts: no layout named {layout_name!r} (the release's layout)")
+    storage.verify_staged(staged["manifest_hash"], staged.get("artifact_uri"), staged.get("nfs_path"),
+                          loaded.spec.staging.s3)
+    model = promote.serving_dir(loaded, staged)
+    result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, layout, model, out_dir,
+                                        max_probes=loaded.spec.rebenchmark.max_probes, check_rates=[promoted_rate])
+    benchmark.finish(result, loaded.hardware)
+    benchmark.write_outputs([result], loaded.spec.slo, out_dir)
+    if result.status != "ok":
+        raise ReleaseError(f"engine failed during the re-benchmark: {result.error}")
+    return result
+
+
 def rebenchmark(reg: Registry, release_id: int, out_dir: Path, loaded: LoadedSpec | None = None,
                 context: Any = None) -> Verdict:
-    """Measure a fresh instance of the release, record the trend point and verdict, alert if needed.
+    """Measure a fresh instance of the release here, then conclude.
 
     `loaded` may override the recorded spec's serving side (tests inject a slowdown that way);
     the layout and the artifact are always the release's own.
     """
     rel = reg.get(release_id)
-    loaded = loaded or load_spec(rel.spec_path)
-    layout = next((lay for lay in loaded.spec.layouts if lay.name == rel.data["layout"]), None)
-    expected = {k: rel.data.get(k) for k in ("layout", "max_slo_rate", "rate_per_server", "p90_ttft_ms", "p90_tpot_ms")}
-    found = versions(loaded)
+    loaded = loaded or promote.release_spec(rel)
     try:
-        if layout is None:
-            raise ReleaseError(f"{loaded.path}: layout {rel.data['layout']!r} of release {rel.id} is not in the spec")
-        storage.verify_staged(rel.data["manifest_hash"], rel.data.get("artifact_uri"), rel.data.get("nfs_path"),
-                              loaded.spec.staging.s3)
-        model = promote.serving_dir(loaded, rel.data)
-        result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, layout, model, out_dir,
-                                            max_probes=loaded.spec.rebenchmark.max_probes,
-                                            check_rates=[rel.data["max_slo_rate"]])
-        benchmark.finish(result, loaded.hardware)
-        benchmark.write_outputs([result], loaded.spec.slo, out_dir)
-        if result.status != "ok":
-            raise ReleaseError(f"engine failed during the re-benchmark: {result.error}")
+        result = measure(loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir)
     except ReleaseError as exc:
-        verdict = Verdict(release_id=rel.id, status="error", reasons=[str(exc)[:1500]], expected=expected, measured={},
-                          versions=found)
+        return conclude(reg, rel, loaded, None, str(exc), versions(loaded), out_dir, context)
+    return conclude(reg, rel, loaded, result, None, versions(loaded), out_dir, context)
+
+
+def conclude(reg: Registry, rel: Release, loaded: LoadedSpec, result: benchmark.LayoutResult | None,
+             error: str | None, found: dict[str, str], out_dir: Any, context: Any = None) -> Verdict:
+    """Judge a measurement (or its failure), record the trend point or the failure, alert, and
+    roll back when the spec says so. A failure to measure alerts but is never evidence of
+    degradation."""
+    expected = {k: rel.data.get(k) for k in ("layout", "max_slo_rate", "rate_per_server", "p90_ttft_ms", "p90_tpot_ms")}
+    if result is None:
+        verdict = Verdict(release_id=rel.id, status="error", reasons=[(error or "no measurement")[:1500]],
+                          expected=expected, measured={}, versions=found)
         reg.record(rel.id, "rebenchmark_failed", "rebenchmark", verdict.model_dump())
+        log.error("release %d: re-benchmark FAILED: %s", rel.id, verdict.reasons[0])
         try:
             alerts.send(reg, rel, loaded, verdict, context)
         except Exception as alert_exc:  # noqa: BLE001
@@ -183,7 +201,7 @@ def refresh_report(reg: Registry, release_id: int) -> Path | None:
     if not rel.data.get("report"):
         return None
     run_dir = Path(rel.data["report"]).parent
-    return report.write(reg, rel, load_spec(rel.spec_path), run_dir)
+    return report.write(reg, rel, promote.release_spec(rel), run_dir)
 
 
 def scheduled_specs() -> list[dict[str, str]]:
@@ -198,5 +216,6 @@ def scheduled_specs() -> list[dict[str, str]]:
         except SpecError as exc:
             log.error("not scheduling re-benchmarks for %s: %s", path, exc)
             continue
-        out.append({"name": loaded.spec.name, "path": str(path), "schedule": loaded.spec.rebenchmark.schedule})
+        out.append({"name": loaded.spec.name, "path": str(path), "schedule": loaded.spec.rebenchmark.schedule,
+                    "execution": loaded.spec.execution})
     return out

@@ -386,3 +386,98 @@ def test_accuracy_gate_reads_both_sides_from_storage_and_publishes_its_report(sp
     with pytest.raises(flow.GateFailed, match="accuracy gate failed"):
         results.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.80), RUN_ID)
     assert "FAIL" in (tmp_path / "nfs" / "runs" / flow.run_dir(RUN_ID).name / "accuracy_validation.html").read_text()
+
+
+# ---------------------------------------------------------------- re-benchmarks as pods
+
+REBENCH_DAG_ID = "rebenchmark__qwen3_235b_a22b_fp8"
+
+
+def live_prod_release(loaded, staged: dict, rate: float = 2.2, layout: str = "tp4-ep4-x2"):
+    """A release of the production spec as promotion leaves it: live, with its figures."""
+    reg = flow.registry()
+    rel = reg.open_release(f"promoted-{layout}", loaded.spec.name, str(loaded.path), loaded.path.read_text(), "kubernetes")
+    reg.record(rel.id, "slo_gate", "gate", {"passed": True}, data={
+        "layout": layout, "max_slo_rate": rate, "rate_per_server": rate, "p90_ttft_ms": 900.0, "p90_tpot_ms": 40.0,
+        "manifest_hash": HASH, **staged})
+    reg.record(rel.id, "deploy_finished", "pipeline", status="live")
+    return reg, reg.get(rel.id)
+
+
+def test_kubernetes_rebenchmark_dag_measures_each_live_release_in_a_pod(dagbag):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    assert not {p: e for p, e in dagbag.import_errors.items() if p.endswith("rebenchmark.py")}
+    dag = dagbag.dags[REBENCH_DAG_ID]
+    assert set(dag.task_ids) == {"live_releases", "pod_arguments", "measure", "judge"}
+    measure = dag.get_task("measure")
+    assert issubclass(measure.operator_class, KubernetesPodOperator)  # mapped: one pod per live release
+    assert measure.upstream_task_ids == {"pod_arguments"}
+    assert dag.get_task("judge").upstream_task_ids == {"live_releases", "measure"}
+    assert dag.get_task("judge").trigger_rule == "all_done"  # a crashed pod is judged (and alerted) too
+    local = dagbag.dags["rebenchmark__tiny_qwen3_moe_fp8"]  # the tiny spec measures beside Airflow
+    assert set(local.task_ids) == {"live_releases", "measure"}
+    assert not issubclass(getattr(local.get_task("measure"), "operator_class", object), KubernetesPodOperator)
+
+
+def test_rebenchmark_pod_runs_the_release_own_layout_and_artifact_on_a_whole_node(prod, release_env, tmp_path,
+                                                                                  monkeypatch):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
+    _, rel = live_prod_release(prod, {"artifact_uri": XCOMS["stage"]["s3_uri"]})
+    [arguments] = results.remeasure_arguments([rel.id], RUN_ID)
+    op = KubernetesPodOperator(task_id="measure", arguments=arguments,
+                               **pods.pod_operator_partial_kwargs(prod, "rebenchmark", settings=pods.ClusterSettings()))
+    pod = kubernetes.client.ApiClient().sanitize_for_serialization(op.build_pod_request_obj({}, dry_run=True))
+    assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True) == K8S_VERSION
+    assert container(pod)["resources"]["limits"]["amd.com/gpu"] == "8"
+    assert pod["spec"]["nodeSelector"] == {"doks.digitalocean.com/gpu-model": "mi325x"}
+    assert env_of(pod)["VLLM_ROCM_USE_AITER"] == "1"
+    argv = cli_argv(pod)
+    args = cli.build_parser().parse_args(argv)
+    assert (args.release, args.layout, args.artifact_uri, args.manifest_hash, args.promoted_rate, args.run_id) == (
+        rel.id, "tp4-ep4-x2", XCOMS["stage"]["s3_uri"], HASH, 2.2, RUN_ID)
+    assert args.results == "s3://model-release-weights/qwen3-235b-a22b-fp8/runs"
+
+
+def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(spec_file, release_env, tmp_path,
+                                                                             monkeypatch):
+    from pipeline import benchmark
+    from pipeline.errors import ReleaseError
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
+    nfs = tmp_path / "nfs"
+    loaded = load_spec(spec_file(PROD_SPEC, lambda d: d.update(staging={"nfs": {"path": str(nfs)}})))
+    reg, rel = live_prod_release(loaded, {"nfs_path": str(nfs / "gone")})
+
+    # the pod side, for real: the staged artifact is gone, so it stores the reason instead of figures
+    stored = results.remeasure(str(loaded.path), rel.id, "tp4-ep4-x2", rel.data, 2.2, results.base_uri(loaded), RUN_ID)
+    assert stored["status"] == "error"
+    assert "gone" in results.read(stored["result_uri"], loaded)["error"]
+    with pytest.raises(ReleaseError, match="re-benchmark failed"):
+        results.judge_remeasured(rel.id, RUN_ID)
+    assert reg.get(rel.id).status == "live"  # no evidence of degradation
+    assert [e.kind for e in reg.events(rel.id)][-2:] == ["rebenchmark_failed", "alert"]
+
+    # a measurement at a third of the promoted capacity: degraded, with a trend point
+    slow = benchmark.LayoutResult(layout="tp4-ep4-x2", tp=4, dp=1, ep=4, pp=1, replicas=2, devices=8, status="ok",
+                                  max_slo_rate=0.7, capacity_rps=0.9, per_server=0.7, per_device=0.7 / 8,
+                                  probes=[benchmark.Probe(
+                                      rate=2.2, num_prompts=200, achieved_rate=0.9, completed=200, failed=0,
+                                      failed_fraction=0.0, duration_s=222.0, output_tok_s=126.0, p50_ttft_ms=6000.0,
+                                      p90_ttft_ms=9000.0, p99_ttft_ms=9900.0, p50_tpot_ms=40.0, p90_tpot_ms=45.0,
+                                      p99_tpot_ms=49.0, p90_itl_ms=45.0, p90_e2el_ms=15000.0, passed=False,
+                                      reasons=["p90 TTFT 9000.0 ms > 3000"])])
+    results.write(stored["result_uri"], {"status": "ok", "result": json.loads(slow.model_dump_json()),
+                                         "versions": {"engine": "vllm 0.32.0+rocm"}}, loaded)
+    verdict = results.judge_remeasured(rel.id, RUN_ID)
+    assert verdict["status"] == "degraded" and reg.get(rel.id).status == "degraded"
+    assert any("SLO fails at the promoted rate" in r for r in verdict["reasons"])
+    point = [e for e in reg.events(rel.id) if e.kind == "trend_point"][-1]
+    assert point.detail["max_slo_rate"] == 0.7 and point.detail["engine"] == "vllm 0.32.0+rocm"
+
+    # a pod that crashed before writing anything: a failed measurement, named
+    (nfs / "runs" / flow.run_dir(RUN_ID).name / "rebenchmark" / f"release-{rel.id}.json").unlink()
+    with pytest.raises(ReleaseError, match="left no result"):
+        results.judge_remeasured(rel.id, RUN_ID)

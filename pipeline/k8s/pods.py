@@ -35,7 +35,7 @@ from pipeline.k8s.manifests import label_value, s3_secret_name
 from pipeline.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.spec import LoadedSpec, load_spec
 
-Step = Literal["quantize", "evaluate", "stage", "fetch", "benchmark"]
+Step = Literal["quantize", "evaluate", "stage", "fetch", "benchmark", "rebenchmark"]
 
 # The worker image's tag is the package version: bump `pipeline.__version__` to ship a new one.
 DEFAULT_WORKER_IMAGE = f"registry.digitalocean.com/model-release/worker-rocm:{__version__}"
@@ -112,7 +112,9 @@ def spec_in_image(loaded: LoadedSpec) -> str:
 
 def cli_args(loaded: LoadedSpec, step: Step, *, side: str | None = None, layout: str | None = None,
              candidate: str | None = None, artifact: str | None = None, uri: str | None = None,
-             dest: str | None = None, model: str | None = None, run_id: str = RUN_ID) -> list[str]:
+             dest: str | None = None, model: str | None = None, run_id: str = RUN_ID,
+             release: int | None = None, artifact_uri: str | None = None, nfs_path: str | None = None,
+             manifest_hash: str | None = None, promoted_rate: float | None = None) -> list[str]:
     """The `model-release` arguments of a step. Inputs default to the upstream pods' XCom in the
     kubernetes DAG (task ids quantize, stage, fetch); full results go to storage under
     `results.base_uri(spec)`, and the pod's XCom holds their URI."""
@@ -134,6 +136,13 @@ def cli_args(loaded: LoadedSpec, step: Step, *, side: str | None = None, layout:
             raise ReleaseError(f"{loaded.path}: layouts: no layout named {layout!r}")
         return ["benchmark", spec, "--layout", layout, "--model", model or xcom("fetch", "path"),
                 "--run-id", run_id, "--results", results.base_uri(loaded)]
+    if step == "rebenchmark":  # a live release: its figures come from the registry (results.remeasure_arguments)
+        if release is None or not manifest_hash or promoted_rate is None or not (artifact_uri or nfs_path):
+            raise ValueError("rebenchmark: release, manifest_hash, promoted_rate and artifact_uri or nfs_path are required")
+        staged = ["--artifact-uri", artifact_uri] if artifact_uri else ["--nfs-path", nfs_path]
+        return ["remeasure", spec, "--release", str(release), "--layout", layout, *staged, "--manifest-hash",
+                manifest_hash, "--promoted-rate", repr(float(promoted_rate)), "--run-id", run_id,
+                "--results", results.base_uri(loaded)]
     raise ValueError(f"unknown step {step!r}")
 
 
@@ -167,7 +176,7 @@ def resources(loaded: LoadedSpec, step: Step) -> PodResources:
     spec, hw = loaded.spec, loaded.hardware
     params_b = spec.model.architecture.params_b
     gpu = hw.kind == "gpu"
-    if step == "benchmark":
+    if step in ("benchmark", "rebenchmark"):
         return PodResources(gpus=hw.devices if gpu else 0, cpu="64", memory="512Gi", shm="64Gi")
     if step == "evaluate":
         backend = spec.evaluation.backend
@@ -258,6 +267,12 @@ def placement(loaded: LoadedSpec, res: PodResources) -> tuple[dict[str, str], li
 def pod_operator_kwargs(loaded: LoadedSpec, step: Step, settings: ClusterSettings | None = None,
                         **args: str) -> dict:
     """Keyword arguments for `KubernetesPodOperator(task_id=..., **kwargs)`; `args` go to `cli_args`."""
+    return {**pod_operator_partial_kwargs(loaded, step, settings), "arguments": shell(cli_args(loaded, step, **args))}
+
+
+def pod_operator_partial_kwargs(loaded: LoadedSpec, step: Step, settings: ClusterSettings | None = None) -> dict:
+    """Everything but the container arguments: for `KubernetesPodOperator.partial(...)` mapped
+    over arguments computed at run time (one re-benchmark pod per live release)."""
     settings = settings or ClusterSettings.from_env()
     res = resources(loaded, step)
     node_selector, tolerations = placement(loaded, res)
@@ -269,7 +284,6 @@ def pod_operator_kwargs(loaded: LoadedSpec, step: Step, settings: ClusterSetting
         "kubernetes_conn_id": settings.kube_conn_id,
         "labels": labels,
         "cmds": ["/bin/sh", "-c"],
-        "arguments": shell(cli_args(loaded, step, **args)),
         "env_vars": [k8s.V1EnvVar(name=k, value=v) for k, v in env(loaded, step, res).items()],
         "env_from": env_from(loaded, step),
         "container_resources": container_resources(loaded, res),

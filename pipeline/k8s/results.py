@@ -128,7 +128,69 @@ def benchmark_layout(spec_path: str, layout: str, model_dir: str, results: str, 
     return {"layout": layout, "status": result.status, "result_uri": uri}
 
 
+def rebenchmark_uri(results: str, run_id: str, release_id: int) -> str:
+    return f"{run_uri(results, run_id)}/rebenchmark/release-{release_id}.json"
+
+
+def remeasure(spec_path: str, release_id: int, layout: str, staged: dict[str, Any], promoted_rate: float,
+              results: str, run_id: str) -> dict[str, Any]:
+    """A live release's re-benchmark on this node. A measurement that cannot be made (artifact
+    gone, engine will not start) is stored too, with its reason: the judge alerts with it."""
+    from pipeline import rebenchmark
+
+    loaded = load_spec(spec_path)
+    try:
+        result = rebenchmark.measure(loaded, staged, layout, promoted_rate,
+                                     flow.run_dir(run_id) / "rebenchmark" / f"release-{release_id}")
+        body = {"status": "ok", "result": json.loads(result.model_dump_json())}
+    except ReleaseError as exc:
+        log.error("release %d: cannot re-benchmark: %s", release_id, exc)
+        body = {"status": "error", "error": str(exc)[:1500]}
+    body["versions"] = rebenchmark.versions(loaded)
+    uri = write(rebenchmark_uri(results, run_id, release_id), body, loaded)
+    return {"release_id": release_id, "status": body["status"], "result_uri": uri}
+
+
 # ---------------------------------------------------------------- Airflow side
+
+
+def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
+    """The re-benchmark pods' container arguments, one per live release, from its registry row."""
+    from pipeline import promote
+    from pipeline.k8s import pods
+
+    reg = flow.registry()
+    out = []
+    for release_id in release_ids:
+        rel = reg.get(release_id)
+        data = rel.data
+        out.append(pods.shell(pods.cli_args(
+            promote.release_spec(rel), "rebenchmark", release=rel.id, layout=data["layout"],
+            artifact_uri=data.get("artifact_uri"), nfs_path=data.get("nfs_path"), manifest_hash=data["manifest_hash"],
+            promoted_rate=data["max_slo_rate"], run_id=run_id)))
+    return out
+
+
+def judge_remeasured(release_id: int, run_id: str, context: Any = None) -> dict[str, Any]:
+    """Conclude a pod's re-benchmark like a local one (trend point, verdict, alert, auto rollback);
+    a pod that left no result is a failed measurement, never evidence of degradation."""
+    from pipeline import benchmark, promote, rebenchmark
+
+    reg = flow.registry()
+    rel = reg.get(release_id)
+    loaded = promote.release_spec(rel)
+    uri = rebenchmark_uri(base_uri(loaded), run_id, release_id)
+    try:
+        body = read(uri, loaded)
+    except ReleaseError as exc:
+        body = {"status": "error", "error": f"the re-benchmark pod left no result: {exc} (see the measure task's log)"}
+    result = benchmark.LayoutResult.model_validate(body["result"]) if body["status"] == "ok" else None
+    verdict = rebenchmark.conclude(reg, rel, loaded, result, body.get("error"),
+                                   body.get("versions") or rebenchmark.versions(loaded), uri, context)
+    rebenchmark.refresh_report(reg, release_id)
+    if verdict.status == "error":
+        raise ReleaseError(f"release {release_id}: re-benchmark failed: {verdict.reasons[0]}")
+    return verdict.model_dump()
 
 
 def publish_run_dir(loaded: LoadedSpec, run_id: str) -> dict[str, str]:
