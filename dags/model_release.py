@@ -17,14 +17,11 @@ package; this file only wires tasks together.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Param, dag, task
 
-from pipeline.approval import ReleaseApproval
+from pipeline.review_tasks import STAGED, review_and_promote
 
 DEFAULT_SPEC = "configs/releases/tiny-qwen3-moe-cpu.yaml"
-# Other DAGs (re-benchmarks) can be scheduled on a newly staged artifact.
-STAGED = Asset("model-release://staged-artifact")
-LIVE = Asset("model-release://live-release")
 
 
 @dag(
@@ -126,45 +123,13 @@ def model_release():
 
         return flow.slo_gate(selection, spec["release_id"])
 
-    @task
-    def report(spec: dict, gate: dict, run_id: str | None = None) -> dict:
-        """The reviewer's page: accuracy, latency-vs-load curves, chosen layout vs live, audit trail."""
-        from pipeline import flow
-
-        return flow.report(spec["release_id"], run_id)
-
-    approve = ReleaseApproval(task_id="approve", doc_md="A reviewer named in the spec approves or rejects, "
-                              "in this UI (Required actions) or over the REST API; no answer in time means Reject.")
-
-    @task(retries=0, outlets=[LIVE])
-    def promote(spec: dict, run_id: str | None = None, *, outlet_events=None) -> dict:
-        """Re-checks every gate and the approval in code, then rolls out; restores the previous release on failure."""
-        from pipeline import flow
-
-        result = flow.promote(spec["release_id"], run_id)
-        outlet_events[LIVE].extra = {"release": spec["name"], "release_id": result["release_id"],
-                                     "endpoint": result["endpoint"]}
-        return result
-
-    @task(retries=1, retry_delay=pendulum.duration(seconds=20))
-    def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
-        """The live endpoint answers a completion after the switch, not only during it."""
-        from pipeline import flow
-
-        return flow.verify(spec["release_id"], run_id)
-
     spec = validate()
     source = materialize_model(spec)
     fp8 = quantize(spec, source)
     gate = accuracy_gate(spec, evaluate_baseline(spec, source), evaluate_candidate(spec, fp8))
     staged = stage(spec, fp8, gate)
     results = benchmark.partial(spec=spec, staged=staged).expand(layout=layout_names(spec))
-    selected = slo_gate(spec, select_layout(spec, results))
-    reviewed = report(spec, selected)
-    reviewed >> approve
-    promoted = promote(spec)
-    approve >> promoted
-    verify(spec, promoted)
+    review_and_promote(spec, slo_gate(spec, select_layout(spec, results)))
 
 
 model_release()

@@ -17,8 +17,8 @@ import pendulum
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import chain, dag, task
 
-from pipeline.approval import ReleaseApproval
 from pipeline.k8s import pods
+from pipeline.review_tasks import review_and_promote
 from pipeline.spec import LoadedSpec
 
 
@@ -71,25 +71,6 @@ def release_dag(loaded: LoadedSpec):
 
             return flow.slo_gate(selection, spec["release_id"])
 
-        @task
-        def report(spec: dict, gate: dict, run_id: str | None = None) -> dict:
-            from pipeline import flow
-
-            return flow.report(spec["release_id"], run_id)
-
-        @task(retries=0)
-        def promote(spec: dict, run_id: str | None = None) -> dict:
-            """Gates re-checked in code, then server-side apply to DOKS; the previous release comes back on failure."""
-            from pipeline import flow
-
-            return flow.promote(spec["release_id"], run_id)
-
-        @task(retries=1, retry_delay=pendulum.duration(seconds=30))
-        def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
-            from pipeline import flow
-
-            return flow.verify(spec["release_id"], run_id)
-
         quantize = pod("quantize", "quantize")
         baseline = pod("evaluate_baseline", "evaluate", side="baseline")
         candidate = pod("evaluate_candidate", "evaluate", side="candidate")
@@ -103,11 +84,7 @@ def release_dag(loaded: LoadedSpec):
         chain([quantize, baseline], candidate)
         chain(accuracy_gate(spec, baseline.output, candidate.output), stage, fetch, *benchmarks)
         stage >> record_staged(spec, stage.output)
-        reviewed = report(spec, slo_gate(spec, select_layout([b.output for b in benchmarks])))
-        approve = ReleaseApproval(task_id="approve")
-        promoted = promote(spec)
-        reviewed >> approve >> promoted
-        verify(spec, promoted)
+        review_and_promote(spec, slo_gate(spec, select_layout([b.output for b in benchmarks])))
 
     return release()
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import pendulum
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
 from pipeline.k8s import pods
 from pipeline.rebenchmark import scheduled_specs
+from pipeline.review_tasks import ENGINE_IMAGE, LIVE
 from pipeline.spec import load_spec
 
-LIVE = Asset("model-release://live-release")  # a promotion or rollback: measure the new live release
-ENGINE_IMAGE = Asset("model-release://engine-image")  # CI emits an event when it pushes a new serving image
 
 
 def rebenchmark_dag(name: str, spec_path: str, cron: str, execution: str):

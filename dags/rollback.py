@@ -11,9 +11,9 @@ on both releases.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Param, dag, task
 
-LIVE = Asset("model-release://live-release")
+from pipeline.review_tasks import LIVE
 
 
 @dag(

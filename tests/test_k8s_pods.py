@@ -151,6 +151,11 @@ def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
     assert up("select_layout") == set(BENCHMARKS) and up("slo_gate") == {"validate", "select_layout"}
     # the same review and promotion tail as the local DAG: gates in code, a reviewer, then DOKS
     assert up("approve") == {"report"} and up("promote") == {"validate", "approve"} and up("verify") == {"validate", "promote"}
+    local = dagbag.dags["model_release"]
+    for task_id in ("report", "approve", "promote", "verify"):  # one definition: the tails cannot drift apart
+        assert type(dag.get_task(task_id)) is type(local.get_task(task_id)), task_id
+        assert dag.get_task(task_id).outlets == local.get_task(task_id).outlets, task_id
+    assert [a.name for a in dag.get_task("promote").outlets] == ["model-release://live-release"]  # wakes re-benchmarks
 
 
 # ---------------------------------------------------------------- the pods
