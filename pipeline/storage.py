@@ -374,36 +374,50 @@ def stage_nfs(artifact: Path, manifest: artifacts.Manifest, target: NfsTarget, n
             return str(final), 0, 0, len(manifest.files)
         raise ArtifactError(f"{final}: holds a different artifact under the same name")
     partial = root / f".partial-{name}"
-    progress = Progress(f"stage {final}", manifest.total_bytes)
-    counts = {"sent": 0, "files": 0, "skipped": 0}
+
+    def copy(entry: artifacts.FileEntry, tmp: Path) -> None:
+        shutil.copyfile(artifact / entry.path, tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+
+    partial.mkdir(parents=True, exist_ok=True)
+    sent, files, skipped = _place_files(manifest, partial, copy, Progress(f"stage {final}", manifest.total_bytes))
+    shutil.copyfile(artifact / artifacts.MANIFEST, partial / artifacts.MANIFEST)
+    artifacts.verify(partial)
+    os.rename(partial, final)
+    _fsync_dir(root)
+    return str(final), sent, files, skipped
+
+
+def _place_files(manifest: artifacts.Manifest, root: Path, transfer, progress: Progress) -> tuple[int, int, int]:
+    """Put every file of `manifest` under `root`, in parallel: a file already there and matching
+    is skipped (a re-run resumes); any other lands under a temporary name, which `transfer(entry,
+    tmp)` fills (and may check), and is renamed into place only then. Returns (bytes, files, skipped)."""
+    counts = {"bytes": 0, "files": 0, "skipped": 0}
     lock = threading.Lock()
 
-    def copy(entry: artifacts.FileEntry) -> None:
-        dst = partial / entry.path
+    def one(entry: artifacts.FileEntry) -> None:
+        dst = root / entry.path
         if artifacts.file_matches(dst, entry):
             with lock:
                 counts["skipped"] += 1
             progress.add(entry.size)
             return
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}")
-        shutil.copyfile(artifact / entry.path, tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, dst)
+        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            transfer(entry, tmp)
+            os.replace(tmp, dst)
+        finally:
+            tmp.unlink(missing_ok=True)
         with lock:
-            counts["sent"] += entry.size
+            counts["bytes"] += entry.size
             counts["files"] += 1
         progress.add(entry.size)
 
-    partial.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(copy, manifest.files))
-    shutil.copyfile(artifact / artifacts.MANIFEST, partial / artifacts.MANIFEST)
-    artifacts.verify(partial)
-    os.rename(partial, final)
-    _fsync_dir(root)
-    return str(final), counts["sent"], counts["files"], counts["skipped"]
+        list(pool.map(one, manifest.files))
+    return counts["bytes"], counts["files"], counts["skipped"]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -451,39 +465,18 @@ def fetch(uri: str, dest: Path, target: S3Target | None = None) -> FetchResult:
         def get(entry: artifacts.FileEntry, tmp: Path) -> None:
             shutil.copyfile(src / entry.path, tmp)
 
-    progress = Progress(f"fetch {uri}", manifest.total_bytes)
-    counts = {"bytes": 0, "files": 0, "skipped": 0}
-    lock = threading.Lock()
-
-    def one(entry: artifacts.FileEntry) -> None:
-        dst = dest / entry.path
-        if artifacts.file_matches(dst, entry):
-            with lock:
-                counts["skipped"] += 1
-            progress.add(entry.size)
-            return
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.part")
-        try:
-            get(entry, tmp)
-            digest = artifacts.sha256_file(tmp)
-            if tmp.stat().st_size != entry.size or digest != entry.sha256:
-                raise ArtifactError(f"{uri}/{entry.path}: downloaded bytes do not match the manifest "
-                                    f"(sha256 {digest[:12]}…, expected {entry.sha256[:12]}…); refusing it")
-            os.replace(tmp, dst)
-        finally:
-            tmp.unlink(missing_ok=True)
-        with lock:
-            counts["bytes"] += entry.size
-            counts["files"] += 1
-        progress.add(entry.size)
+    def checked(entry: artifacts.FileEntry, tmp: Path) -> None:
+        get(entry, tmp)
+        digest = artifacts.sha256_file(tmp)
+        if tmp.stat().st_size != entry.size or digest != entry.sha256:
+            raise ArtifactError(f"{uri}/{entry.path}: downloaded bytes do not match the manifest "
+                                f"(sha256 {digest[:12]}…, expected {entry.sha256[:12]}…); refusing it")
 
     (dest / artifacts.MANIFEST).unlink(missing_ok=True)  # incomplete until every file is verified
-    with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(one, manifest.files))
+    fetched, files, skipped = _place_files(manifest, dest, checked, Progress(f"fetch {uri}", manifest.total_bytes))
     artifacts.dump_json(dest / artifacts.MANIFEST, json.loads(manifest.model_dump_json()))
-    return FetchResult(path=str(dest), manifest_hash=manifest.content_hash(), bytes_fetched=counts["bytes"],
-                       files_fetched=counts["files"], files_skipped=counts["skipped"],
+    return FetchResult(path=str(dest), manifest_hash=manifest.content_hash(), bytes_fetched=fetched,
+                       files_fetched=files, files_skipped=skipped,
                        seconds=round(time.monotonic() - started, 2))
 
 
