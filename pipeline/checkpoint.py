@@ -29,8 +29,12 @@ class TensorInfo(BaseModel):
     nbytes: int
 
 
-def read_header(path: Path) -> dict:
-    """The JSON header of one shard, checked against the file's real length."""
+MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
+
+
+def read_raw_header(path: Path) -> tuple[dict, int, int]:
+    """A shard's JSON header as stored (with `__metadata__`), the absolute offset of its data
+    buffer and the file's size; ArtifactError naming the file when it is missing or damaged."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
@@ -38,17 +42,27 @@ def read_header(path: Path) -> dict:
             if len(raw) < 8:
                 raise ArtifactError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
             (length,) = struct.unpack("<Q", raw)
-            if length > size - 8:
-                raise ArtifactError(f"{path}: truncated: header of {length} bytes, file has {size}")
+            if length > MAX_HEADER or length > size - 8:
+                raise ArtifactError(f"{path}: truncated or not safetensors: header of {length} bytes, file has {size}")
             header = json.loads(handle.read(length))
     except FileNotFoundError:
         raise ArtifactError(f"{path}: missing shard") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ArtifactError(f"{path}: corrupt safetensors header") from None
+    except OSError as exc:
+        raise ArtifactError(f"{path}: unreadable safetensors header: {exc}") from None
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{path}: safetensors header is not a JSON object")
+    return header, 8 + length, size
+
+
+def read_header(path: Path) -> dict:
+    """The tensors of one shard's header, checked against the file's real length."""
+    header, data_start, size = read_raw_header(path)
     header.pop("__metadata__", None)
     end = max((info["data_offsets"][1] for info in header.values()), default=0)
-    if 8 + length + end > size:
-        raise ArtifactError(f"{path}: truncated: tensors need {8 + length + end} bytes, file has {size}")
+    if data_start + end > size:
+        raise ArtifactError(f"{path}: truncated: tensors need {data_start + end} bytes, file has {size}")
     return header
 
 

@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from pipeline.checkpoint import read_raw_header
 from pipeline.errors import ArtifactError, SpecError
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,6 @@ DEFAULT_INDEX = "model.safetensors.index.json"
 PARTIAL_SUFFIX = ".partial"
 CHUNK_BYTES = 2 * 1024 * 1024  # source bytes per quantization step: stays in cache, amortizes Python
 COPY_BYTES = 64 * 1024 * 1024  # per copy_file_range call
-MAX_HEADER = 100 * 1024 * 1024  # same limit as the safetensors library
 
 # safetensors dtype name -> torch dtype (only the ones this module may need to view)
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -317,27 +317,6 @@ class _ShardPlan:
     weight_map: dict[str, str] = field(default_factory=dict)
 
 
-def _read_header(path: Path) -> tuple[dict[str, Any], int, int]:
-    """-> (header dict, absolute offset of the data buffer, file size); ArtifactError if damaged."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            raw = handle.read(8)
-            if len(raw) < 8:
-                raise ArtifactError(f"{path}: not a safetensors file ({size} bytes, no header)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER or 8 + n > size:
-                raise ArtifactError(f"{path}: truncated or not safetensors (header length {n}, file {size} bytes)")
-            header = json.loads(handle.read(n))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        if isinstance(exc, ArtifactError):
-            raise
-        raise ArtifactError(f"{path}: unreadable safetensors header: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ArtifactError(f"{path}: safetensors header is not a JSON object")
-    return header, 8 + n, size
-
-
 def _parse_entries(path: Path, header: dict[str, Any], data_start: int, size: int) -> dict[str, tuple]:
     """name -> (dtype, shape, absolute offset, nbytes), validated against the file size."""
     entries: dict[str, tuple] = {}
@@ -398,7 +377,7 @@ def _plan_shard(rel: str, src_path: Path, out_path: Path, index_names: list[str]
                 config, recipes: dict[str, _Recipe]) -> _ShardPlan:
     from llmcompressor.entrypoints.model_free.converter import _match_tensors_to_schemes
 
-    header, data_start, size = _read_header(src_path)
+    header, data_start, size = read_raw_header(src_path)
     entries = _parse_entries(src_path, header, data_start, size)
     if index_names is not None:
         missing = sorted(set(index_names) - entries.keys())
