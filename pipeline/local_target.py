@@ -16,7 +16,6 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -186,20 +185,8 @@ def _tail(path: Path, lines: int = 20) -> str:
 def _front_conf(name: str, port: int, backends: list[int], release_id: int) -> Path:
     root = state_dir(name) / "front"
     root.mkdir(exist_ok=True)
-    conf = root / "nginx.conf"
-    upstreams = "".join(f"server 127.0.0.1:{p};" for p in backends)
-    tmp = conf.with_suffix(".tmp")
-    tmp.write_text(
-        f"daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/error.log;\n"
-        f"events {{ worker_connections 1024; }}\n"
-        f"http {{ access_log {root}/access.log; upstream live {{ least_conn; {upstreams} keepalive 32; }}\n"
-        f"  client_body_temp_path {root}/body; proxy_temp_path {root}/proxy;\n"
-        f"  server {{ listen 127.0.0.1:{port}; location = /__release {{ return 200 \"{release_id}\"; }}\n"
-        f"    location / {{ proxy_pass http://live; proxy_http_version 1.1;\n"
-        f"    proxy_set_header Connection \"\"; proxy_buffering off; proxy_read_timeout 600s; }} }} }}\n"
-    )
-    os.replace(tmp, conf)
-    return conf
+    return serving.write_nginx_conf(root, port, backends, f'location = /__release {{ return 200 "{release_id}"; }}',
+                                    access_log=True)
 
 
 def _front_pid(name: str) -> int | None:
@@ -224,7 +211,7 @@ def _point_front(spec: ReleaseSpec, backends: list[int], release_id: int) -> Non
     A reload is asynchronous and a bad config keeps the old workers answering, so the switch
     counts only once the front itself says it serves `release_id`.
     """
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    nginx = serving.nginx_binary()
     conf = _front_conf(spec.name, spec.serving.port, backends, release_id)
     check = subprocess.run([nginx, "-t", "-c", str(conf), "-p", str(conf.parent)], capture_output=True, text=True)
     if check.returncode:
@@ -243,7 +230,7 @@ def _point_front(spec: ReleaseSpec, backends: list[int], release_id: int) -> Non
             return
         time.sleep(0.3)
     raise LocalDeployFailed(f"front (nginx) on port {spec.serving.port} does not serve release {release_id}: "
-                            f"{_tail(conf.parent / 'error.log', 5)}")
+                            f"{_tail(conf.parent / 'nginx-error.log', 5)}")
 
 
 # ---------------------------------------------------------------- deploy / stop

@@ -207,6 +207,33 @@ class EngineFailed(ReleaseError):
     """The engine did not come up (bad flag, OOM, crash); carries the last log lines."""
 
 
+def nginx_binary() -> str:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        raise ReleaseError("nginx is not installed (scripts/setup.sh installs it with apt-get)")
+    return nginx
+
+
+def write_nginx_conf(root: Path, port: int, backends: list[int], locations: str = "", access_log: bool = False) -> Path:
+    """nginx on 127.0.0.1:`port`, least-connections over `backends`, its state under `root`;
+    `locations`: extra location blocks. Written to a temporary file and renamed: a reload must
+    never read half a config."""
+    conf = root / "nginx.conf"
+    upstreams = "".join(f"server 127.0.0.1:{p};" for p in backends)
+    tmp = root / ".nginx.conf.tmp"
+    tmp.write_text(
+        f"daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/nginx-error.log;\n"
+        f"events {{ worker_connections 1024; }}\n"
+        f"http {{ access_log {f'{root}/access.log' if access_log else 'off'}; upstream engines {{ least_conn; {upstreams} keepalive 64; }}\n"
+        f"  client_body_temp_path {root}/nginx-body; proxy_temp_path {root}/nginx-proxy;\n"
+        f"  server {{ listen 127.0.0.1:{port}; {locations}\n"
+        f"    location / {{ proxy_pass http://engines; proxy_http_version 1.1;\n"
+        f"    proxy_set_header Connection \"\"; proxy_buffering off; proxy_read_timeout 600s; }} }} }}\n"
+    )
+    os.replace(tmp, conf)
+    return conf
+
+
 class LocalEngine:
     """Run a layout's replicas (and nginx in front of several) on this machine; a context manager."""
 
@@ -259,20 +286,9 @@ class LocalEngine:
 
     def _start_balancer(self, ports: list[int]) -> str:
         """nginx in front of the replicas, least-connections, as a Service/router does in production."""
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not Path(nginx).exists():
-            raise ReleaseError("nginx is not installed (scripts/setup.sh installs it with apt-get)")
+        nginx = nginx_binary()
         port = free_port()
-        conf = self.log_dir / "nginx.conf"
-        upstreams = "".join(f"server 127.0.0.1:{p};" for p in ports)
-        conf.write_text(
-            f"daemon off; worker_processes 1; pid {self.log_dir}/nginx.pid; error_log {self.log_dir}/nginx-error.log;\n"
-            f"events {{ worker_connections 1024; }}\n"
-            f"http {{ access_log off; upstream engines {{ least_conn; {upstreams} keepalive 64; }}\n"
-            f"  client_body_temp_path {self.log_dir}/nginx-body; proxy_temp_path {self.log_dir}/nginx-proxy;\n"
-            f"  server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://engines; proxy_http_version 1.1;\n"
-            f"    proxy_set_header Connection \"\"; proxy_buffering off; proxy_read_timeout 600s; }} }} }}\n"
-        )
+        conf = write_nginx_conf(self.log_dir, port, ports)
         with open(self.log_dir / "nginx.log", "wb") as out:
             self.procs.append(subprocess.Popen([nginx, "-c", str(conf), "-p", str(self.log_dir)], stdout=out,
                                                stderr=subprocess.STDOUT, start_new_session=True,
