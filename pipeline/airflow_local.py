@@ -129,10 +129,20 @@ class Standalone:
             return False
 
     def stop(self) -> None:
+        """Stop Airflow and every task process it started. Task processes run in sessions of their
+        own (a re-benchmark woken by the demo's promotion, say) and outlive the standalone's group,
+        so they are found first, by parentage, and stopped after it (their engines go with them)."""
         import signal
 
         if self.proc is None:
             return
+        strays = set()
+        for pid in descendants(self.proc.pid):
+            try:
+                strays.add(os.getpgid(pid))
+            except ProcessLookupError:
+                pass
+        strays.discard(self.proc.pid)
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(60)
@@ -141,5 +151,47 @@ class Standalone:
             self.proc.wait()
         except ProcessLookupError:
             pass
+        stop_groups(strays)
         (self.home / "standalone.pid").unlink(missing_ok=True)
         self.proc = None
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` in the process tree, whatever its session."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop_groups(groups: set[int], grace: float = 30) -> None:
+    """SIGTERM each process group (tasks clean up their engines on it), SIGKILL what is left."""
+    import signal
+    import time
+
+    def alive(group: int) -> bool:
+        try:
+            os.killpg(group, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    for group in groups:
+        if alive(group):
+            os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for group in groups:
+        if alive(group):
+            os.killpg(group, signal.SIGKILL)
