@@ -151,6 +151,8 @@ class Standalone:
             self.proc.wait()
         except ProcessLookupError:
             pass
+        from pipeline.serving import stop_groups
+
         stop_groups(strays)
         (self.home / "standalone.pid").unlink(missing_ok=True)
         self.proc = None
@@ -172,26 +174,3 @@ def descendants(root: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
-
-
-def stop_groups(groups: set[int], grace: float = 30) -> None:
-    """SIGTERM each process group (tasks clean up their engines on it), SIGKILL what is left."""
-    import signal
-    import time
-
-    def alive(group: int) -> bool:
-        try:
-            os.killpg(group, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-    for group in groups:
-        if alive(group):
-            os.killpg(group, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(alive(g) for g in groups) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for group in groups:
-        if alive(group):
-            os.killpg(group, signal.SIGKILL)

@@ -91,39 +91,13 @@ def smoke(url: str, timeout: float = 60) -> str:
     return text
 
 
-def _alive_group(pgid: int) -> bool:
-    """The group's leader still runs (an exited child of ours lingers as a zombie: not alive)."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        state = Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
-
-
 def _stop_groups(pgids: list[int], grace: float = 30) -> None:
     # recorded pids may have been reused since (a reboot, a crash): only signal our own processes
-    pgids = [p for p in pgids if serving._group_is_engine(p)]
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace
-    while any(_alive_group(p) for p in pgids) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    serving.stop_groups([p for p in pgids if serving._group_is_engine(p)], grace)
 
 
 def is_healthy(dep: Deployment) -> bool:
-    return all(_alive_group(p) for p in dep.pgids) and all(serving.healthy(f"http://127.0.0.1:{p}") for p in dep.ports)
+    return all(serving.alive_group(p) for p in dep.pgids) and all(serving.healthy(f"http://127.0.0.1:{p}") for p in dep.ports)
 
 
 def _start_engines(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, release_id: int,
@@ -160,7 +134,7 @@ def _wait_healthy(dep: Deployment, timeout: float) -> None:
     pending = set(range(len(ports)))
     while pending:
         for i in sorted(pending):
-            if not _alive_group(pgids[i]):
+            if not serving.alive_group(pgids[i]):
                 raise LocalDeployFailed(f"release {release_id}: engine replica {i} exited before it was healthy; "
                                         f"log {log_dir}/engine-{i}.log:\n{_tail(log_dir / f'engine-{i}.log')}")
             if serving.healthy(f"http://127.0.0.1:{ports[i]}"):
@@ -194,7 +168,7 @@ def _front_pid(name: str) -> int | None:
     if not path.exists():
         return None
     pid = int(path.read_text())
-    return pid if _alive_group(pid) and serving._group_is_engine(pid) else None
+    return pid if serving.alive_group(pid) and serving._group_is_engine(pid) else None
 
 
 def _front_release(spec: ReleaseSpec) -> str | None:

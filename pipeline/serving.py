@@ -179,6 +179,37 @@ def _group_is_engine(pgid: int) -> bool:
     return False
 
 
+def alive_group(pgid: int) -> bool:
+    """The group's leader still runs (an exited child lingers as a zombie until reaped, and the
+    init of this machine may never reap it: a zombie is not alive)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        state = Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def stop_groups(pgids: list[int] | set[int], grace: float = 30) -> None:
+    """SIGTERM each process group (owners clean up their engines on it), SIGKILL what is left."""
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while any(alive_group(p) for p in pgids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def reap_orphans() -> int:
     """Kill engine process groups whose owner died without cleaning up (e.g. a SIGKILLed task).
 
