@@ -269,10 +269,7 @@ def rebenchmark(release_id: int, run_id: str, context: Any = None) -> dict[str, 
 
     reg = registry()
     verdict = rebench.rebenchmark(reg, release_id, run_dir(run_id) / f"rebenchmark-{release_id}", context=context)
-    rebench.refresh_report(reg, release_id)
-    if verdict.status == "error":  # alerted and recorded; the task fails so the run shows it too
-        raise ReleaseError(f"release {release_id}: re-benchmark failed: {verdict.reasons[0]}")
-    return verdict.model_dump()
+    return rebench.settle(reg, verdict)
 
 
 def rollback(name: str, release_id: int | None, reason: str, actor: str) -> dict[str, Any]:

@@ -106,10 +106,19 @@ def rebenchmark(reg: Registry, release_id: int, out_dir: Path, loaded: LoadedSpe
     rel = reg.get(release_id)
     loaded = loaded or promote.release_spec(rel)
     try:
-        result = measure(loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir)
+        result, error = measure(loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir), None
     except ReleaseError as exc:
-        return conclude(reg, rel, loaded, None, str(exc), versions(loaded), out_dir, context)
-    return conclude(reg, rel, loaded, result, None, versions(loaded), out_dir, context)
+        result, error = None, str(exc)
+    return conclude(reg, rel, loaded, result, error, versions(loaded), out_dir, context)
+
+
+def settle(reg: Registry, verdict: Verdict) -> dict[str, Any]:
+    """The end of a re-benchmark task: the report shows the new point, and a failed measurement
+    (already alerted and recorded) fails the task so the run shows it too."""
+    refresh_report(reg, verdict.release_id)
+    if verdict.status == "error":
+        raise ReleaseError(f"release {verdict.release_id}: re-benchmark failed: {verdict.reasons[0]}")
+    return verdict.model_dump()
 
 
 def conclude(reg: Registry, rel: Release, loaded: LoadedSpec, result: benchmark.LayoutResult | None,

@@ -187,10 +187,7 @@ def judge_remeasured(release_id: int, run_id: str, context: Any = None) -> dict[
     result = benchmark.LayoutResult.model_validate(body["result"]) if body["status"] == "ok" else None
     verdict = rebenchmark.conclude(reg, rel, loaded, result, body.get("error"),
                                    body.get("versions") or rebenchmark.versions(loaded), uri, context)
-    rebenchmark.refresh_report(reg, release_id)
-    if verdict.status == "error":
-        raise ReleaseError(f"release {release_id}: re-benchmark failed: {verdict.reasons[0]}")
-    return verdict.model_dump()
+    return rebenchmark.settle(reg, verdict)
 
 
 def publish_run_dir(loaded: LoadedSpec, run_id: str) -> dict[str, str]:
