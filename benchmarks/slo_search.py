@@ -60,7 +60,8 @@ def main() -> None:
 
     try:
         started = time.monotonic()
-        probes, capacity, found, bound_only, reason = benchmark.slo_search(run, workload, slo)
+        outcome = benchmark.slo_search(run, workload, slo)
+        probes, capacity, found, reason = outcome.probes, outcome.capacity, outcome.max_slo_rate, outcome.stop_reason
         search_wall = time.monotonic() - started
         started = time.monotonic()
         sweep, swept = benchmark.uniform_sweep(run, capacity, workload, slo)
@@ -68,7 +69,7 @@ def main() -> None:
     finally:
         server.terminate()
     print(f"\nsimulated M/M/1 server: mu={args.mu:g} req/s, p90 TTFT limit {args.ttft_ms:g} ms -> true max rate {truth:.2f} req/s")
-    print(f"measured capacity (saturation probe): {capacity:.2f} req/s; search: {reason}")
+    print(f"highest throughput measured: {capacity:.2f} req/s; search: {reason}")
     print(f"{'method':28} {'runs':>5} {'load s':>8} {'wall s':>8} {'found':>8} {'error':>8}")
     for name, ps, rate, wall in (("bracket + bisection", probes, found, search_wall),
                                  ("uniform sweep (5% steps)", sweep, swept, sweep_wall)):

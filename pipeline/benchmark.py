@@ -16,18 +16,25 @@ the probe is repeated with more requests before it is trusted.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import math
+import os
+import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.engine_metrics import EngineView
 from pipeline.errors import ReleaseError
+from pipeline.interference import Interference
 from pipeline.spec import HardwareProfile, Layout, ReleaseSpec, SloSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -65,6 +72,10 @@ class Probe(BaseModel):
     conclusive: bool = Field(True, description="false when a limit still fell inside a p90 interval")
     reasons: list[str] = Field(default_factory=list)
     result_file: str = ""
+    interference: Interference | None = Field(None, description="CPU use of the engine, the client and others")
+    engine: EngineView | None = Field(None, description="the engine's own histograms for this probe (/metrics)")
+    clean: bool = Field(True, description="other processes stayed under the interference limit")
+    superseded: bool = Field(False, description="run again at the same rate (inconclusive or unclean); not counted")
 
 
 class LayoutResult(BaseModel):
@@ -86,6 +97,11 @@ class LayoutResult(BaseModel):
     per_device: float | None = None
     bound_only: bool = Field(False, description="the answer is a bound (probe budget, capacity), not a bisected value")
     stop_reason: str = ""
+    burst_rps: float | None = Field(None, description="throughput of the opening burst (the search's scale only)")
+    deciding_p90_ttft_ms: list[float] = Field(default_factory=list, description="p90 TTFT of each run at the answer")
+    spread: float | None = Field(None, description="max/min - 1 of the runs at the answer")
+    unclean_rates: list[float] = Field(default_factory=list, description="rates never measured without interference")
+    placement: dict[str, str] = Field(default_factory=dict, description="what ran on which cores (cpu profile)")
     probes: list[Probe] = Field(default_factory=list)
     seconds: float = 0.0
 
@@ -181,60 +197,172 @@ def judge(probe: Probe, slo: SloSpec) -> None:
 
 RunProbe = Callable[[float, int, int], Probe]  # (rate, num_prompts, seed) -> Probe
 
+UP, UP_WITH_PRIOR = 2.0, 1.25  # first bracket steps: from a burst's rough scale, or from a known answer
+MAX_STEP = 4.0
+FLOOR = 0.02  # below this share of the starting rate the SLO is called missed
 
-def slo_search(run: RunProbe, workload: WorkloadSpec, slo: SloSpec, max_probes: int = 12) -> tuple[list[Probe], float | None, float | None, bool, str]:
-    """Return (probes, capacity, max SLO rate, bound_only, stop reason)."""
-    probes: list[Probe] = []
+
+class SearchOutcome(BaseModel):
+    """What one SLO search found, and the evidence for it."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    probes: list[Probe]
+    burst_rps: float | None = Field(None, description="throughput of the opening burst: the scale, never a bracket")
+    capacity: float | None = Field(None, description="highest throughput any probe achieved, req/s")
+    max_slo_rate: float | None = None
+    bound_only: bool = False
+    stop_reason: str = ""
+    deciding_p90_ttft_ms: list[float] = Field(default_factory=list,
+                                              description="p90 TTFT of every counted run at the answer")
+    spread: float | None = Field(None, description="max/min - 1 of those p90s: how well repeats agree")
+    unclean_rates: list[float] = Field(default_factory=list,
+                                       description="rates where interference stayed above the limit on every try")
+
+
+def is_clean(probe: Probe, workload: WorkloadSpec) -> bool:
+    seen = probe.interference
+    return seen is None or (seen.other <= workload.max_interference and seen.steal <= workload.max_interference)
+
+
+def slo_search(run: RunProbe, workload: WorkloadSpec, slo: SloSpec, max_probes: int = 16,
+               prior: float | None = None) -> SearchOutcome:
+    """Bracket the highest rate that holds the SLO with steady-state probes, bisect, confirm.
+
+    Without a prior, a burst of `num_prompts` requests gives only the scale (a burst measures
+    start-up as much as the engine); the bracket comes from steady probes at half that rate and
+    up or down by 2x (then 4x) until the verdict flips. With a prior (a prediction, or the rate a
+    release was promoted at) the first probe is at the prior and the steps start at 1.25x. Bisection then
+    narrows the bracket to half the resolution, and the answer is repeated `workload.repeats`
+    times: a repeat that fails moves the answer down. A probe whose interference (CPU used by
+    other processes) exceeds `workload.max_interference` cores is run again.
+    """
+    out = SearchOutcome(probes=[])
+    runs: dict[float, list[Probe]] = {}  # counted runs per rate
     seed = workload.seed
 
     def probe(rate: float) -> Probe:
         nonlocal seed
         # short runs never build a queue and flatter high rates: send at least min_probe_seconds of load
         n = workload.num_prompts if math.isinf(rate) else max(workload.num_prompts, math.ceil(rate * workload.min_probe_seconds))
-        for _ in range(MAX_PROMPT_DOUBLINGS + 1):
+        doublings = dirty = 0
+        while True:
             seed += 1  # a fresh prompt set each run: cached prefixes must not flatter later probes
             result = run(rate, n, seed)
-            probes.append(result)
-            log.info("probe %.3g req/s x %d: achieved %.3g, p90 TTFT %.1f ms, p90 TPOT %.1f ms -> %s%s",
-                     rate, n, result.achieved_rate, result.p90_ttft_ms, result.p90_tpot_ms,
+            out.probes.append(result)
+            result.clean = is_clean(result, workload)
+            seen = result.interference
+            log.info("probe %.3g req/s x %d: achieved %.3g, p90 TTFT %.1f ms (engine %s), p90 TPOT %.1f ms -> %s%s%s",
+                     rate, n, result.achieved_rate, result.p90_ttft_ms,
+                     f"{result.engine.p90_ttft_ms:.1f} ms" if result.engine and result.engine.p90_ttft_ms is not None
+                     else "-", result.p90_tpot_ms,
                      "pass" if result.passed else "fail (" + "; ".join(result.reasons) + ")",
-                     "" if result.conclusive else " [limit inside the p90 interval]")
-            if result.conclusive or not math.isinf(rate) and result.reasons and any("achieved" in r or "failed" in r for r in result.reasons):
-                return result
+                     "" if result.conclusive else " [limit inside the p90 interval]",
+                     f" [other processes {seen.other:.2f} cores, steal {seen.steal:.2f}]" if seen else "")
+            if not result.clean and dirty < workload.interference_retries:
+                dirty += 1
+                result.superseded = True
+                log.warning("probe at %.3g req/s: other processes used %.2f cores (limit %.2f): %s; measuring again",
+                            rate, seen.other if seen else 0, workload.max_interference,
+                            ", ".join(f"{name} {c:.2f}" for name, c in (seen.top_other if seen else [])))
+                continue
+            if not result.clean:
+                out.unclean_rates.append(rate)
+                log.warning("probe at %.3g req/s: no clean measurement after %d tries; its verdict is kept, flagged",
+                            rate, dirty + 1)
+            hopeless = result.reasons and any("achieved" in r or "failed" in r for r in result.reasons)
+            if result.conclusive or math.isinf(rate) or hopeless:
+                break
+            if doublings == MAX_PROMPT_DOUBLINGS:
+                log.warning("probe at %.3g req/s stays inconclusive with %d requests; counting it as a fail", rate, n)
+                result.passed = False
+                result.reasons.append("inconclusive: SLO limit inside the p90 interval")
+                break
+            result.superseded = True
+            doublings += 1
             n *= 2
-        log.warning("probe at %.3g req/s stays inconclusive with %d requests; counting it as a fail", rate, n // 2)
-        result.passed = False
-        result.reasons.append("inconclusive: SLO limit inside the p90 interval")
+        if not math.isinf(rate):
+            runs.setdefault(rate, []).append(result)
         return result
 
-    saturation = probe(math.inf)
-    capacity = saturation.achieved_rate
-    if capacity <= 0:
-        return probes, None, None, False, "no request completed at saturation"
-    lo, hi = 0.0, capacity
-    first = probe(capacity * 0.25)
-    if not first.passed:
-        lo_rate = capacity * 0.25
-        low = probe(capacity * 0.05)
-        if not low.passed:
-            return probes, capacity, None, True, f"SLO missed even at {capacity * 0.05:.3g} req/s (5% of capacity)"
-        lo, hi = capacity * 0.05, lo_rate
+    def holds(rate: float) -> bool:
+        return all(p.passed for p in runs.get(rate, [])) and bool(runs.get(rate))
+
+    def spent() -> bool:
+        return len(out.probes) >= max_probes
+
+    def finish(answer: float | None, reason: str, bound: bool = False) -> SearchOutcome:
+        counted = [p for p in out.probes if not p.superseded]
+        out.capacity = max((p.achieved_rate for p in counted), default=None)
+        out.max_slo_rate, out.stop_reason, out.bound_only = answer, reason, bound
+        if answer is not None:
+            out.deciding_p90_ttft_ms = [round(p.p90_ttft_ms, 2) for p in runs.get(answer, [])]
+            if len(out.deciding_p90_ttft_ms) > 1 and min(out.deciding_p90_ttft_ms) > 0:
+                out.spread = round(max(out.deciding_p90_ttft_ms) / min(out.deciding_p90_ttft_ms) - 1, 3)
+        if out.unclean_rates:
+            out.stop_reason += f"; no clean measurement at {', '.join(f'{r:.3g}' for r in out.unclean_rates)} req/s"
+        return out
+
+    if prior:
+        start, step = prior, UP_WITH_PRIOR
     else:
-        lo = capacity * 0.25
-        top = probe(capacity)
-        if top.passed:
-            return probes, capacity, capacity, True, "SLO holds at the measured capacity: the answer is a lower bound"
-    # bisect to half the resolution, so the reported (last passing) rate is within the
-    # resolution of the true boundary even when the boundary sits at the top of the bracket
-    while (hi - lo) / hi > slo.resolution / 2:
-        if len(probes) >= max_probes:
-            return probes, capacity, lo, True, f"probe budget ({max_probes}) spent; {lo:.3g} is a lower bound"
-        mid = (lo + hi) / 2
-        if probe(mid).passed:
-            lo = mid
-        else:
-            hi = mid
-    return probes, capacity, lo, False, f"bisected to {slo.resolution / 2:.1%}: passes at {lo:.3g}, fails at {hi:.3g}"
+        burst = probe(math.inf)
+        out.burst_rps = burst.achieved_rate
+        if burst.achieved_rate <= 0:
+            return finish(None, "no request completed in the opening burst")
+        start, step = burst.achieved_rate / 2, UP
+    lo: float | None = None
+    hi: float | None = None
+    rate = start
+    # bracket: steady probes up (or down) by `step` until the verdict flips
+    # (each step in the same direction is the previous one squared, up to MAX_STEP: a prior far off
+    # costs a few probes, not a dozen)
+    if probe(rate).passed:
+        lo = rate
+        while hi is None:
+            if spent():
+                return finish(lo, f"probe budget ({max_probes}) spent while bracketing; {lo:.3g} is a lower bound", True)
+            rate *= step
+            step = min(step * step, MAX_STEP)
+            if probe(rate).passed:
+                lo = rate
+            else:
+                hi = rate
+    while True:
+        while lo is None:
+            hi = rate
+            rate /= step
+            step = min(step * step, MAX_STEP)
+            if rate < start * FLOOR:
+                return finish(None, f"SLO missed even at {hi:.3g} req/s")
+            if spent():
+                return finish(None, f"probe budget ({max_probes}) spent; the SLO fails down to {hi:.3g} req/s", True)
+            if probe(rate).passed:
+                lo = rate
+        assert hi is not None
+        # bisect to half the resolution, so the reported (last passing) rate is within the
+        # resolution of the true boundary even when the boundary sits at the top of the bracket
+        while (hi - lo) / hi > slo.resolution / 2:
+            if spent():
+                return finish(lo, f"probe budget ({max_probes}) spent; {lo:.3g} is a lower bound", True)
+            mid = (lo + hi) / 2
+            if probe(mid).passed:
+                lo = mid
+            else:
+                hi = mid
+        # confirm: the answer must pass again; one failing repeat means it does not hold
+        while holds(lo) and len(runs[lo]) < 1 + workload.repeats:
+            if spent():
+                return finish(lo, f"probe budget ({max_probes}) spent before the answer was repeated; "
+                                  f"{lo:.3g} is a lower bound", True)
+            probe(lo)
+        if holds(lo):
+            return finish(lo, f"bisected to {slo.resolution / 2:.1%}: passes at {lo:.3g} "
+                              f"({len(runs[lo])} runs), fails at {hi:.3g}")
+        log.warning("the answer %.3g req/s failed its repeat; searching below it", lo)
+        hi, rate, step = lo, lo, UP_WITH_PRIOR
+        below = [r for r in runs if r < hi and holds(r)]
+        lo = max(below) if below else None
 
 
 def uniform_sweep(run: RunProbe, capacity: float, workload: WorkloadSpec, slo: SloSpec) -> tuple[list[Probe], float | None]:
@@ -276,11 +404,13 @@ def select(results: list[LayoutResult], slo: SloSpec) -> Selection:
 
 
 def table(results: list[LayoutResult]) -> str:
-    rows = [f"{'layout':22} {'status':7} {'load s':>8} {'capacity':>9} {'max SLO':>9} {'/server':>9} {'/device':>9} {'probes':>6}  note"]
+    rows = [f"{'layout':22} {'status':7} {'load s':>8} {'capacity':>9} {'max SLO':>9} {'/server':>9} {'/device':>9} "
+            f"{'probes':>6} {'spread':>6}  note"]
     for r in results:
         fmt = lambda v: f"{v:9.3g}" if v is not None else f"{'-':>9}"  # noqa: E731
+        spread = f"{r.spread:6.0%}" if r.spread is not None else f"{'-':>6}"
         rows.append(f"{r.layout:22} {r.status:7} {max(r.load_seconds, default=0):8.1f} {fmt(r.capacity_rps)} "
-                    f"{fmt(r.max_slo_rate)} {fmt(r.per_server)} {fmt(r.per_device)} {len(r.probes):6d}  "
+                    f"{fmt(r.max_slo_rate)} {fmt(r.per_server)} {fmt(r.per_device)} {len(r.probes):6d} {spread}  "
                     f"{r.error.splitlines()[0] if r.error else r.stop_reason}")
     return "\n".join(rows)
 
@@ -294,13 +424,18 @@ def write_outputs(results: list[LayoutResult], slo: SloSpec, out_dir: Path, sele
     }, indent=2))
     fields = ["layout", "rate", "num_prompts", "achieved_rate", "completed", "failed", "p50_ttft_ms", "p90_ttft_ms",
               "p99_ttft_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p90_itl_ms", "p90_e2el_ms", "goodput",
-              "output_tok_s", "passed", "conclusive"]
+              "output_tok_s", "passed", "conclusive", "clean", "superseded"]
     with open(csv_path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
+        extra = ["cpu_engine", "cpu_client", "cpu_other", "cpu_steal", "cpu_load_avg_1m", "engine_p90_ttft_ms"]
+        writer = csv.DictWriter(handle, fieldnames=fields + extra)
         writer.writeheader()
         for r in results:
             for p in r.probes:
-                writer.writerow({"layout": r.layout, **p.model_dump(include=set(fields))})
+                seen = p.interference.model_dump(include={"engine", "client", "other", "steal", "load_avg_1m"}) \
+                    if p.interference else {}
+                writer.writerow({"layout": r.layout, **p.model_dump(include=set(fields)),
+                                 **{f"cpu_{k}": v for k, v in seen.items()},
+                                 "engine_p90_ttft_ms": p.engine.p90_ttft_ms if p.engine else None})
     plot(results, slo, png_path)
     return {"json": str(json_path), "csv": str(csv_path), "png": str(png_path)}
 
@@ -315,12 +450,18 @@ def plot(results: list[LayoutResult], slo: SloSpec, path: Path) -> None:
     for ax, metric, limit, title in ((axes[0], "p90_ttft_ms", slo.p90_ttft_ms, "p90 TTFT"),
                                      (axes[1], "p90_tpot_ms", slo.p90_tpot_ms, "p90 TPOT")):
         for r in results:
-            # a rate probed again with more requests is decided by its last run: plot that one
-            decisive = {p.rate: p for p in r.probes if not math.isinf(p.rate)}
+            # runs measured again (inconclusive, unclean) are not counted; a repeated rate draws its
+            # line through the last run and shows the others as dots, so the spread is visible
+            counted = [p for p in r.probes if not math.isinf(p.rate) and not p.superseded]
+            decisive = {p.rate: p for p in counted}
             points = sorted((rate, getattr(p, metric)) for rate, p in decisive.items())
             if not points:
                 continue
             line, = ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=r.layout)
+            repeats = [p for p in counted if decisive[p.rate] is not p]
+            if repeats:
+                ax.plot([p.rate for p in repeats], [getattr(p, metric) for p in repeats], linestyle="none", marker="o",
+                        markersize=4, alpha=0.6, color=line.get_color())
             if r.max_slo_rate in decisive:
                 ax.plot([r.max_slo_rate], [getattr(decisive[r.max_slo_rate], metric)], marker="*", markersize=16,
                         color=line.get_color(), markeredgecolor="black")
@@ -339,20 +480,82 @@ def plot(results: list[LayoutResult], slo: SloSpec, path: Path) -> None:
 # ---------------------------------------------------------------- one layout, for real
 
 
-def benchmark_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, out_dir: Path,
-                     base_port: int | None = None, max_probes: int = 12,
-                     check_rates: list[float] | None = None) -> LayoutResult:
-    """Start the layout's engines, run the search against their one endpoint, always tear down.
-
-    `check_rates`: endpoint rates to probe after the search as well (a re-benchmark checks the
-    rate the release was promoted at, whatever the search found).
-    """
+def run_client(cmd: list[str], env: dict[str, str], log_path: Path, cores: list[int] | None = None,
+               timeout: float = 1800) -> int:
+    """Run `vllm bench serve` to completion on `cores`, output to `log_path`; killed (its group)
+    on timeout or when we are interrupted. Reaped by us, so our RUSAGE_CHILDREN gains its CPU time."""
     from pipeline import serving
 
-    started = time.monotonic()
+    def preexec() -> None:
+        serving.die_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=preexec)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+class Prober:
+    """One probe against a running layout: vLLM's client at a rate, with the CPU accounting and
+    the engine's histograms around it. What the search calls, and what a fixed-rate check calls."""
+
+    def __init__(self, spec: ReleaseSpec, hw: HardwareProfile, engine: Any, model_dir: Path, out_dir: Path,
+                 engine_env: dict[str, str], client_cores: list[int] | None = None):
+        from pipeline import serving
+
+        self.spec, self.engine, self.model_dir, self.out_dir = spec, engine, model_dir, out_dir
+        self.client_cores = client_cores or []
+        # vLLM's own client, through vllm_cli.py (its SSE fix matters behind nginx): the engine venv's
+        # python here, the worker image's own python (which has vLLM) in a benchmark pod
+        python = str(serving.SERVE_PYTHON) if hw.kind == "cpu" else sys.executable
+        self.client = [python, str(serving.VLLM_CLI)]
+        self.env = {**os.environ, **engine_env}
+        self.env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        self.numbers = itertools.count(1)
+        self.done: list[Probe] = []  # every probe, kept when the engine dies mid-search
+
+    def __call__(self, rate: float, n: int, seed: int) -> Probe:
+        from pipeline import engine_metrics, interference, serving
+
+        if not self.engine.alive():
+            raise serving.EngineFailed("engine died during the benchmark:\n" + self.engine.tail(0))
+        name = f"probe-{next(self.numbers):02d}.json"
+        cmd = bench_command(self.client, self.engine.url, str(self.model_dir), self.spec.workload, self.spec.slo, rate,
+                            n, seed, self.out_dir, name)
+        before = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
+        window = interference.Window(engine_groups=set(self.engine.groups))
+        code = run_client(cmd, self.env, self.out_dir / f"{name}.log", self.client_cores)
+        seen = window.close()
+        after = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
+        if code != 0 or not (self.out_dir / name).exists():
+            text = (self.out_dir / f"{name}.log").read_text(errors="replace")
+            raise ReleaseError(f"vllm bench serve failed ({code}):\n{text[-2000:]}")
+        probe = parse_result(self.out_dir / name, rate, n, self.spec.slo)
+        probe.interference = seen
+        probe.engine = engine_metrics.view(before, after)
+        self.done.append(probe)
+        return probe
+
+
+@contextmanager
+def running_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, out_dir: Path,
+                   base_port: int | None = None) -> Iterator[tuple[Any, Prober]]:
+    """The layout's engines, started and healthy, with every other process kept off their cores
+    for as long as they are measured; always torn down. Yields (engine, prober)."""
+    from pipeline import serving
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = LayoutResult(layout=layout.name, tp=layout.tp, dp=layout.dp, ep=layout.ep, pp=layout.pp,
-                          replicas=layout.replicas, devices=layout.devices, status="ok")
     port = base_port or serving.free_port()
     commands = serving.build_commands(spec, hw, layout, str(model_dir), port)
     if hw.kind == "cpu":
@@ -361,34 +564,46 @@ def benchmark_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, mod
             new = serving.free_port()
             cmd.argv[cmd.argv.index("--port") + 1] = str(new)
             cmd.port = new
-    client = [str(serving.SERVE_PYTHON), str(serving.VLLM_CLI)] if hw.kind == "cpu" else ["vllm"]
-    engine = serving.LocalEngine(commands, out_dir / "logs")
+    plan = serving.placement(hw, layout)
+    engine = serving.LocalEngine(commands, out_dir / "logs", placement=plan)
+    with engine, serving.isolated(engine.groups, plan.other_cores):  # nothing else on the compute cores
+        log.info("placement: %s", "; ".join(f"{k}: {v}" for k, v in plan.describe().items()))
+        yield engine, Prober(spec, hw, engine, model_dir, out_dir, commands[0].env, plan.frontend_cores)
+
+
+def benchmark_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, out_dir: Path,
+                     base_port: int | None = None, max_probes: int = 16,
+                     check_rates: list[float] | None = None, prior: float | None = None) -> LayoutResult:
+    """Start the layout's engines, run the search against their one endpoint, always tear down.
+
+    Each probe records who else used the CPU meanwhile and the engine's own histograms.
+    `check_rates`: endpoint rates to probe after the search as well. `prior`: where the search
+    starts (a re-benchmark's promoted rate, a prediction).
+    """
+    from pipeline import serving
+
+    started = time.monotonic()
+    result = LayoutResult(layout=layout.name, tp=layout.tp, dp=layout.dp, ep=layout.ep, pp=layout.pp,
+                          replicas=layout.replicas, devices=layout.devices, status="ok",
+                          placement=serving.placement(hw, layout).describe())
+    prober: Prober | None = None
     try:
-        with engine:
+        with running_layout(spec, hw, layout, model_dir, out_dir, base_port) as (engine, prober):
             result.load_seconds = engine.load_seconds
-
-            def run(rate: float, n: int, seed: int) -> Probe:
-                if not engine.alive():
-                    raise serving.EngineFailed("engine died during the benchmark:\n" + engine.tail(0))
-                name = f"probe-{len(result.probes) + 1:02d}.json"
-                cmd = bench_command(client, engine.url, str(model_dir), spec.workload, spec.slo, rate, n, seed, out_dir, name)
-                env = {**__import__("os").environ, **commands[0].env}
-                env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-                if proc.returncode != 0 or not (out_dir / name).exists():
-                    raise ReleaseError(f"vllm bench serve failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
-                probe = parse_result(out_dir / name, rate, n, spec.slo)
-                result.probes.append(probe)
-                return probe
-
-            _, result.capacity_rps, result.max_slo_rate, result.bound_only, result.stop_reason = slo_search(
-                run, spec.workload, spec.slo, max_probes)
+            outcome = slo_search(prober, spec.workload, spec.slo, max_probes, prior=prior)
+            result.probes = outcome.probes
+            result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate
+            result.bound_only, result.stop_reason, result.burst_rps = outcome.bound_only, outcome.stop_reason, outcome.burst_rps
+            result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
+            result.unclean_rates = outcome.unclean_rates
             for rate in check_rates or []:
                 n = max(spec.workload.num_prompts, math.ceil(rate * spec.workload.min_probe_seconds))
-                probe = run(rate, n, spec.workload.seed + 1000 + len(result.probes))
+                probe = prober(rate, n, spec.workload.seed + 1000 + len(result.probes))
+                result.probes.append(probe)
                 log.info("check at %.3g req/s: p90 TTFT %.1f ms, p90 TPOT %.1f ms -> %s", rate, probe.p90_ttft_ms,
                          probe.p90_tpot_ms, "pass" if probe.passed else "fail (" + "; ".join(probe.reasons) + ")")
     except (ReleaseError, subprocess.TimeoutExpired) as exc:
+        result.probes = result.probes or (prober.done if prober else [])
         result.status = "failed"
         result.error = str(exc)
         log.error("layout %s failed: %s", layout.name, exc)

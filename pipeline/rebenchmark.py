@@ -58,7 +58,7 @@ def versions(loaded: LoadedSpec) -> dict[str, str]:
 def judge(rel: Release, result: benchmark.LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], dict[str, Any]]:
     """Compare with the figures recorded at promotion; returns (status, reasons, measured)."""
     promoted_rate = rel.data["max_slo_rate"]
-    check = next((p for p in reversed(result.probes) if p.rate == promoted_rate), None)
+    check = next((p for p in reversed(result.probes) if p.rate == promoted_rate and not p.superseded), None)
     measured = {"max_slo_rate": result.max_slo_rate, "capacity_rps": result.capacity_rps,
                 "p90_ttft_ms_at_promoted_rate": check.p90_ttft_ms if check else None,
                 "p90_tpot_ms_at_promoted_rate": check.p90_tpot_ms if check else None,
@@ -87,8 +87,10 @@ def measure(loaded: LoadedSpec, staged: dict[str, Any], layout_name: str, promot
     storage.verify_staged(staged["manifest_hash"], staged.get("artifact_uri"), staged.get("nfs_path"),
                           loaded.spec.staging.s3)
     model = promote.serving_dir(loaded, staged)
+    # the search starts at the promoted rate (its first probe is the check) and steps by 1.25x, so a
+    # short search still ends bisected rather than as a bound
     result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, layout, model, out_dir,
-                                        max_probes=loaded.spec.rebenchmark.max_probes, check_rates=[promoted_rate])
+                                        max_probes=loaded.spec.rebenchmark.max_probes, prior=promoted_rate)
     benchmark.finish(result, loaded.hardware)
     benchmark.write_outputs([result], loaded.spec.slo, out_dir)
     if result.status != "ok":

@@ -130,6 +130,55 @@ def _section_performance(bench: dict[str, Any] | None, data: dict[str, Any], liv
     return "".join(out)
 
 
+def _section_measurement(bench: dict[str, Any] | None) -> str:
+    """How far the figures can be trusted: repeats at the answer, who else used the CPU, the
+    engine's own view next to the client's, and every probe (a reviewer's evidence)."""
+    if not bench:
+        return ""
+    rows = ["<tr><th>layout</th><th>p90 TTFT of runs at the answer (ms)</th><th>spread</th>"
+            "<th>engine p90 TTFT at the answer</th><th>max other CPU (cores)</th><th>max steal</th>"
+            "<th>unclean rates</th><th>placement</th></tr>"]
+    details = []
+    for lay in bench["layouts"]:
+        probes = [p for p in lay.get("probes", []) if not p.get("superseded")]
+        seen = [p["interference"] for p in probes if p.get("interference")]
+        at_answer = [p for p in probes if p.get("rate") == lay.get("max_slo_rate")]
+        engine = (at_answer[-1].get("engine") or {}) if at_answer else {}
+        spread = lay.get("spread")
+        rows.append(
+            f"<tr><td>{_e(lay['layout'])}</td><td>{_e(', '.join(f'{v:.0f}' for v in lay.get('deciding_p90_ttft_ms', [])))}</td>"
+            f"<td>{'-' if spread is None else f'{spread:.0%}'}</td><td>{_num(engine.get('p90_ttft_ms'), '.0f')}</td>"
+            f"<td>{_num(max((i['other'] for i in seen), default=None), '.2f')}</td>"
+            f"<td>{_num(max((i['steal'] for i in seen), default=None), '.2f')}</td>"
+            f"<td>{_e(', '.join(f'{r:.3g}' for r in lay.get('unclean_rates', [])) or 'none')}</td>"
+            f"<td class='muted' style='text-align:left'>{_e('; '.join(f'{k}: {v}' for k, v in lay.get('placement', {}).items()))}</td></tr>")
+        lines = ["<tr><th>#</th><th>rate</th><th>requests</th><th>achieved</th><th>p90 TTFT client / engine ms</th>"
+                 "<th>p90 TPOT ms</th><th>engine queue / prefill / decode ms</th><th>CPU engine / client / other</th>"
+                 "<th>steal</th><th>load</th><th>verdict</th></tr>"]
+        for i, p in enumerate(lay.get("probes", []), 1):
+            inter, eng = p.get("interference") or {}, p.get("engine") or {}
+            top = ", ".join(f"{name} {c:.2f}" for name, c in inter.get("top_other", [])[:2])
+            verdict = ("pass" if p.get("passed") else "fail") + (" (run again)" if p.get("superseded") else "") \
+                + ("" if p.get("clean", True) else " (unclean)")
+            rate = p.get("rate")
+            lines.append(
+                f"<tr><td>{i}</td><td>{'burst' if rate in ('Infinity', float('inf')) else _num(rate)}</td>"
+                f"<td>{p.get('num_prompts')}</td><td>{_num(p.get('achieved_rate'))}</td>"
+                f"<td>{_num(p.get('p90_ttft_ms'), '.0f')} / {_num(eng.get('p90_ttft_ms'), '.0f')}</td>"
+                f"<td>{_num(p.get('p90_tpot_ms'), '.1f')}</td>"
+                f"<td>{_num(eng.get('mean_queue_ms'), '.0f')} / {_num(eng.get('mean_prefill_ms'), '.0f')} / "
+                f"{_num(eng.get('mean_decode_ms'), '.0f')}</td>"
+                f"<td>{_num(inter.get('engine'), '.2f')} / {_num(inter.get('client'), '.2f')} / "
+                f"{_num(inter.get('other'), '.2f')}{f' ({_e(top)})' if top else ''}</td>"
+                f"<td>{_num(inter.get('steal'), '.2f')}</td><td>{_num(inter.get('load_avg_1m'), '.2f')}</td>"
+                f"<td>{_e(verdict)}</td></tr>")
+        details.append(f"<details><summary>{_e(lay['layout'])}: every probe</summary><table>{''.join(lines)}</table></details>")
+    return ("<h2>Measurement quality</h2><p class='muted'>Each probe records the CPU used by the engine, the load "
+            "client and everything else (cores), the hypervisor's steal, and the engine's own histograms from "
+            "/metrics. A probe with too much interference is measured again; the answer is repeated and its "
+            "spread shown.</p><table>" + "".join(rows) + "</table>" + "".join(details))
+
+
 def _section_trend(reg: Registry, release_id: int) -> str:
     """Re-benchmarks since promotion (issue: drift after an engine or image upgrade)."""
     import tempfile
@@ -177,7 +226,8 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
             f"<h1>Release {rel.id}: {_e(rel.name)} <span class='muted'>({_e(rel.status)})</span></h1>"
             f"<p>{headline}. Run <code>{_e(rel.run_key)}</code>.</p>"
             + _section_spec(loaded) + _section_accuracy(data.get("accuracy"))
-            + _section_performance(bench, data, live, loaded, png) + _section_trend(reg, rel.id)
+            + _section_performance(bench, data, live, loaded, png) + _section_measurement(bench)
+            + _section_trend(reg, rel.id)
             + _section_artifacts(data)
             + _section_audit(reg, rel.id) + "</body></html>")
 

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -99,8 +100,9 @@ def build_commands(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model
         else:
             prefix = [str(SERVE_PYTHON), str(VLLM_CLI), "serve", model]
             host = "127.0.0.1"
-            if layout.replicas > 1:  # one core each; a lone replica keeps vLLM's default binding (faster here)
-                env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, devices))
+            # the worker's compute threads on the replica's own cores, always, so the placement
+            # (`placement`, `LocalEngine._place_engine`) knows where each engine runs
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, devices))
             env.update({
                 "VLLM_TARGET_DEVICE": "cpu",
                 "VLLM_NO_USAGE_STATS": "1",
@@ -111,6 +113,198 @@ def build_commands(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model
                 *parallel, *flag_list(engine_args(spec, layout))]
         commands.append(EngineCommand(replica=replica, devices=devices, port=port, argv=argv, env=env))
     return commands
+
+
+class Placement(BaseModel):
+    """Where a layout's processes run on this machine (cpu profile); on a GPU node, the pod owns it.
+
+    Each replica's engine, vLLM's scheduler process (EngineCore) and its CPU worker with the
+    OpenMP threads, runs on its own cores: the two work in lockstep, each waiting (spinning) while
+    the other runs, so they share a core well. The frontend (API servers, nginx) and the load
+    client run on the other cores, and so does everything else on the machine for as long as a
+    layout is measured. Measured on the tiny model, fixed-rate probes on fresh engines (README,
+    "Benchmark and SLO search"): this split held p90 TTFT at 28-31 ms (30 req/s) and 38-41 ms
+    (60 req/s) on three engine instances; letting the OS place the scheduler and the frontend
+    gave 26-1758 ms, bimodal per instance; all of them on the second core, 0.5-11 s.
+    """
+
+    engine_cores: list[list[int]] = Field(default_factory=list, description="per replica: its scheduler, worker "
+                                          "and compute threads")
+    frontend_cores: list[int] = Field(default_factory=list, description="API servers, nginx and the load client "
+                                      "([]: as inherited)")
+    other_cores: list[int] = Field(default_factory=list, description="everything else during the measurement "
+                                   "([]: not confined)")
+    shared: list[int] = Field(default_factory=list, description="engine cores that the frontend or others share")
+
+    def describe(self) -> dict[str, str]:
+        if not self.engine_cores:
+            return {"node": "a benchmark pod requests every GPU of its node (requests = limits); nothing else "
+                            "is scheduled there"}
+        cores = lambda c: ",".join(map(str, c))  # noqa: E731
+        out = {f"engine {i} (scheduler, worker)": f"cores {cores(c)}" for i, c in enumerate(self.engine_cores)}
+        out["frontend (API servers, nginx) and client"] = f"cores {cores(self.frontend_cores)}" \
+            if self.frontend_cores else "as inherited (isolation off)"
+        out["everything else (Airflow, the task, others)"] = f"cores {cores(self.other_cores)}" if self.other_cores \
+            else "not confined (isolation off)"
+        if self.shared:
+            out["shared"] = f"cores {cores(self.shared)}: an engine shares them (no core is free)"
+        return out
+
+
+def all_cores() -> list[int]:
+    return list(range(os.cpu_count() or 1))
+
+
+def project_cores() -> list[int]:
+    """Cores for everything that is not an engine: the last core of the machine (all of them on a
+    one-core machine). Engines take cores from the first one up."""
+    cores = all_cores()
+    return cores[-1:] if len(cores) > 1 else cores
+
+
+def placement(hw: HardwareProfile, layout: Layout) -> Placement:
+    """MODEL_RELEASE_ISOLATION=off confines nothing but the workers' compute threads (vLLM's own
+    binding), to measure what the placement buys."""
+    if hw.kind != "cpu":
+        return Placement()
+    engine = device_sets(layout, hw)
+    if os.environ.get("MODEL_RELEASE_ISOLATION", "on") == "off":
+        return Placement(engine_cores=engine)
+    used = {c for cores in engine for c in cores}
+    free = [c for c in all_cores() if c not in used]
+    return Placement(engine_cores=engine, frontend_cores=free or all_cores(), other_cores=free or project_cores(),
+                     shared=[] if free else sorted(used))
+
+
+ENGINE_TITLES = ("VLLM::EngineCor", "VLLM::Worker")  # vLLM's process titles, as /proc/PID/comm cuts them
+
+
+def group_members(pgid: int) -> dict[int, str]:
+    """pid -> comm of the live processes in a process group."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if os.getpgid(int(proc.name)) == pgid:
+                    out[int(proc.name)] = (proc / "comm").read_text().strip()
+            except OSError:
+                continue
+    return out
+
+
+def pin(pid: int, cores: list[int]) -> None:
+    """Every thread of a process onto `cores` (sched_setaffinity is per thread on Linux)."""
+    tasks = Path(f"/proc/{pid}/task")
+    for tid in ([int(t.name) for t in tasks.iterdir()] if tasks.exists() else [pid]):
+        try:
+            os.sched_setaffinity(tid, cores)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+def _started(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot): tells a pid apart from a reused one."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h
+
+
+class isolated:
+    """While a layout is measured, every other process on the machine that may be moved (Airflow's,
+    the task's, the search's own, anyone's) runs on `other_cores` only, so the engines' compute
+    cores serve nothing else. Afterwards each gets its own affinity back; a process born meanwhile
+    with the confined mask gets the whole machine. A no-op without such cores (a GPU node)."""
+
+    def __init__(self, engine_groups: list[int], other_cores: list[int]):
+        self.engine_groups, self.cores = set(engine_groups), sorted(other_cores)
+        self.moved: dict[int, tuple[int | None, list[int]]] = {}
+        self.skipped = 0
+
+    def _others(self) -> list[int]:
+        """User-space processes outside the engines. Kernel threads carry PF_KTHREAD in their stat
+        flags (a command line can be empty for a moment in a process that is just exec'ing)."""
+        out = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or _pgid(int(proc.name)) in self.engine_groups:
+                continue
+            try:
+                flags = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[6])
+            except (OSError, IndexError, ValueError):
+                continue
+            if not flags & PF_KTHREAD:
+                out.append(int(proc.name))
+        return out
+
+    def __enter__(self) -> "isolated":
+        if not self.cores or set(self.cores) == set(all_cores()):
+            return self
+        for pid in self._others():
+            try:
+                before = sorted(os.sched_getaffinity(pid))
+            except OSError:
+                continue
+            if before == self.cores:
+                continue
+            pin(pid, self.cores)
+            try:
+                moved = sorted(os.sched_getaffinity(pid)) == self.cores
+            except OSError:
+                moved = False
+            if moved:
+                self.moved[pid] = (_started(pid), before)
+            else:
+                self.skipped += 1  # kernel threads and other processes that may not be moved
+        log.info("isolation: %d processes confined to cores %s for the measurement (%d could not be moved)",
+                 len(self.moved), ",".join(map(str, self.cores)), self.skipped)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.moved:
+            return
+        everything = all_cores()
+        for pid in self._others():
+            old = self.moved.get(pid)
+            try:
+                now = sorted(os.sched_getaffinity(pid))
+            except OSError:
+                continue
+            if old and old[0] == _started(pid):
+                pin(pid, old[1])
+            elif pid not in self.moved and now == self.cores:
+                pin(pid, everything)  # born confined during the measurement
+
+
+# A watchdog per process group, in its own session: it blocks on a pipe whose only writer is the
+# owner, and kills the group when the pipe closes, i.e. when the owner stops it or dies, even by
+# SIGKILL. vLLM's EngineCore and workers and nginx's workers ignore PDEATHSIG of their parent's
+# parent; this catches them all, at once, without waiting for the next engine start.
+WATCHDOG = ("import os, signal, sys\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "while os.read(0, 1): pass\n"
+            "try: os.killpg(int(sys.argv[1]), signal.SIGKILL)\n"
+            "except OSError: pass\n")
+
+
+def watch(pgid: int) -> tuple[int, subprocess.Popen]:
+    """Start the watchdog of `pgid`; returns the pipe end to close (stop) and the process."""
+    read, write = os.pipe()  # both ends close-on-exec: no engine, client or other child inherits the writer
+    try:
+        dog = subprocess.Popen([sys.executable, "-S", "-c", WATCHDOG, str(pgid)], stdin=read, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        os.close(read)
+    return write, dog
 
 
 def free_port() -> int:
@@ -127,7 +321,7 @@ def healthy(url: str) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: SIGKILL me if the process that started me dies, even by SIGKILL."""
     import ctypes
 
@@ -268,11 +462,49 @@ def write_nginx_conf(root: Path, port: int, backends: list[int], locations: str 
 class LocalEngine:
     """Run a layout's replicas (and nginx in front of several) on this machine; a context manager."""
 
-    def __init__(self, commands: list[EngineCommand], log_dir: Path, startup_timeout: float = 600):
+    def __init__(self, commands: list[EngineCommand], log_dir: Path, startup_timeout: float = 600,
+                 placement: Placement | None = None):
         self.commands, self.log_dir, self.startup_timeout = commands, log_dir, startup_timeout
+        self.placement = placement or Placement()
         self.procs: list[subprocess.Popen] = []
+        self.watchdogs: list[tuple[int, subprocess.Popen]] = []
         self.load_seconds: list[float] = []
         self.url = ""
+
+    @property
+    def groups(self) -> list[int]:
+        """The process groups this engine started (each replica's vLLM processes, nginx)."""
+        return [p.pid for p in self.procs]
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{cmd.port}" for cmd in self.commands]
+
+    def _preexec(self) -> None:
+        """In each child before exec: die with the owner, and start on the frontend cores (each
+        replica's scheduler and worker move to its engine cores once it is up)."""
+        die_with_parent()
+        if self.placement.frontend_cores:
+            os.sched_setaffinity(0, self.placement.frontend_cores)
+
+    def _place_engine(self, replica: int) -> None:
+        """vLLM's scheduler (EngineCore) and worker processes of a replica onto its engine cores;
+        its API server stays on the frontend cores."""
+        if not self.placement.frontend_cores or replica >= len(self.placement.engine_cores):
+            return
+        cores = self.placement.engine_cores[replica]
+        moved = [pid for pid, comm in group_members(self.procs[replica].pid).items() if comm.startswith(ENGINE_TITLES)]
+        for pid in moved:
+            pin(pid, cores)
+        log.info("engine replica %d: scheduler and worker (pids %s) on cores %s", replica, moved, cores)
+
+    def _spawn(self, argv: list[str], env: dict[str, str] | None, out) -> subprocess.Popen:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=self._preexec)
+        self.procs.append(proc)
+        self.watchdogs.append(watch(proc.pid))
+        self._record(proc.pid)
+        return proc
 
     def __enter__(self) -> "LocalEngine":
         try:
@@ -295,9 +527,7 @@ class LocalEngine:
             with open(self.log_dir / f"engine-{cmd.replica}.log", "wb") as out:
                 out.write((cmd.shell() + "\n").encode())
                 out.flush()
-                self.procs.append(subprocess.Popen(cmd.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                   start_new_session=True, preexec_fn=_die_with_parent))
-            self._record(self.procs[-1].pid)
+                self._spawn(cmd.argv, env, out)
             log.info("engine replica %d: pid %d on port %d, devices %s", cmd.replica, self.procs[-1].pid, cmd.port, cmd.devices)
         pending = dict(enumerate(self.commands))
         while pending:
@@ -306,6 +536,7 @@ class LocalEngine:
                     raise EngineFailed(f"engine replica {i} exited with {self.procs[i].returncode} before it was healthy:\n"
                                        + self.tail(i))
                 if healthy(f"http://127.0.0.1:{cmd.port}"):
+                    self._place_engine(i)
                     self.load_seconds.append(round(time.monotonic() - started, 1))
                     log.info("engine replica %d healthy after %.0f s (model load time)", i, self.load_seconds[-1])
                     del pending[i]
@@ -321,10 +552,7 @@ class LocalEngine:
         port = free_port()
         conf = write_nginx_conf(self.log_dir, port, ports)
         with open(self.log_dir / "nginx.log", "wb") as out:
-            self.procs.append(subprocess.Popen([nginx, "-c", str(conf), "-p", str(self.log_dir)], stdout=out,
-                                               stderr=subprocess.STDOUT, start_new_session=True,
-                                               preexec_fn=_die_with_parent))
-        self._record(self.procs[-1].pid)
+            self._spawn([nginx, "-c", str(conf), "-p", str(self.log_dir)], None, out)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
         while not healthy(url):
@@ -364,4 +592,10 @@ class LocalEngine:
                 pass
             proc.wait()
             (_registry() / f"{proc.pid}.json").unlink(missing_ok=True)
-        self.procs = []
+        for write, dog in self.watchdogs:  # closing the pipe lets each watchdog sweep its (empty) group and exit
+            os.close(write)
+            try:
+                dog.wait(10)
+            except subprocess.TimeoutExpired:
+                dog.kill()
+        self.procs, self.watchdogs = [], []

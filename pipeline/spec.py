@@ -190,6 +190,11 @@ class WorkloadSpec(Strict):
                                                                   "so the queue reaches steady state")] = 30.0
     arrival: Literal["poisson", "constant"] = "poisson"
     seed: int = 0
+    repeats: Annotated[int, Field(ge=0, le=5, description="extra runs at the answer; one failing repeat moves it "
+                                                          "down, and their spread is reported")] = 1
+    max_interference: Annotated[float, Field(gt=0, description="cores other processes (or a hypervisor's steal) "
+                                                              "may use during a probe before it is measured again")] = 0.25
+    interference_retries: Annotated[int, Field(ge=0, le=5)] = 2
 
 
 class SloSpec(Strict):
@@ -232,7 +237,8 @@ class RebenchmarkSpec(Strict):
     schedule: str = "@daily"
     tolerance: Annotated[float, Field(gt=0, lt=1, description="allowed drop of the max SLO rate")] = 0.10
     auto_rollback: bool = False
-    max_probes: Annotated[int, Field(ge=3)] = 6
+    max_probes: Annotated[int, Field(ge=3, description="runs of the short search, which starts at the promoted "
+                                                       "rate and steps by 1.25x")] = 8
     notify: NotifySpec = Field(default_factory=NotifySpec)
 
 

@@ -1,0 +1,168 @@
+"""The same SLO search from every door, one after the other, in one run: does the figure measure
+the engine, or its surroundings?
+
+    .venv/bin/python benchmarks/fidelity.py [--spec configs/releases/tiny-qwen3-moe-cpu.yaml] [--layout single]
+
+1. The release DAG: the local S3 server and `airflow standalone` up (as `make demo` runs them),
+   `model_release` triggered over REST for one layout; its benchmark task's search is read from
+   the run's benchmark.json once the run waits for approval. Then Airflow is stopped.
+2. A shell: `model-release benchmark SPEC --layout L --model DIR` as a subprocess, on the very
+   serving copy the DAG measured, with nothing else of the project running.
+3. A re-benchmark's short search (`rebenchmark.max_probes`, starting at the DAG's answer as at
+   the promoted rate, 1.25x steps): what `rebenchmark.measure` runs once the artifact is fetched.
+4. A fixed-rate check with vLLM's own client against a fresh engine of the layout, probes twice
+   as long as the search's: the answers should pass, and 1.2x the higher one must fail.
+
+Prints both answers (each bisected or a bound), their ratio, the spread of the DAG's repeats at
+its answer, the CPU that other processes used during each door's probes (and which processes),
+and the fixed-rate verdicts. Ratios within one run hold on a noisy machine; absolute rates do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline import benchmark, flow, local_s3, promote, tiny_model  # noqa: E402
+from pipeline.airflow_local import Standalone, standalone_env  # noqa: E402
+from pipeline.registry import cached  # noqa: E402
+from pipeline.spec import load_spec  # noqa: E402
+
+log = logging.getLogger("fidelity")
+
+
+def dag_door(spec: Path, layout: str, port: int) -> tuple[dict, Path]:
+    """One release run through Airflow, up to the approval; returns (layout result, serving dir)."""
+    log.info("local S3 server at %s", local_s3.ensure_running())
+    airflow = Standalone(standalone_env(port=port))
+    try:
+        airflow.start()
+        admin = airflow.client("admin")
+        run_id = admin.trigger({"spec": str(spec), "layouts": [layout]})
+        log.info("DAG door: triggered model_release run %s (layout %s)", run_id, layout)
+        state = admin.wait(run_id, until="approval", timeout=5400,
+                           on_progress=lambda states, t: log.info("[%4.0f s] %s", t, {k: v for k, v in states.items()
+                                                                                      if v not in ("success", None)}))
+        bench = json.loads((flow.run_dir(run_id) / "benchmark" / "benchmark.json").read_text())
+        rel = cached().by_run(run_id)
+        if state != "awaiting_approval" or rel is None:
+            raise SystemExit(f"the release run ended {state} before its approval; see the Airflow logs")
+        model = promote.serving_dir(promote.release_spec(rel), rel.data)
+        return next(r for r in bench["layouts"] if r["layout"] == layout), model
+    finally:
+        airflow.stop()
+
+
+def shell_door(spec: Path, layout: str, model: Path, work: Path) -> dict:
+    """`model-release benchmark` from a shell: the CLI a person (or a benchmark pod) runs."""
+    run_id = f"fidelity-shell-{int(time.time())}"
+    cmd = [str(ROOT / ".venv" / "bin" / "model-release"), "benchmark", str(spec), "--layout", layout,
+           "--model", str(model), "--run-id", run_id, "--results", str(work)]
+    log.info("shell door: %s", " ".join(cmd))
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    found = list(work.glob(f"*/benchmark/{layout}.json"))
+    return json.loads(found[0].read_text())
+
+
+def rebenchmark_door(spec: Path, layout_name: str, model: Path, promoted: float, work: Path) -> dict:
+    loaded = load_spec(spec)
+    layout = next(lay for lay in loaded.spec.layouts if lay.name == layout_name)
+    log.info("re-benchmark door: short search from %.3g req/s, %d probes at most", promoted,
+             loaded.spec.rebenchmark.max_probes)
+    result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, layout, model, work,
+                                        max_probes=loaded.spec.rebenchmark.max_probes, prior=promoted)
+    return json.loads(result.model_dump_json())
+
+
+def fixed_rates(spec: Path, layout_name: str, model: Path, rates: list[float], work: Path) -> list[benchmark.Probe]:
+    loaded = load_spec(spec)
+    layout = next(lay for lay in loaded.spec.layouts if lay.name == layout_name)
+    out = []
+    with benchmark.running_layout(loaded.spec, loaded.hardware, layout, model, work) as (_, prober):
+        for i, rate in enumerate(rates):
+            n = max(loaded.spec.workload.num_prompts, math.ceil(rate * loaded.spec.workload.min_probe_seconds * 2))
+            out.append(prober(rate, n, 10_000 + i))
+    return out
+
+
+def other_cpu(result: dict) -> tuple[float, float, str]:
+    """Mean and max cores used by other processes over a door's counted probes, and who."""
+    seen = [p["interference"] for p in result["probes"] if p.get("interference") and not p.get("superseded")]
+    if not seen:
+        return math.nan, math.nan, ""
+    names: dict[str, float] = {}
+    for s in seen:
+        for name, cores in s["top_other"]:
+            names[name] = names.get(name, 0.0) + cores / len(seen)
+    top = ", ".join(f"{n} {c:.2f}" for n, c in sorted(names.items(), key=lambda kv: -kv[1])[:4])
+    return statistics.mean(s["other"] for s in seen), max(s["other"] for s in seen), top
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", default=str(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml"))
+    parser.add_argument("--layout", default="single")
+    parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--also", type=float, nargs="*", default=[], help="more fixed rates to check (req/s)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    spec = Path(args.spec).resolve()
+    os.environ.update(local_s3.env())  # this process fetches the staged artifact from the local S3 server too
+    tiny_model.build()
+    work = Path(tempfile.mkdtemp(prefix="fidelity-"))
+    started = time.monotonic()
+    dag, model = dag_door(spec, args.layout, args.port)  # fetches the serving copy while S3 still runs
+    local_s3.stop()
+    dag_s = time.monotonic() - started
+    shell = shell_door(spec, args.layout, model, work / "shell")
+    shell_s = time.monotonic() - started - dag_s
+    rebench = rebenchmark_door(spec, args.layout, model, dag["max_slo_rate"], work / "rebenchmark") \
+        if dag.get("max_slo_rate") else {"probes": []}
+    answers = [r["max_slo_rate"] for r in (dag, shell) if r.get("max_slo_rate")]
+    rates = sorted({*answers, 1.2 * max(answers), *args.also}) if answers else list(args.also)
+    checks = fixed_rates(spec, args.layout, model, rates, work / "fixed") if rates else []
+
+    print(f"\nlayout {args.layout} of {spec.name}: same machine, one run, doors one after the other")
+    print(f"{'door':26} {'max SLO req/s':>13} {'bisected':>8} {'probes':>6} {'runs at answer: p90 TTFT ms':>28} "
+          f"{'spread':>6} {'other CPU mean/max':>18}  who")
+    for name, r in (("release DAG (Airflow up)", dag), ("model-release benchmark", shell),
+                    ("re-benchmark (short)", rebench)):
+        mean, peak, top = other_cpu(r)
+        spread = r.get("spread")
+        print(f"{name:26} {r.get('max_slo_rate') or math.nan:13.3g} {str(not r.get('bound_only')):>8} "
+              f"{len(r['probes']):6d} {', '.join(f'{v:.0f}' for v in r.get('deciding_p90_ttft_ms', [])):>28} "
+              f"{'-' if spread is None else f'{spread:.0%}':>6} {mean:8.2f} / {peak:.2f}  {top}")
+    if len(answers) == 2:
+        ratio = dag["max_slo_rate"] / shell["max_slo_rate"]
+        print(f"ratio DAG / shell: {ratio:.2f} (target within 15%: {'met' if abs(ratio - 1) <= 0.15 else 'NOT met'})")
+    if rebench.get("max_slo_rate") and shell.get("max_slo_rate"):
+        print(f"ratio re-benchmark / shell: {rebench['max_slo_rate'] / shell['max_slo_rate']:.2f}")
+    print(f"\nfixed-rate check, vllm bench serve against a fresh engine ({spec.name}, layout {args.layout}):")
+    print(f"{'rate':>8} {'requests':>8} {'achieved':>8} {'p90 TTFT':>9} {'engine p90':>10} {'p90 TPOT':>9} "
+          f"{'other CPU':>9}  verdict")
+    for p in checks:
+        role = "answer" if p.rate in answers else ("1.2x answer" if answers and p.rate == 1.2 * max(answers) else "")
+        print(f"{p.rate:8.3g} {p.num_prompts:8d} {p.achieved_rate:8.3g} {p.p90_ttft_ms:9.1f} "
+              f"{(p.engine.p90_ttft_ms if p.engine and p.engine.p90_ttft_ms is not None else math.nan):10.1f} "
+              f"{p.p90_tpot_ms:9.1f} {p.interference.other if p.interference else math.nan:9.2f}  "
+              f"{'pass' if p.passed else 'fail: ' + '; '.join(p.reasons)}{f'  ({role})' if role else ''}")
+    print(f"\nwall: DAG door {dag_s / 60:.1f} min, shell door {shell_s / 60:.1f} min, re-benchmark and fixed "
+          f"rates {(time.monotonic() - started - dag_s - shell_s) / 60:.1f} min; files under {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
