@@ -496,11 +496,7 @@ def run_client(cmd: list[str], env: dict[str, str], log_path: Path, cores: list[
                                 start_new_session=True, preexec_fn=preexec)
     try:
         return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    except BaseException:
+    except BaseException:  # a timeout, or we were interrupted: the client must not outlive the probe
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
@@ -573,12 +569,12 @@ def running_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model
 
 def benchmark_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, out_dir: Path,
                      base_port: int | None = None, max_probes: int = 16,
-                     check_rates: list[float] | None = None, prior: float | None = None) -> LayoutResult:
+                     prior: float | None = None) -> LayoutResult:
     """Start the layout's engines, run the search against their one endpoint, always tear down.
 
     Each probe records who else used the CPU meanwhile and the engine's own histograms.
-    `check_rates`: endpoint rates to probe after the search as well. `prior`: where the search
-    starts (a re-benchmark's promoted rate, a prediction).
+    `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
+    the check at that rate; a prediction).
     """
     from pipeline import serving
 
@@ -596,12 +592,6 @@ def benchmark_layout(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, mod
             result.bound_only, result.stop_reason, result.burst_rps = outcome.bound_only, outcome.stop_reason, outcome.burst_rps
             result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
             result.unclean_rates = outcome.unclean_rates
-            for rate in check_rates or []:
-                n = max(spec.workload.num_prompts, math.ceil(rate * spec.workload.min_probe_seconds))
-                probe = prober(rate, n, spec.workload.seed + 1000 + len(result.probes))
-                result.probes.append(probe)
-                log.info("check at %.3g req/s: p90 TTFT %.1f ms, p90 TPOT %.1f ms -> %s", rate, probe.p90_ttft_ms,
-                         probe.p90_tpot_ms, "pass" if probe.passed else "fail (" + "; ".join(probe.reasons) + ")")
     except (ReleaseError, subprocess.TimeoutExpired) as exc:
         result.probes = result.probes or (prober.done if prober else [])
         result.status = "failed"

@@ -183,10 +183,9 @@ def group_members(pgid: int) -> dict[int, str]:
     """pid -> comm of the live processes in a process group."""
     out = {}
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
+        if proc.name.isdigit() and _pgid(int(proc.name)) == pgid:
             try:
-                if os.getpgid(int(proc.name)) == pgid:
-                    out[int(proc.name)] = (proc / "comm").read_text().strip()
+                out[int(proc.name)] = (proc / "comm").read_text().strip()
             except OSError:
                 continue
     return out
