@@ -35,10 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline import benchmark, flow, local_s3, promote, tiny_model  # noqa: E402
-from pipeline.airflow_local import Standalone, standalone_env  # noqa: E402
-from pipeline.registry import cached  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
+from pipeline.core.spec import load_spec
+from pipeline.embedded import local_s3
+from pipeline.embedded.airflow_standalone import Standalone, standalone_env
+from pipeline.entry import flow
+from pipeline.release import promote
+from pipeline.release.registry import cached
+from pipeline.stages import benchmark, tiny_model
 
 log = logging.getLogger("fidelity")
 
@@ -52,9 +55,14 @@ def dag_door(spec: Path, layout: str, port: int) -> tuple[dict, Path]:
         admin = airflow.client("admin")
         run_id = admin.trigger({"spec": str(spec), "layouts": [layout]})
         log.info("DAG door: triggered model_release run %s (layout %s)", run_id, layout)
-        state = admin.wait(run_id, until="approval", timeout=5400,
-                           on_progress=lambda states, t: log.info("[%4.0f s] %s", t, {k: v for k, v in states.items()
-                                                                                      if v not in ("success", None)}))
+        state = admin.wait(
+            run_id,
+            until="approval",
+            timeout=5400,
+            on_progress=lambda states, t: log.info(
+                "[%4.0f s] %s", t, {k: v for k, v in states.items() if v not in ("success", None)}
+            ),
+        )
         bench = json.loads((flow.run_dir(run_id) / "benchmark" / "benchmark.json").read_text())
         rel = cached().by_run(run_id)
         if state != "awaiting_approval" or rel is None:
@@ -68,8 +76,19 @@ def dag_door(spec: Path, layout: str, port: int) -> tuple[dict, Path]:
 def shell_door(spec: Path, layout: str, model: Path, work: Path) -> dict:
     """`model-release benchmark` from a shell: the CLI a person (or a benchmark pod) runs."""
     run_id = f"fidelity-shell-{int(time.time())}"
-    cmd = [str(ROOT / ".venv" / "bin" / "model-release"), "benchmark", str(spec), "--layout", layout,
-           "--model", str(model), "--run-id", run_id, "--results", str(work)]
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "model-release"),
+        "benchmark",
+        str(spec),
+        "--layout",
+        layout,
+        "--model",
+        str(model),
+        "--run-id",
+        run_id,
+        "--results",
+        str(work),
+    ]
     log.info("shell door: %s", " ".join(cmd))
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     found = list(work.glob(f"*/benchmark/{layout}.json"))
@@ -79,10 +98,14 @@ def shell_door(spec: Path, layout: str, model: Path, work: Path) -> dict:
 def rebenchmark_door(spec: Path, layout_name: str, model: Path, promoted: float, work: Path) -> dict:
     loaded = load_spec(spec)
     layout = next(lay for lay in loaded.spec.layouts if lay.name == layout_name)
-    log.info("re-benchmark door: short search from %.3g req/s, %d probes at most", promoted,
-             loaded.spec.rebenchmark.max_probes)
-    result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, layout, model, work,
-                                        max_probes=loaded.spec.rebenchmark.max_probes, prior=promoted)
+    log.info(
+        "re-benchmark door: short search from %.3g req/s, %d probes at most",
+        promoted,
+        loaded.spec.rebenchmark.max_probes,
+    )
+    result = benchmark.benchmark_layout(
+        loaded.spec, loaded.hardware, layout, model, work, max_probes=loaded.spec.rebenchmark.max_probes, prior=promoted
+    )
     return json.loads(result.model_dump_json())
 
 
@@ -128,38 +151,54 @@ def main() -> int:
     dag_s = time.monotonic() - started
     shell = shell_door(spec, args.layout, model, work / "shell")
     shell_s = time.monotonic() - started - dag_s
-    rebench = rebenchmark_door(spec, args.layout, model, dag["max_slo_rate"], work / "rebenchmark") \
-        if dag.get("max_slo_rate") else {"probes": []}
+    rebench = (
+        rebenchmark_door(spec, args.layout, model, dag["max_slo_rate"], work / "rebenchmark")
+        if dag.get("max_slo_rate")
+        else {"probes": []}
+    )
     answers = [r["max_slo_rate"] for r in (dag, shell) if r.get("max_slo_rate")]
     rates = sorted({*answers, 1.2 * max(answers), *args.also}) if answers else list(args.also)
     checks = fixed_rates(spec, args.layout, model, rates, work / "fixed") if rates else []
 
     print(f"\nlayout {args.layout} of {spec.name}: same machine, one run, doors one after the other")
-    print(f"{'door':26} {'max SLO req/s':>13} {'bisected':>8} {'probes':>6} {'runs at answer: p90 TTFT ms':>28} "
-          f"{'spread':>6} {'other CPU mean/max':>18}  who")
-    for name, r in (("release DAG (Airflow up)", dag), ("model-release benchmark", shell),
-                    ("re-benchmark (short)", rebench)):
+    print(
+        f"{'door':26} {'max SLO req/s':>13} {'bisected':>8} {'probes':>6} {'runs at answer: p90 TTFT ms':>28} "
+        f"{'spread':>6} {'other CPU mean/max':>18}  who"
+    )
+    for name, r in (
+        ("release DAG (Airflow up)", dag),
+        ("model-release benchmark", shell),
+        ("re-benchmark (short)", rebench),
+    ):
         mean, peak, top = other_cpu(r)
         spread = r.get("spread")
-        print(f"{name:26} {r.get('max_slo_rate') or math.nan:13.3g} {str(not r.get('bound_only')):>8} "
-              f"{len(r['probes']):6d} {', '.join(f'{v:.0f}' for v in r.get('deciding_p90_ttft_ms', [])):>28} "
-              f"{'-' if spread is None else f'{spread:.0%}':>6} {mean:8.2f} / {peak:.2f}  {top}")
+        print(
+            f"{name:26} {r.get('max_slo_rate') or math.nan:13.3g} {str(not r.get('bound_only')):>8} "
+            f"{len(r['probes']):6d} {', '.join(f'{v:.0f}' for v in r.get('deciding_p90_ttft_ms', [])):>28} "
+            f"{'-' if spread is None else f'{spread:.0%}':>6} {mean:8.2f} / {peak:.2f}  {top}"
+        )
     if len(answers) == 2:
         ratio = dag["max_slo_rate"] / shell["max_slo_rate"]
         print(f"ratio DAG / shell: {ratio:.2f} (target within 15%: {'met' if abs(ratio - 1) <= 0.15 else 'NOT met'})")
     if rebench.get("max_slo_rate") and shell.get("max_slo_rate"):
         print(f"ratio re-benchmark / shell: {rebench['max_slo_rate'] / shell['max_slo_rate']:.2f}")
     print(f"\nfixed-rate check, vllm bench serve against a fresh engine ({spec.name}, layout {args.layout}):")
-    print(f"{'rate':>8} {'requests':>8} {'achieved':>8} {'p90 TTFT':>9} {'engine p90':>10} {'p90 TPOT':>9} "
-          f"{'other CPU':>9}  verdict")
+    print(
+        f"{'rate':>8} {'requests':>8} {'achieved':>8} {'p90 TTFT':>9} {'engine p90':>10} {'p90 TPOT':>9} "
+        f"{'other CPU':>9}  verdict"
+    )
     for p in checks:
         role = "answer" if p.rate in answers else ("1.2x answer" if answers and p.rate == 1.2 * max(answers) else "")
-        print(f"{p.rate:8.3g} {p.num_prompts:8d} {p.achieved_rate:8.3g} {p.p90_ttft_ms:9.1f} "
-              f"{(p.engine.p90_ttft_ms if p.engine and p.engine.p90_ttft_ms is not None else math.nan):10.1f} "
-              f"{p.p90_tpot_ms:9.1f} {p.interference.other if p.interference else math.nan:9.2f}  "
-              f"{'pass' if p.passed else 'fail: ' + '; '.join(p.reasons)}{f'  ({role})' if role else ''}")
-    print(f"\nwall: DAG door {dag_s / 60:.1f} min, shell door {shell_s / 60:.1f} min, re-benchmark and fixed "
-          f"rates {(time.monotonic() - started - dag_s - shell_s) / 60:.1f} min; files under {work}")
+        print(
+            f"{p.rate:8.3g} {p.num_prompts:8d} {p.achieved_rate:8.3g} {p.p90_ttft_ms:9.1f} "
+            f"{(p.engine.p90_ttft_ms if p.engine and p.engine.p90_ttft_ms is not None else math.nan):10.1f} "
+            f"{p.p90_tpot_ms:9.1f} {p.interference.other if p.interference else math.nan:9.2f}  "
+            f"{'pass' if p.passed else 'fail: ' + '; '.join(p.reasons)}{f'  ({role})' if role else ''}"
+        )
+    print(
+        f"\nwall: DAG door {dag_s / 60:.1f} min, shell door {shell_s / 60:.1f} min, re-benchmark and fixed "
+        f"rates {(time.monotonic() - started - dag_s - shell_s) / 60:.1f} min; files under {work}"
+    )
     return 0
 
 

@@ -7,7 +7,7 @@ layout with a complete config.json, so transformers can load it, then runs each 
 fresh subprocess and reports its wall time and peak RSS (the child's own VmHWM):
 
     copy          shutil.copytree of the checkpoint (the floor: read + write every byte)
-    stream        pipeline.fp8_stream.convert(scheme="FP8_DYNAMIC", max_workers=2)
+    stream        pipeline.stages.fp8_stream.convert(scheme="FP8_DYNAMIC", max_workers=2)
     model_free    llmcompressor.model_free_ptq(scheme="FP8_DYNAMIC", max_workers=1, device="cpu")
     oneshot       transformers load + llmcompressor.oneshot(QuantizationModifier FP8_DYNAMIC) + save
 
@@ -73,8 +73,11 @@ def _nbytes(shape: tuple[int, ...]) -> int:
 
 def plan_checkpoint(size_gb: float) -> tuple[int, list[tuple[str, tuple[int, ...]]]]:
     d = DIMS
-    edges = [("model.embed_tokens.weight", (d["vocab"], d["hidden"])), ("lm_head.weight", (d["vocab"], d["hidden"])),
-             ("model.norm.weight", (d["hidden"],))]
+    edges = [
+        ("model.embed_tokens.weight", (d["vocab"], d["hidden"])),
+        ("lm_head.weight", (d["vocab"], d["hidden"])),
+        ("model.norm.weight", (d["hidden"],)),
+    ]
     per_layer = sum(_nbytes(s) for _, s in _layer_tensors(0))
     fixed = sum(_nbytes(s) for _, s in edges)
     layers = max(1, math.ceil((size_gb * 1e9 - fixed) / per_layer))
@@ -123,13 +126,23 @@ def build_checkpoint(path: Path, size_gb: float, shard_gb: float) -> None:
         del data
         print(f"  wrote {fname} ({len(group)} tensors)", flush=True)
     (tmp / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
     d = DIMS
     cfg = Qwen3MoeConfig(
-        vocab_size=d["vocab"], hidden_size=d["hidden"], intermediate_size=4 * d["hidden"],
-        moe_intermediate_size=d["moe_inter"], num_hidden_layers=layers, num_attention_heads=d["heads"],
-        num_key_value_heads=d["kv_heads"], head_dim=d["head_dim"], num_experts=d["experts"],
-        num_experts_per_tok=4, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
+        vocab_size=d["vocab"],
+        hidden_size=d["hidden"],
+        intermediate_size=4 * d["hidden"],
+        moe_intermediate_size=d["moe_inter"],
+        num_hidden_layers=layers,
+        num_attention_heads=d["heads"],
+        num_key_value_heads=d["kv_heads"],
+        head_dim=d["head_dim"],
+        num_experts=d["experts"],
+        num_experts_per_tok=4,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        tie_word_embeddings=False,
         max_position_embeddings=4096,
     )
     cfg.architectures = ["Qwen3MoeForCausalLM"]
@@ -138,8 +151,10 @@ def build_checkpoint(path: Path, size_gb: float, shard_gb: float) -> None:
     (tmp / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     (tmp / "bench-stamp.json").write_text(json.dumps(stamp))
     tmp.rename(path)
-    print(f"  built {path} ({total / 1e9:.2f} GB, {len(groups)} shards, {layers} layers) "
-          f"in {time.monotonic() - t0:.0f}s", flush=True)
+    print(
+        f"  built {path} ({total / 1e9:.2f} GB, {len(groups)} shards, {layers} layers) in {time.monotonic() - t0:.0f}s",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- children
@@ -195,9 +210,9 @@ def child(path: str, src: Path, out: Path) -> dict:
         model.save_pretrained(out, save_compressed=True)
     elif path == "stream":
         sys.path.insert(0, str(ROOT))
-        from pipeline import fp8_stream
-
         import llmcompressor.entrypoints.model_free.converter  # noqa: F401  (import cost outside the timer)
+
+        from pipeline.stages import fp8_stream
 
         base = _rss_mb()
         out.mkdir(parents=True)
@@ -234,7 +249,11 @@ def verify(ref: Path, mine: Path) -> dict:
                 continue
             for key in a.keys():
                 x, y = a.get_tensor(key), b.get_tensor(key)
-                if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
+                if (
+                    x.dtype != y.dtype
+                    or x.shape != y.shape
+                    or not torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+                ):
                     problems.append(f"{shard}: {key} differs")
                 count += 1
     return {"identical": not problems, "tensors": count, "problems": problems[:5]}
@@ -245,11 +264,12 @@ def run_child(path: str, src: Path, out: Path) -> dict:
         shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.run(
         [sys.executable, __file__, "--child", path, "--src", str(src), "--out", str(out)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     tail = (proc.stderr or proc.stdout)[-2000:]
     return {"error": f"exit {proc.returncode}: {tail.strip().splitlines()[-1] if tail.strip() else ''}", "log": tail}
 
@@ -280,13 +300,28 @@ def main() -> None:
     src = args.workdir / f"src-{args.size_gb:g}gb-{args.shard_gb:g}"
     print(f"checkpoint: {src}", flush=True)
     # built in a child so this process stays small
-    subprocess.run([sys.executable, __file__, "--child", "build", "--out", str(src), "--size-gb", str(args.size_gb),
-                    "--shard-gb", str(args.shard_gb)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            "build",
+            "--out",
+            str(src),
+            "--size-gb",
+            str(args.size_gb),
+            "--shard-gb",
+            str(args.shard_gb),
+        ],
+        check=True,
+    )
     shards = sorted(src.glob("*.safetensors"))
     src_bytes = sum(p.stat().st_size for p in shards)
     largest = max(p.stat().st_size for p in shards)
-    print(f"  {len(shards)} shards, {src_bytes / 1e6:.0f} MB of safetensors, largest shard {largest / 1e6:.0f} MB",
-          flush=True)
+    print(
+        f"  {len(shards)} shards, {src_bytes / 1e6:.0f} MB of safetensors, largest shard {largest / 1e6:.0f} MB",
+        flush=True,
+    )
 
     results: dict[str, dict] = {}
     load = os.getloadavg()
@@ -295,53 +330,90 @@ def main() -> None:
         if path in args.skip:
             continue
         runs = []
-        for attempt in range(args.repeat if path in FAST_PATHS else 1):
+        for _attempt in range(args.repeat if path in FAST_PATHS else 1):
             print(f"running {path} ...", flush=True)
             os.sync()  # start each path without the previous one's dirty pages still being written back
             runs.append(run_child(path, src, outs[path]))
-            print(f"  {runs[-1]}" if "error" in runs[-1] else
-                  f"  {runs[-1]['seconds']:.2f}s, peak RSS {runs[-1]['rss_mb']:.0f} MiB", flush=True)
+            print(
+                f"  {runs[-1]}"
+                if "error" in runs[-1]
+                else f"  {runs[-1]['seconds']:.2f}s, peak RSS {runs[-1]['rss_mb']:.0f} MiB",
+                flush=True,
+            )
             if "error" in runs[-1]:
                 break
         if "error" in runs[-1]:
             results[path] = runs[-1]
         else:  # median time, worst peak RSS
             results[path] = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2] | {
-                "rss_mb": max(r["rss_mb"] for r in runs), "runs": len(runs)}
+                "rss_mb": max(r["rss_mb"] for r in runs),
+                "runs": len(runs),
+            }
 
     copy_s = results.get("copy", {}).get("seconds")
-    rows = [("path", "seconds", "MB/s read", "x copy", "peak RSS MiB", "RSS/largest shard", "RSS after imports MiB",
-             "CPU s")]
+    rows = [
+        (
+            "path",
+            "seconds",
+            "MB/s read",
+            "x copy",
+            "peak RSS MiB",
+            "RSS/largest shard",
+            "RSS after imports MiB",
+            "CPU s",
+        )
+    ]
     for path, r in results.items():
         if "error" in r:
             rows.append((path, "failed", "", "", "", "", "", r["error"][:60]))
             continue
         mbs = src_bytes / 1e6 / r["seconds"]
         ratio = f"{copy_s / r['seconds']:.2f}" if copy_s else "-"
-        rows.append((path + (f" (median of {r['runs']})" if r.get("runs", 1) > 1 else ""), f"{r['seconds']:.2f}", f"{mbs:.0f}", ratio, f"{r['rss_mb']:.0f}",
-                     f"{r['rss_mb'] * 2**20 / largest:.2f}", f"{r['base_rss_mb']:.0f}", f"{r['cpu_s']:.1f}"))
+        rows.append(
+            (
+                path + (f" (median of {r['runs']})" if r.get("runs", 1) > 1 else ""),
+                f"{r['seconds']:.2f}",
+                f"{mbs:.0f}",
+                ratio,
+                f"{r['rss_mb']:.0f}",
+                f"{r['rss_mb'] * 2**20 / largest:.2f}",
+                f"{r['base_rss_mb']:.0f}",
+                f"{r['cpu_s']:.1f}",
+            )
+        )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     print()
-    print(f"FP8_DYNAMIC, {src_bytes / 1e9:.2f} GB BF16 in {len(shards)} shards (largest {largest / 1e6:.0f} MB), "
-          f"{os.cpu_count()} CPUs (load average {load[0]:.1f} at start), page cache warm, sync before each run; "
-          "CPU s = the child's user+sys time in the timed span")
+    print(
+        f"FP8_DYNAMIC, {src_bytes / 1e9:.2f} GB BF16 in {len(shards)} shards (largest {largest / 1e6:.0f} MB), "
+        f"{os.cpu_count()} CPUs (load average {load[0]:.1f} at start), page cache warm, sync before each run; "
+        "CPU s = the child's user+sys time in the timed span"
+    )
     for row in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
 
-    if "stream" in results and "model_free" in results and "error" not in results["stream"] \
-            and "error" not in results["model_free"]:
+    if (
+        "stream" in results
+        and "model_free" in results
+        and "error" not in results["stream"]
+        and "error" not in results["model_free"]
+    ):
         v = run_child("verify", outs["model_free"], outs["stream"])
         if "error" in v:
             print(f"\nverification failed to run: {v['error']}")
         else:
-            print(f"\nstream vs model_free_ptq: {'bit-identical' if v['identical'] else 'DIFFERENT'} "
-                  f"({v['tensors']} tensors, index and quantization_config compared){'' if v['identical'] else v['problems']}")
+            print(
+                f"\nstream vs model_free_ptq: {'bit-identical' if v['identical'] else 'DIFFERENT'} "
+                f"({v['tensors']} tensors, index and quantization_config compared)"
+                f"{'' if v['identical'] else v['problems']}"
+            )
     if "stream" in results and "error" not in results["stream"]:
         r = results["stream"]
         ok_speed = copy_s is not None and copy_s / r["seconds"] >= 0.5
         ok_rss = r["rss_mb"] * 2**20 <= 2 * largest
-        print(f"target stream >= 0.5x copy throughput: {'met' if ok_speed else 'NOT met'}; "
-              f"peak RSS <= 2x largest shard: {'met' if ok_rss else 'NOT met'}")
+        print(
+            f"target stream >= 0.5x copy throughput: {'met' if ok_speed else 'NOT met'}; "
+            f"peak RSS <= 2x largest shard: {'met' if ok_rss else 'NOT met'}"
+        )
     if not args.keep:
         for out in outs.values():
             shutil.rmtree(out, ignore_errors=True)

@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline import benchmark, serving, tiny_model  # noqa: E402
-from pipeline.spec import SloSpec, WorkloadSpec  # noqa: E402
-from tests.simserver import true_max_rate  # noqa: E402
+from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.stages import benchmark, serving, tiny_model
+from tests.simserver import true_max_rate
 
 
 def main() -> None:
@@ -37,13 +37,24 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     slo = SloSpec(p90_ttft_ms=args.ttft_ms, p90_tpot_ms=50, resolution=0.05)
-    workload = WorkloadSpec(input_len=16, output_len=8, num_prompts=args.prompts, seed=0,
-                            min_probe_seconds=args.min_probe_seconds)
+    workload = WorkloadSpec(
+        input_len=16, output_len=8, num_prompts=args.prompts, seed=0, min_probe_seconds=args.min_probe_seconds
+    )
     truth = true_max_rate(args.mu, args.ttft_ms)
     tokenizer = tiny_model.build()
     port = serving.free_port()
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "simserver.py"), "--port", str(port),
-                               "--mu", str(args.mu), "--tpot-ms", "5"])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "simserver.py"),
+            "--port",
+            str(port),
+            "--mu",
+            str(args.mu),
+            "--tpot-ms",
+            "5",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     while not serving.healthy(url):
         time.sleep(0.2)
@@ -68,11 +79,16 @@ def main() -> None:
         sweep_wall = time.monotonic() - started
     finally:
         server.terminate()
-    print(f"\nsimulated M/M/1 server: mu={args.mu:g} req/s, p90 TTFT limit {args.ttft_ms:g} ms -> true max rate {truth:.2f} req/s")
+    print(
+        f"\nsimulated M/M/1 server: mu={args.mu:g} req/s, p90 TTFT limit {args.ttft_ms:g} ms"
+        f" -> true max rate {truth:.2f} req/s"
+    )
     print(f"highest throughput measured: {capacity:.2f} req/s; search: {reason}")
     print(f"{'method':28} {'runs':>5} {'load s':>8} {'wall s':>8} {'found':>8} {'error':>8}")
-    for name, ps, rate, wall in (("bracket + bisection", probes, found, search_wall),
-                                 ("uniform sweep (5% steps)", sweep, swept, sweep_wall)):
+    for name, ps, rate, wall in (
+        ("bracket + bisection", probes, found, search_wall),
+        ("uniform sweep (5% steps)", sweep, swept, sweep_wall),
+    ):
         load = sum(p.duration_s for p in ps)
         err = f"{100 * (rate - truth) / truth:+.1f}%" if rate else "n/a"
         print(f"{name:28} {len(ps):5d} {load:8.1f} {wall:8.1f} {rate or math.nan:8.2f} {err:>8}")

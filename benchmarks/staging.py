@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import artifacts, storage  # noqa: E402
-from pipeline.errors import ReleaseError  # noqa: E402
-from pipeline.paths import home  # noqa: E402
-from pipeline.spec import S3Target, StagingSpec  # noqa: E402
-from tests.s3server import FaultProxy, MotoServer  # noqa: E402
+from pipeline.core import artifacts, storage
+from pipeline.core.errors import ReleaseError
+from pipeline.core.paths import home
+from pipeline.core.spec import S3Target, StagingSpec
+from tests.s3server import FaultProxy, MotoServer
 
 MB = 1024 * 1024
 
@@ -75,8 +75,21 @@ def main() -> None:
         storage.s3_client(target).create_bucket(Bucket="bench")
 
         started = time.monotonic()
-        subprocess.run([str(aws), "s3", "cp", "--recursive", "--only-show-errors", str(artifact),
-                        "s3://bench/awscli/", "--endpoint-url", server.url], check=True, env={**os.environ, **env})
+        subprocess.run(
+            [
+                str(aws),
+                "s3",
+                "cp",
+                "--recursive",
+                "--only-show-errors",
+                str(artifact),
+                "s3://bench/awscli/",
+                "--endpoint-url",
+                server.url,
+            ],
+            check=True,
+            env={**os.environ, **env},
+        )
         aws_s = time.monotonic() - started
 
         started = time.monotonic()
@@ -98,14 +111,18 @@ def main() -> None:
         resumed = storage.stage(artifact, StagingSpec(s3=resume_target))
 
         mb = total / 1e6
-        print(f"\nartifact: {mb:.0f} MB in {len(artifacts.read_manifest(artifact).files)} files, local S3 server (moto)")
+        print(
+            f"\nartifact: {mb:.0f} MB in {len(artifacts.read_manifest(artifact).files)} files, local S3 server (moto)"
+        )
         print(f"{'what':44} {'seconds':>8} {'MB/s':>8}")
         print(f"{'aws s3 cp --recursive (reference)':44} {aws_s:8.2f} {mb / aws_s:8.1f}")
         print(f"{'model-release stage':44} {ours_s:8.2f} {mb / ours_s:8.1f}")
         print(f"{'ratio stage / awscli (throughput)':44} {aws_s / ours_s:8.2f}x")
         print(f"{'re-stage unchanged artifact':44} {restage_s:8.2f}   (sent {again.bytes_sent} bytes)")
-        print(f"{'after a cut at 50%: bytes re-sent':44} {resumed.bytes_sent / 1e6:8.1f} MB of {mb:.0f} MB "
-              f"({100 * resumed.bytes_sent / total:.0f}%)")
+        print(
+            f"{'after a cut at 50%: bytes re-sent':44} {resumed.bytes_sent / 1e6:8.1f} MB of {mb:.0f} MB "
+            f"({100 * resumed.bytes_sent / total:.0f}%)"
+        )
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from pipeline.review_tasks import STAGED, review_and_promote
+from pipeline.airflow.review_tasks import STAGED, review_and_promote
 
 DEFAULT_SPEC = "configs/releases/tiny-qwen3-moe-cpu.yaml"
 
@@ -32,21 +32,42 @@ DEFAULT_SPEC = "configs/releases/tiny-qwen3-moe-cpu.yaml"
     doc_md=__doc__,
     tags=["model-release"],
     params={
-        "spec": Param(DEFAULT_SPEC, type="string", title="Release spec",
-                      description="YAML release spec, relative to the project root or absolute"),
-        "layouts": Param([], type="array", items={"type": "string"}, title="Layouts to benchmark",
-                         description="Names from the spec's layouts; empty: all of them"),
-        "p90_ttft_ms": Param(None, type=["null", "number"], exclusiveMinimum=0, title="p90 TTFT limit (ms)",
-                             description="Override the spec's SLO for this run; empty: the spec's"),
-        "p90_tpot_ms": Param(None, type=["null", "number"], exclusiveMinimum=0, title="p90 TPOT limit (ms)",
-                             description="Override the spec's SLO for this run; empty: the spec's"),
+        "spec": Param(
+            DEFAULT_SPEC,
+            type="string",
+            title="Release spec",
+            description="YAML release spec, relative to the project root or absolute",
+        ),
+        "layouts": Param(
+            [],
+            type="array",
+            items={"type": "string"},
+            title="Layouts to benchmark",
+            description="Names from the spec's layouts; empty: all of them",
+        ),
+        "p90_ttft_ms": Param(
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            title="p90 TTFT limit (ms)",
+            description="Override the spec's SLO for this run; empty: the spec's",
+        ),
+        "p90_tpot_ms": Param(
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            title="p90 TPOT limit (ms)",
+            description="Override the spec's SLO for this run; empty: the spec's",
+        ),
     },
 )
 def model_release():
     @task
     def validate(params: dict | None = None, run_id: str | None = None) -> dict:
         """Type and feasibility checks (one line per problem); opens the release in the registry."""
-        from pipeline import flow
+        from pipeline.entry import flow
+
+        assert params is not None  # Airflow passes the run's params
 
         overrides = {k: params.get(k) for k in ("layouts", "p90_ttft_ms", "p90_tpot_ms")}
         return flow.validate_spec(params["spec"], run_id, overrides)
@@ -54,46 +75,50 @@ def model_release():
     @task
     def materialize_model(spec: dict) -> dict:
         """Resolve the model source to a local directory and its manifest hash."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.materialize_model(spec["spec_path"])
 
     @task
     def quantize(spec: dict, source: dict) -> dict:
         """FP8 with llmcompressor; content-addressed, verified, published atomically. XCom: path + hash."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.quantize(spec["spec_path"], source)
 
     @task
     def evaluate_baseline(spec: dict, source: dict) -> dict:
         """lm-eval on the BF16 source (cached by manifest hash, tasks and settings)."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.evaluate(spec["spec_path"], source, baseline=True)
 
     @task
     def evaluate_candidate(spec: dict, quantized: dict) -> dict:
         """lm-eval on the FP8 candidate, same tasks, few-shot, limit and seed."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.evaluate(spec["spec_path"], quantized, baseline=False)
 
     @task(retries=0)
     def accuracy_gate(spec: dict, baseline: dict, candidate: dict, run_id: str | None = None) -> dict:
         """great-expectations validates the per-task recovery table; a failure stops the run here."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.accuracy_gate(spec["spec_path"], baseline, candidate, run_id, spec["release_id"])
 
     @task(retries=2, retry_delay=pendulum.duration(seconds=30), outlets=[STAGED])
     def stage(spec: dict, quantized: dict, gate: dict, *, outlet_events=None) -> dict:
         """Upload to S3/Spaces and/or NFS, manifest last; retried (network), resumes where it stopped."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         staged = flow.stage(spec["spec_path"], quantized, spec["release_id"])
-        outlet_events[STAGED].extra = {"release": spec["name"], "s3_uri": staged["s3_uri"],
-                                       "nfs_path": staged["nfs_path"], "manifest_hash": staged["manifest_hash"]}
+        outlet_events[STAGED].extra = {
+            "release": spec["name"],
+            "s3_uri": staged["s3_uri"],
+            "nfs_path": staged["nfs_path"],
+            "manifest_hash": staged["manifest_hash"],
+        }
         return staged
 
     @task
@@ -105,21 +130,21 @@ def model_release():
     @task(max_active_tis_per_dagrun=1)
     def benchmark(spec: dict, staged: dict, layout: str, run_id: str | None = None) -> dict:
         """Serve the staged artifact with this layout; find its highest rate within the p90 SLO."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.benchmark_layout(spec["spec_path"], staged, layout, run_id)
 
     @task
     def select_layout(spec: dict, results: list[dict], run_id: str | None = None) -> dict:
         """Best layout by SLO rate per server; JSON, CSV and the latency-vs-rate PNG for the report."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.select_layout(spec["spec_path"], list(results), run_id)
 
     @task(retries=0)
     def slo_gate(spec: dict, selection: dict) -> dict:
         """Fails the run, with the per-layout table in the log, when no layout meets the SLO."""
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.slo_gate(selection, spec["release_id"])
 

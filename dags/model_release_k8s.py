@@ -17,9 +17,9 @@ import pendulum
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import chain, dag, task
 
+from pipeline.airflow.review_tasks import review_and_promote
+from pipeline.core.spec import LoadedSpec
 from pipeline.k8s import pods
-from pipeline.review_tasks import review_and_promote
-from pipeline.spec import LoadedSpec
 
 
 def release_dag(loaded: LoadedSpec):
@@ -40,34 +40,34 @@ def release_dag(loaded: LoadedSpec):
         @task
         def validate(run_id: str | None = None) -> dict:
             """Type and feasibility checks, again at run time; opens the release in the registry."""
-            from pipeline import flow
+            from pipeline.entry import flow
 
             return flow.validate_spec(spec_path, run_id)
 
         @task(retries=0)
         def accuracy_gate(spec: dict, baseline: dict, candidate: dict, run_id: str | None = None) -> dict:
             """great-expectations on the two evaluation pods' stored scores; a failure stops the run."""
-            from pipeline.k8s import results
+            from pipeline.entry import pod_steps
 
-            return results.accuracy_gate(spec_path, baseline, candidate, run_id, spec["release_id"])
+            return pod_steps.accuracy_gate(spec_path, baseline, candidate, run_id, spec["release_id"])
 
         @task
         def record_staged(spec: dict, staged: dict) -> dict:
-            from pipeline import flow
+            from pipeline.entry import flow
 
             return flow.record_staged(spec["release_id"], staged)
 
         @task
         def select_layout(refs: list[dict], run_id: str | None = None) -> dict:
             """Best layout by SLO rate per server, from the benchmark pods' stored results."""
-            from pipeline.k8s import results
+            from pipeline.entry import pod_steps
 
-            return results.select_layout(spec_path, list(refs), run_id)
+            return pod_steps.select_layout(spec_path, list(refs), run_id)
 
         @task(retries=0)
         def slo_gate(spec: dict, selection: dict) -> dict:
             """Fails the run, with the per-layout table in the log, when no layout meets the SLO."""
-            from pipeline import flow
+            from pipeline.entry import flow
 
             return flow.slo_gate(selection, spec["release_id"])
 
@@ -76,7 +76,9 @@ def release_dag(loaded: LoadedSpec):
         candidate = pod("evaluate_candidate", "evaluate", side="candidate")
         stage = pod("stage", "stage")
         fetch = pod("fetch", "fetch")
-        benchmarks = [pod(f"benchmark_{layout.name}", "benchmark", layout=layout.name) for layout in loaded.spec.layouts]
+        benchmarks = [
+            pod(f"benchmark_{layout.name}", "benchmark", layout=layout.name) for layout in loaded.spec.layouts
+        ]
 
         spec = validate()
         spec >> [quantize, baseline]
@@ -84,7 +86,8 @@ def release_dag(loaded: LoadedSpec):
         chain([quantize, baseline], candidate)
         chain(accuracy_gate(spec, baseline.output, candidate.output), stage, fetch, *benchmarks)
         stage >> record_staged(spec, stage.output)
-        review_and_promote(spec, slo_gate(spec, select_layout([b.output for b in benchmarks])))
+        measured: list = [b.output for b in benchmarks]  # XComArgs, resolved to dicts when the task runs
+        review_and_promote(spec, slo_gate(spec, select_layout(measured)))
 
     return release()
 

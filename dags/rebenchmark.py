@@ -4,7 +4,8 @@
 One DAG per release spec in `configs/releases/`, on the spec's `rebenchmark.schedule` (cron,
 default daily), and also when a release goes live or a new serving image is announced
 (Assets), or by hand; not on a newly staged artifact, since that run is benchmarking its
-layouts right then and two benchmarks on one machine measure each other. For each live release of that spec: benchmark a fresh instance of its
+layouts right then and two benchmarks on one machine measure each other. For each live
+release of that spec: benchmark a fresh instance of its
 exact layout and artifact (never the production endpoint), at its promoted rate and with a
 short SLO search; append a trend point; mark it `degraded` and alert when it no longer holds
 what it was promoted on; roll back by itself when the spec says `auto_rollback: true`.
@@ -20,39 +21,49 @@ import pendulum
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
+from pipeline.airflow.review_tasks import ENGINE_IMAGE, LIVE
+from pipeline.core.spec import load_spec
 from pipeline.k8s import pods
-from pipeline.rebenchmark import scheduled_specs
-from pipeline.review_tasks import ENGINE_IMAGE, LIVE
-from pipeline.spec import load_spec
-
+from pipeline.release.rebenchmark import scheduled_specs
 
 
 def rebenchmark_dag(name: str, spec_path: str, cron: str, execution: str):
     @dag(
         dag_id=f"rebenchmark__{name.replace('-', '_').replace('.', '_')}",
-        schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=(LIVE | ENGINE_IMAGE)),
+        schedule=AssetOrTimeSchedule(
+            timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=(LIVE | ENGINE_IMAGE)
+        ),
         start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
         catchup=False,
         max_active_runs=1,
         doc_md=__doc__,
         tags=["model-release", "rebenchmark"],
-        params={"release_id": Param(None, type=["null", "integer"], title="Release id",
-                                    description="Only this release; empty: every live release of the spec")},
+        params={
+            "release_id": Param(
+                None,
+                type=["null", "integer"],
+                title="Release id",
+                description="Only this release; empty: every live release of the spec",
+            )
+        },
     )
     def rebenchmark():
         @task
         def live_releases(params: dict | None = None) -> list[int]:
             """The releases to measure; none live is not an error (the run says so and succeeds)."""
-            from pipeline import flow
+            from pipeline.entry import flow
+
+            assert params is not None  # Airflow passes the run's params
 
             return flow.live_release_ids(name, params.get("release_id"))
 
         releases = live_releases()
         if execution == "local":
+
             @task(max_active_tis_per_dagrun=1, retries=0)
             def measure(release_id: int, run_id: str | None = None, **context) -> dict:
                 """Fresh instance, short search + check at the promoted rate, verdict, trend point, alert."""
-                from pipeline import flow
+                from pipeline.entry import flow
 
                 return flow.rebenchmark(release_id, run_id, context)
 
@@ -62,21 +73,22 @@ def rebenchmark_dag(name: str, spec_path: str, cron: str, execution: str):
         @task
         def pod_arguments(release_ids: list[int], run_id: str | None = None) -> list[list[str]]:
             """Each live release's layout, artifact and promoted rate, from the registry."""
-            from pipeline.k8s import results
+            from pipeline.entry import pod_steps
 
-            return results.remeasure_arguments(release_ids, run_id)
+            return pod_steps.remeasure_arguments(release_ids, run_id)
 
         @task(retries=0, trigger_rule="all_done")
         def judge(release_id: int, run_id: str | None = None, **context) -> dict:
             """The pod's stored measurement against the promotion figures: trend point, verdict, alert."""
-            from pipeline.k8s import results
+            from pipeline.entry import pod_steps
 
-            return results.judge_remeasured(release_id, run_id, context)
+            return pod_steps.judge_remeasured(release_id, run_id, context)
 
         loaded = load_spec(spec_path)
-        measure = KubernetesPodOperator.partial(task_id="measure", max_active_tis_per_dagrun=1,
-                                                **pods.pod_operator_partial_kwargs(loaded, "rebenchmark"))
-        measure.expand(arguments=pod_arguments(releases)) >> judge.expand(release_id=releases)
+        measure_in_pod = KubernetesPodOperator.partial(
+            task_id="measure", max_active_tis_per_dagrun=1, **pods.pod_operator_partial_kwargs(loaded, "rebenchmark")
+        )
+        measure_in_pod.expand(arguments=pod_arguments(releases)) >> judge.expand(release_id=releases)
 
     return rebenchmark()
 

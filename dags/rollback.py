@@ -13,7 +13,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from pipeline.review_tasks import LIVE
+from pipeline.airflow.review_tasks import LIVE
 
 
 @dag(
@@ -25,22 +25,28 @@ from pipeline.review_tasks import LIVE
     tags=["model-release"],
     params={
         "name": Param("tiny-qwen3-moe-fp8", type="string", title="Release name", description="The spec's name"),
-        "release_id": Param(None, type=["null", "integer"], title="Release to restore",
-                            description="Empty: the one that served before the live one"),
+        "release_id": Param(
+            None,
+            type=["null", "integer"],
+            title="Release to restore",
+            description="Empty: the one that served before the live one",
+        ),
         "reason": Param("", type="string", minLength=3, title="Reason", description="Recorded in the audit trail"),
     },
 )
 def rollback():
     @task(retries=0, outlets=[LIVE])
     def restore(params: dict | None = None, dag_run=None) -> dict:
-        from pipeline import flow
+        from pipeline.entry import flow
+
+        assert params is not None  # Airflow passes the run's params
 
         actor = getattr(dag_run, "triggering_user_name", None) or "airflow"
         return flow.rollback(params["name"], params.get("release_id"), params["reason"], actor)
 
     @task(retries=1, retry_delay=pendulum.duration(seconds=20))
     def verify(restored: dict, run_id: str | None = None) -> dict:
-        from pipeline import flow
+        from pipeline.entry import flow
 
         return flow.verify(restored["release_id"], run_id)
 

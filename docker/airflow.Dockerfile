@@ -14,7 +14,7 @@ COPY --chown=airflow:root requirements/main.lock /opt/model-release/requirements
 COPY --chown=airflow:root pipeline /opt/model-release/pipeline
 COPY --chown=airflow:root configs /opt/model-release/configs
 # great-expectations' API moves between minors: take the version the project is locked to.
-# Editable install: `pipeline` finds configs/ next to itself (pipeline.paths.CONFIGS_DIR).
+# Editable install: `pipeline` finds configs/ next to itself (pipeline.core.paths.CONFIGS_DIR).
 RUN grep -E '^great_expectations==' /opt/model-release/requirements/main.lock > /tmp/pins.txt \
  && pip install --no-cache-dir --constraint /tmp/pins.txt \
       "apache-airflow==${AIRFLOW_VERSION}" \

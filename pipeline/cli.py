@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.errors import ReleaseError, SpecError
+from pipeline.core.errors import ReleaseError, SpecError
 
 # Results go to the real stdout; while a command runs, sys.stdout points at stderr, because the
 # libraries we drive (llmcompressor's loguru sink, tqdm, lm-eval) print progress to stdout.
@@ -25,7 +25,7 @@ def emit(text: str) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from pipeline.spec import load_spec
+    from pipeline.core.spec import load_spec
 
     failed = False
     for path in args.spec:
@@ -45,7 +45,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    from pipeline import artifacts, tiny_model
+    from pipeline.core import artifacts
+    from pipeline.stages import tiny_model
 
     cfg = tiny_model.TinyConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     path = tiny_model.build(Path(args.out) if args.out else None, cfg)
@@ -55,7 +56,7 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _tiny_accuracy(args: argparse.Namespace) -> int:
-    from pipeline import tiny_model
+    from pipeline.stages import tiny_model
 
     path = Path(args.model) if args.model else tiny_model.build()
     for task in args.task:
@@ -65,8 +66,8 @@ def _tiny_accuracy(args: argparse.Namespace) -> int:
 
 
 def _materialize(args: argparse.Namespace) -> int:
-    from pipeline import sources
-    from pipeline.spec import load_spec
+    from pipeline.core.spec import load_spec
+    from pipeline.stages import sources
 
     loaded = load_spec(args.spec)
     emit(sources.materialize(loaded.spec, loaded.path.parent).model_dump_json(indent=2))
@@ -74,8 +75,8 @@ def _materialize(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from pipeline import quantize, sources
-    from pipeline.spec import load_spec
+    from pipeline.core.spec import load_spec
+    from pipeline.stages import quantize, sources
 
     loaded = load_spec(args.spec)
     source = sources.materialize(loaded.spec, loaded.path.parent)
@@ -84,35 +85,42 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    from pipeline import flow
+    from pipeline.entry import flow
 
-    emit(json.dumps(flow.stage(str(Path(args.spec).resolve()), {"path": args.artifact} if args.artifact else None), indent=2))
+    emit(
+        json.dumps(
+            flow.stage(str(Path(args.spec).resolve()), {"path": args.artifact} if args.artifact else None), indent=2
+        )
+    )
     return 0
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from pipeline import storage
+    from pipeline.core import storage
 
     emit(storage.fetch(args.uri, Path(args.dest)).model_dump_json(indent=2))
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from pipeline import flow
+    from pipeline.entry import flow
 
     spec_path = str(Path(args.spec).resolve())
     if args.side:  # one side only, result to storage: what an evaluation pod runs (execution: kubernetes)
-        from pipeline.k8s import results
+        from pipeline.entry import pod_steps
 
         if not args.results:
             raise ReleaseError("evaluate --side needs --results URI (where the pod writes its result)")
         if args.side == "candidate" and not args.candidate:
             raise ReleaseError("evaluate --side candidate needs --candidate DIR")
-        emit(json.dumps(results.evaluate_side(spec_path, args.side, args.results, args.run_id, args.candidate)))
+        emit(json.dumps(pod_steps.evaluate_side(spec_path, args.side, args.results, args.run_id, args.candidate)))
         return 0
     source = flow.materialize_model(spec_path)
-    candidate = {"path": args.candidate, "manifest_hash": _hash_of(args.candidate)} if args.candidate \
+    candidate = (
+        {"path": args.candidate, "manifest_hash": _hash_of(args.candidate)}
+        if args.candidate
         else flow.quantize(spec_path, source)
+    )
     baseline = flow.evaluate(spec_path, source, baseline=True)
     result = flow.evaluate(spec_path, candidate, baseline=False)
     decision = flow.accuracy_gate(spec_path, baseline, result, args.run_id)
@@ -122,27 +130,43 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _benchmark(args: argparse.Namespace) -> int:
     """One layout's SLO search; exit 0 even when the layout failed (its result says so)."""
-    from pipeline.k8s import results
+    from pipeline.entry import pod_steps
 
-    emit(json.dumps(results.benchmark_layout(str(Path(args.spec).resolve()), args.layout, args.model, args.results,
-                                             args.run_id)))
+    emit(
+        json.dumps(
+            pod_steps.benchmark_layout(
+                str(Path(args.spec).resolve()), args.layout, args.model, args.results, args.run_id
+            )
+        )
+    )
     return 0
 
 
 def _remeasure(args: argparse.Namespace) -> int:
     """A live release's re-benchmark on this node; exit 0 when it could not measure (the stored
     result says why, and the judge task alerts with it)."""
-    from pipeline.k8s import results
+    from pipeline.entry import pod_steps
 
     staged = {"artifact_uri": args.artifact_uri, "nfs_path": args.nfs_path, "manifest_hash": args.manifest_hash}
-    emit(json.dumps(results.remeasure(str(Path(args.spec).resolve()), args.release, args.layout, staged,
-                                      args.promoted_rate, args.results, args.run_id)))
+    emit(
+        json.dumps(
+            pod_steps.remeasure(
+                str(Path(args.spec).resolve()),
+                args.release,
+                args.layout,
+                staged,
+                args.promoted_rate,
+                args.results,
+                args.run_id,
+            )
+        )
+    )
     return 0
 
 
 def _manifests(args: argparse.Namespace) -> int:
+    from pipeline.core.spec import load_spec
     from pipeline.k8s import manifests
-    from pipeline.spec import load_spec
 
     loaded = load_spec(args.spec)
     artifact = manifests.Artifact(s3_uri=args.s3_uri, nfs_path=args.nfs_path, manifest_hash=args.manifest_hash)
@@ -155,14 +179,14 @@ def _manifests(args: argparse.Namespace) -> int:
 
 
 def _releases(args: argparse.Namespace) -> int:
-    from pipeline import registry
+    from pipeline.release import registry
 
     reg = registry.Registry()
     if args.action == "show":
         emit(registry.audit_trail(reg, args.id))
         return 0
     if args.action == "rollback":
-        from pipeline import promote
+        from pipeline.release import promote
 
         chosen = reg.get(args.to) if args.to else None
         name = args.name or (chosen.name if chosen else None)
@@ -178,19 +202,23 @@ def _releases(args: argparse.Namespace) -> int:
     emit(f"{'id':>4}  {'release':28} {'status':12} {'target':10} {'layout':14} {'req/s/server':>12}  created (UTC)")
     for rel in rows:
         rate = rel.data.get("rate_per_server")
-        emit(f"{rel.id:>4}  {rel.name:28} {rel.status:12} {rel.target:10} {str(rel.data.get('layout') or '-'):14} "
-             f"{(f'{rate:.3g}' if isinstance(rate, (int, float)) else '-'):>12}  {rel.created_at:%Y-%m-%d %H:%M}")
+        emit(
+            f"{rel.id:>4}  {rel.name:28} {rel.status:12} {rel.target:10} {str(rel.data.get('layout') or '-'):14} "
+            f"{(f'{rate:.3g}' if isinstance(rate, (int, float)) else '-'):>12}  {rel.created_at:%Y-%m-%d %H:%M}"
+        )
     return 0
 
 
 def _respond(args: argparse.Namespace) -> int:
-    from pipeline.airflow_rest import AirflowClient
-    from pipeline.paths import home
+    from pipeline.airflow.rest import AirflowClient
+    from pipeline.core.paths import home
 
     user = getattr(args, "as")
     # AIRFLOW_PASSWORD, else the embedded Airflow's generated passwords file (make demo's users)
     local = Path(os.environ.get("AIRFLOW_HOME") or home() / "airflow") / "passwords.json"
-    password = os.environ.get("AIRFLOW_PASSWORD") or (json.loads(local.read_text()).get(user) if local.exists() else None)
+    password = os.environ.get("AIRFLOW_PASSWORD") or (
+        json.loads(local.read_text()).get(user) if local.exists() else None
+    )
     if not password:
         raise ReleaseError(f"no password for Airflow user {user!r}: set AIRFLOW_PASSWORD")
     client = AirflowClient(args.url, user, password)
@@ -201,7 +229,7 @@ def _respond(args: argparse.Namespace) -> int:
 
 
 def _hash_of(path: str) -> str:
-    from pipeline import artifacts
+    from pipeline.core import artifacts
 
     return artifacts.verify(Path(path)).content_hash()
 
@@ -214,11 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("validate", help="check release specs: types, then feasibility (fits the node, weights fit memory)")
+    p = sub.add_parser(
+        "validate", help="check release specs: types, then feasibility (fits the node, weights fit memory)"
+    )
     p.add_argument("spec", nargs="+", help="release spec YAML (configs/releases/*.yaml)")
     p.set_defaults(func=_validate)
 
-    p = sub.add_parser("make-tiny-model", help="build (or reuse) the tiny Qwen3-MoE trained on CPU; prints path and accuracy")
+    p = sub.add_parser(
+        "make-tiny-model", help="build (or reuse) the tiny Qwen3-MoE trained on CPU; prints path and accuracy"
+    )
     p.add_argument("--out", help="directory to create (default: cached under MODEL_RELEASE_HOME/models)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, help="training steps (default: the cached model's)")
@@ -234,25 +266,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec")
     p.set_defaults(func=_materialize)
 
-    p = sub.add_parser("quantize", help="FP8-quantize the spec's model with llmcompressor (or the streaming converter), "
-                       "verify and publish it content-addressed; a re-run with the same inputs is a no-op")
+    p = sub.add_parser(
+        "quantize",
+        help="FP8-quantize the spec's model with llmcompressor (or the streaming converter), "
+        "verify and publish it content-addressed; a re-run with the same inputs is a no-op",
+    )
     p.add_argument("spec")
-    p.add_argument("--method", choices=["oneshot", "model_free", "streaming"],
-                   help="override quantization.method from the spec")
+    p.add_argument(
+        "--method", choices=["oneshot", "model_free", "streaming"], help="override quantization.method from the spec"
+    )
     p.set_defaults(func=_quantize)
 
-    p = sub.add_parser("evaluate", help="lm-eval on the baseline and the FP8 candidate with the spec's tasks, then the "
-                       "accuracy gate (great-expectations); exit 1 with the per-task table when it fails")
+    p = sub.add_parser(
+        "evaluate",
+        help="lm-eval on the baseline and the FP8 candidate with the spec's tasks, then the "
+        "accuracy gate (great-expectations); exit 1 with the per-task table when it fails",
+    )
     p.add_argument("spec")
-    p.add_argument("--candidate", help="candidate model directory with a manifest (default: the spec's quantized model)")
+    p.add_argument(
+        "--candidate", help="candidate model directory with a manifest (default: the spec's quantized model)"
+    )
     p.add_argument("--run-id", default="cli", help="results go to MODEL_RELEASE_HOME/runs/RUN_ID/")
-    p.add_argument("--side", choices=["baseline", "candidate"], help="evaluate one side only (no gate) and write "
-                   "its result to --results (what an evaluation pod runs)")
+    p.add_argument(
+        "--side",
+        choices=["baseline", "candidate"],
+        help="evaluate one side only (no gate) and write its result to --results (what an evaluation pod runs)",
+    )
     p.add_argument("--results", help="s3://bucket/prefix or a directory for --side results")
     p.set_defaults(func=_evaluate)
 
-    p = sub.add_parser("benchmark", help="serve a model with one layout and find its highest rate within the p90 SLO; "
-                       "the result goes to --results (what a benchmark pod runs)")
+    p = sub.add_parser(
+        "benchmark",
+        help="serve a model with one layout and find its highest rate within the p90 SLO; "
+        "the result goes to --results (what a benchmark pod runs)",
+    )
     p.add_argument("spec")
     p.add_argument("--layout", required=True)
     p.add_argument("--model", required=True, help="model directory the engine loads")
@@ -260,8 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", required=True, help="s3://bucket/prefix or a directory")
     p.set_defaults(func=_benchmark)
 
-    p = sub.add_parser("remeasure", help="re-benchmark a live release's layout and staged artifact on a fresh "
-                       "engine (short search + its promoted rate); the result goes to --results (the re-benchmark pod)")
+    p = sub.add_parser(
+        "remeasure",
+        help="re-benchmark a live release's layout and staged artifact on a fresh "
+        "engine (short search + its promoted rate); the result goes to --results (the re-benchmark pod)",
+    )
     p.add_argument("spec")
     p.add_argument("--release", type=int, required=True, help="registry id of the release")
     p.add_argument("--layout", required=True)
@@ -273,20 +323,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", required=True, help="s3://bucket/prefix or a directory")
     p.set_defaults(func=_remeasure)
 
-    p = sub.add_parser("stage", help="upload the FP8 artifact to the spec's S3/Spaces prefix and/or NFS path; "
-                       "manifest last, resumable, verified; unchanged artifacts are not re-sent")
+    p = sub.add_parser(
+        "stage",
+        help="upload the FP8 artifact to the spec's S3/Spaces prefix and/or NFS path; "
+        "manifest last, resumable, verified; unchanged artifacts are not re-sent",
+    )
     p.add_argument("spec")
-    p.add_argument("--artifact", help="artifact directory (default: quantize the spec's model, reusing a finished output)")
+    p.add_argument(
+        "--artifact", help="artifact directory (default: quantize the spec's model, reusing a finished output)"
+    )
     p.set_defaults(func=_stage)
 
-    p = sub.add_parser("fetch", help="download an artifact (s3://bucket/prefix or an NFS path) and verify every file "
-                       "against its manifest; what a serving pod's init container runs")
+    p = sub.add_parser(
+        "fetch",
+        help="download an artifact (s3://bucket/prefix or an NFS path) and verify every file "
+        "against its manifest; what a serving pod's init container runs",
+    )
     p.add_argument("uri")
     p.add_argument("dest")
     p.set_defaults(func=_fetch)
 
-    p = sub.add_parser("manifests", help="render (and schema-validate) the Kubernetes objects a promotion applies "
-                       "for a layout: Deployments per replica group, Service, PDB, weights volume")
+    p = sub.add_parser(
+        "manifests",
+        help="render (and schema-validate) the Kubernetes objects a promotion applies "
+        "for a layout: Deployments per replica group, Service, PDB, weights volume",
+    )
     p.add_argument("spec")
     p.add_argument("--layout", required=True)
     p.add_argument("--release-id", default="preview")
@@ -302,8 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--status")
     q = rs.add_parser("show", help="a release with its full audit trail")
     q.add_argument("id", type=int)
-    q = rs.add_parser("rollback", help="put back the release that served before the live one (or --to ID); "
-                      "records who and why")
+    q = rs.add_parser(
+        "rollback", help="put back the release that served before the live one (or --to ID); records who and why"
+    )
     q.add_argument("--name", help="release name (spec name); default: that of --to")
     q.add_argument("--to", type=int, help="release id to restore (default: the previous one that served)")
     q.add_argument("--reason", required=True)
@@ -311,12 +373,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_releases)
 
     for name, verb in (("approve", "approve"), ("reject", "reject")):
-        p = sub.add_parser(name, help=f"{verb} a release run waiting for review, as a reviewer, over Airflow's REST API "
-                           "(the same human-in-the-loop endpoint the UI uses)")
+        p = sub.add_parser(
+            name,
+            help=f"{verb} a release run waiting for review, as a reviewer, over Airflow's REST API "
+            "(the same human-in-the-loop endpoint the UI uses)",
+        )
         p.add_argument("run_id")
         p.add_argument("--as", required=True, metavar="USER", help="a reviewer named in the spec (an Airflow user)")
         p.add_argument("--comment", help="recorded in the audit trail")
-        p.add_argument("--url", default=os.environ.get("AIRFLOW_URL", "http://localhost:8080"), help="Airflow API server")
+        p.add_argument(
+            "--url", default=os.environ.get("AIRFLOW_URL", "http://localhost:8080"), help="Airflow API server"
+        )
         p.set_defaults(func=_respond)
     return parser
 

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh all
-exec .venv/bin/python -m pipeline.demo "$@"
+exec .venv/bin/python -m pipeline.embedded.demo "$@"

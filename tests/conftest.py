@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.paths import PROJECT_ROOT
+import pipeline.entry  # noqa: F401 - installs Airflow as the platform, as every way into the library does
+from pipeline.core.paths import PROJECT_ROOT
 
 RELEASES = PROJECT_ROOT / "configs" / "releases"
 PROD_SPEC = RELEASES / "qwen3-235b-a22b-fp8-mi325x.yaml"
@@ -19,7 +20,7 @@ SERVE_PYTHON = PROJECT_ROOT / ".venv-serve" / "bin" / "python"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from pipeline import tiny_model
+    from pipeline.stages import tiny_model
 
     return tiny_model.build()
 
@@ -62,7 +63,7 @@ def release_env(monkeypatch, tmp_path):
 @pytest.fixture
 def small_artifact(tmp_path) -> Path:
     """A tiny artifact with a manifest: enough for staging, verification and gate checks."""
-    from pipeline import artifacts
+    from pipeline.core import artifacts
 
     root = tmp_path / "fp8-small"
     root.mkdir()
@@ -75,7 +76,7 @@ def small_artifact(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def fp8_artifact(tiny_model_dir) -> Path:
     """The tiny model's real FP8 artifact (llmcompressor), as the quantize stage publishes it."""
-    from pipeline import flow
+    from pipeline.entry import flow
 
     return Path(flow.quantize(str(TINY_SPEC), flow.materialize_model(str(TINY_SPEC)))["path"])
 

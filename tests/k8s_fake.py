@@ -58,7 +58,7 @@ class FakeCluster:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
-    def __enter__(self) -> "FakeCluster":
+    def __enter__(self) -> FakeCluster:
         self.thread.start()
         return self
 
@@ -79,7 +79,7 @@ class FakeCluster:
     # -------------------------------------------------------- what tests look at
 
     def get(self, plural: str, namespace: str, name: str) -> dict | None:
-        for (gv, kind_plural, ns, obj_name), obj in self.objects.items():
+        for (_gv, kind_plural, ns, obj_name), obj in self.objects.items():
             if (kind_plural, ns, obj_name) == (plural, namespace, name):
                 return obj
         return None
@@ -106,9 +106,11 @@ class FakeCluster:
                 code = 201
             else:
                 changed = old.get("spec") != obj.get("spec")
-                meta.update(uid=old["metadata"]["uid"],
-                            generation=old["metadata"]["generation"] + (1 if changed else 0),
-                            resourceVersion=str(int(old["metadata"]["resourceVersion"]) + 1))
+                meta.update(
+                    uid=old["metadata"]["uid"],
+                    generation=old["metadata"]["generation"] + (1 if changed else 0),
+                    resourceVersion=str(int(old["metadata"]["resourceVersion"]) + 1),
+                )
                 obj["status"] = old.get("status", {})
                 code = 200
             self.objects[key] = obj
@@ -130,13 +132,35 @@ class FakeCluster:
         generation = obj["metadata"]["generation"]
         pod_labels = obj["spec"]["template"]["metadata"].get("labels")
         if self.scenario_for(pod_labels) != "never_ready" and reads >= 2:
-            return {"observedGeneration": generation, "replicas": want, "updatedReplicas": want,
-                    "readyReplicas": want, "availableReplicas": want,
-                    "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
-                                    "message": "Deployment has minimum availability."}]}
-        return {"observedGeneration": generation, "replicas": want, "updatedReplicas": want, "unavailableReplicas": want,
-                "conditions": [{"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
-                                "message": "Deployment does not have minimum availability."}]}
+            return {
+                "observedGeneration": generation,
+                "replicas": want,
+                "updatedReplicas": want,
+                "readyReplicas": want,
+                "availableReplicas": want,
+                "conditions": [
+                    {
+                        "type": "Available",
+                        "status": "True",
+                        "reason": "MinimumReplicasAvailable",
+                        "message": "Deployment has minimum availability.",
+                    }
+                ],
+            }
+        return {
+            "observedGeneration": generation,
+            "replicas": want,
+            "updatedReplicas": want,
+            "unavailableReplicas": want,
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "False",
+                    "reason": "MinimumReplicasUnavailable",
+                    "message": "Deployment does not have minimum availability.",
+                }
+            ],
+        }
 
     def proxy_completion(self, namespace: str, service: str, body: dict) -> tuple[int, dict]:
         svc = self.get("services", namespace, service)
@@ -155,13 +179,24 @@ class FakeCluster:
             return 503, _status(503, f'no endpoints available for service "{service}"')
         if body.get("model") not in served:
             return 404, {"object": "error", "message": f"The model `{body.get('model')}` does not exist.", "code": 404}
-        return 200, {"id": "cmpl-fake", "object": "text_completion", "model": body["model"],
-                     "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}]}
+        return 200, {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
+        }
 
 
 def _status(code: int, message: str) -> dict:
     reason = {404: "NotFound", 415: "UnsupportedMediaType", 400: "BadRequest", 503: "ServiceUnavailable"}.get(code, "")
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def _matches(labels: dict, selector: str) -> bool:
@@ -185,8 +220,15 @@ def _handler(fake: FakeCluster):
         def _route(self):
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            fake.requests.append(Request(self.command, url.path, self.headers.get("Content-Type", ""), query,
-                                         self.headers.get("Authorization")))
+            fake.requests.append(
+                Request(
+                    self.command,
+                    url.path,
+                    self.headers.get("Content-Type", ""),
+                    query,
+                    self.headers.get("Authorization"),
+                )
+            )
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             return url.path, query, raw
@@ -203,7 +245,9 @@ def _handler(fake: FakeCluster):
                 with fake.lock:
                     keys = [k for k in fake.objects if k[:3] == (gv, plural, ns)]
                 items = [fake.read(k) for k in keys]
-                items = [i for i in items if i and _matches(i["metadata"].get("labels"), query.get("labelSelector", ""))]
+                items = [
+                    i for i in items if i and _matches(i["metadata"].get("labels"), query.get("labelSelector", ""))
+                ]
                 return self._send(200, {"kind": "List", "apiVersion": gv, "items": items})
             obj = fake.read((gv, plural, ns, name))
             if obj is None:
@@ -238,8 +282,7 @@ def _handler(fake: FakeCluster):
         def do_POST(self) -> None:
             path, _, raw = self._route()
             match = OBJECT_PATH.match(path)
-            if (match and match["plural"] == "services" and match["name"]
-                    and match["sub"] == "/proxy/v1/completions"):
+            if match and match["plural"] == "services" and match["name"] and match["sub"] == "/proxy/v1/completions":
                 service = match["name"].split(":", 1)[0]
                 return self._send(*fake.proxy_completion(match["ns"], service, json.loads(raw or b"{}")))
             return self._send(404, _status(404, f"no route {path}"))

@@ -22,8 +22,12 @@ class MotoServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         moto = Path(sys.executable).parent / "moto_server"
-        self.proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(self.port)], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [str(moto), "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -31,7 +35,7 @@ class MotoServer:
                 return
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto_server did not start")
+                    raise RuntimeError("moto_server did not start") from None
                 time.sleep(0.2)
 
     def stop(self) -> None:

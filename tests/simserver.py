@@ -35,6 +35,7 @@ def make_app(mu: float, tpot_ms: float, seed: int = 0) -> web.Application:
                 done = await queue.get()
                 await asyncio.sleep(rng.expovariate(mu))
                 done.set_result(None)
+
         task = asyncio.create_task(work())
         yield
         task.cancel()
@@ -50,8 +51,13 @@ def make_app(mu: float, tpot_ms: float, seed: int = 0) -> web.Application:
         for i in range(tokens):
             if i:
                 await asyncio.sleep(tpot_ms / 1000)
-            chunk = {"id": "sim", "object": "text_completion", "created": int(time.time()), "model": body.get("model"),
-                     "choices": [{"index": 0, "text": " x", "finish_reason": None if i < tokens - 1 else "length"}]}
+            chunk = {
+                "id": "sim",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [{"index": 0, "text": " x", "finish_reason": None if i < tokens - 1 else "length"}],
+            }
             if i == tokens - 1:
                 chunk["usage"] = {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())

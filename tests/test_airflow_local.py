@@ -6,7 +6,7 @@ import os
 import subprocess
 import time
 
-from pipeline.airflow_local import Standalone, descendants
+from pipeline.embedded.airflow_standalone import Standalone, descendants
 
 
 def test_stop_also_stops_task_processes_that_left_the_standalone_group(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import artifacts
-from pipeline.errors import ArtifactError
+from pipeline.core import artifacts
+from pipeline.core.errors import ArtifactError
 
 
 def make_artifact(root):

@@ -10,37 +10,86 @@ import subprocess
 
 import pytest
 
-from pipeline import benchmark, serving
-from pipeline.spec import SloSpec, WorkloadSpec, load_spec
+from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
+from pipeline.stages import benchmark, serving
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.simserver import true_max_rate
 
 
 def test_production_commands_flag_by_flag():
     loaded = load_spec(PROD_SPEC)
-    tp8, tp4x2 = (serving.build_commands(loaded.spec, loaded.hardware, layout, "/models/qwen3-fp8", 8000)
-                  for layout in loaded.spec.layouts)
-    common = ["--quantization", "fp8", "--kv-cache-dtype", "fp8", "--max-model-len", "32768",
-              "--max-num-batched-tokens", "32768", "--gpu-memory-utilization", "0.9",
-              "--distributed-executor-backend", "mp", "--enable-prefix-caching"]
-    aiter = {"VLLM_USE_V1": "1", "SAFETENSORS_FAST_GPU": "1", "VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1",
-             "VLLM_USE_TRITON_FLASH_ATTN": "0", "HIP_FORCE_DEV_KERNARG": "1", "TORCH_BLAS_PREFER_HIPBLASLT": "1"}
+    tp8, tp4x2 = (
+        serving.build_commands(loaded.spec, loaded.hardware, layout, "/models/qwen3-fp8", 8000)
+        for layout in loaded.spec.layouts
+    )
+    common = [
+        "--quantization",
+        "fp8",
+        "--kv-cache-dtype",
+        "fp8",
+        "--max-model-len",
+        "32768",
+        "--max-num-batched-tokens",
+        "32768",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--distributed-executor-backend",
+        "mp",
+        "--enable-prefix-caching",
+    ]
+    aiter = {
+        "VLLM_USE_V1": "1",
+        "SAFETENSORS_FAST_GPU": "1",
+        "VLLM_ROCM_USE_AITER": "1",
+        "VLLM_ROCM_USE_AITER_MOE": "1",
+        "VLLM_USE_TRITON_FLASH_ATTN": "0",
+        "HIP_FORCE_DEV_KERNARG": "1",
+        "TORCH_BLAS_PREFER_HIPBLASLT": "1",
+    }
     (one,) = tp8
-    assert one.argv == ["vllm", "serve", "/models/qwen3-fp8", "--host", "0.0.0.0", "--port", "8000",
-                        "--served-model-name", "model", "--tensor-parallel-size", "8", "--enable-expert-parallel",
-                        *common, "--compilation-config", '{"full_cuda_graph":false,"max_capture_size":32768}']
+    assert one.argv == [
+        "vllm",
+        "serve",
+        "/models/qwen3-fp8",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "model",
+        "--tensor-parallel-size",
+        "8",
+        "--enable-expert-parallel",
+        *common,
+        "--compilation-config",
+        '{"full_cuda_graph":false,"max_capture_size":32768}',
+    ]
     assert one.env == {**aiter, "HIP_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     assert [c.devices for c in tp4x2] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # NUMA-local halves
     for i, cmd in enumerate(tp4x2):
-        assert cmd.argv == ["vllm", "serve", "/models/qwen3-fp8", "--host", "0.0.0.0", "--port", str(8000 + i),
-                            "--served-model-name", "model", "--tensor-parallel-size", "4", "--enable-expert-parallel",
-                            *common]
+        assert cmd.argv == [
+            "vllm",
+            "serve",
+            "/models/qwen3-fp8",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(8000 + i),
+            "--served-model-name",
+            "model",
+            "--tensor-parallel-size",
+            "4",
+            "--enable-expert-parallel",
+            *common,
+        ]
         assert cmd.env == {**aiter, "HIP_VISIBLE_DEVICES": ["0,1,2,3", "4,5,6,7"][i]}
 
 
 def test_cpu_commands_use_the_engine_venv_and_pin_replicas_to_cores():
     loaded = load_spec(TINY_SPEC)
-    single, two = (serving.build_commands(loaded.spec, loaded.hardware, layout, "/m", 9000) for layout in loaded.spec.layouts)
+    single, two = (
+        serving.build_commands(loaded.spec, loaded.hardware, layout, "/m", 9000) for layout in loaded.spec.layouts
+    )
     assert single[0].argv[:4] == [str(serving.SERVE_PYTHON), str(serving.VLLM_CLI), "serve", "/m"]
     assert single[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "0"  # compute on core 0; core 1 serves the rest
     plan = serving.placement(loaded.hardware, loaded.spec.layouts[0])
@@ -69,10 +118,24 @@ def mm1_run(mu: float, slo: SloSpec, noise: float = 0.0, seed: int = 0):
         achieved = min(rate, mu * 0.98) if not math.isinf(rate) else mu
         p90 = math.log(10) / max(mu - rate, 1e-3) * 1000 if rate < mu else 1e6
         p90 *= 1 + rng.uniform(-noise, noise)
-        probe = benchmark.Probe(rate=rate, num_prompts=n, achieved_rate=achieved, completed=n, failed=0,
-                                failed_fraction=0.0, duration_s=n / max(achieved, 1e-9), output_tok_s=0.0,
-                                p50_ttft_ms=p90 / 3, p90_ttft_ms=p90, p99_ttft_ms=p90 * 2, p50_tpot_ms=5,
-                                p90_tpot_ms=5, p99_tpot_ms=5, p90_itl_ms=5, p90_e2el_ms=p90)
+        probe = benchmark.Probe(
+            rate=rate,
+            num_prompts=n,
+            achieved_rate=achieved,
+            completed=n,
+            failed=0,
+            failed_fraction=0.0,
+            duration_s=n / max(achieved, 1e-9),
+            output_tok_s=0.0,
+            p50_ttft_ms=p90 / 3,
+            p90_ttft_ms=p90,
+            p99_ttft_ms=p90 * 2,
+            p50_tpot_ms=5,
+            p90_tpot_ms=5,
+            p99_tpot_ms=5,
+            p90_itl_ms=5,
+            p90_e2el_ms=p90,
+        )
         benchmark.judge(probe, slo)
         return probe
 
@@ -120,8 +183,7 @@ def test_a_low_burst_does_not_cap_the_answer():
 def test_a_prior_starts_the_bracket_and_a_failed_repeat_moves_the_answer_down():
     slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
     truth = true_max_rate(60.0, 200.0)
-    outcome = benchmark.slo_search(mm1_run(60.0, slo), WorkloadSpec(input_len=1, output_len=2), slo,
-                                   prior=truth * 0.9)
+    outcome = benchmark.slo_search(mm1_run(60.0, slo), WorkloadSpec(input_len=1, output_len=2), slo, prior=truth * 0.9)
     assert not any(math.isinf(p.rate) for p in outcome.probes)  # no burst when the scale is known
     assert outcome.probes[0].rate == pytest.approx(truth * 0.9)
     assert abs(outcome.max_slo_rate - truth) / truth <= 0.05 and not outcome.bound_only
@@ -144,7 +206,7 @@ def test_a_prior_starts_the_bracket_and_a_failed_repeat_moves_the_answer_down():
 
 
 def test_a_probe_beside_a_cpu_hog_is_measured_again_and_flagged_when_it_stays_dirty():
-    from pipeline.interference import Interference
+    from pipeline.stages.interference import Interference
 
     slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2, max_interference=0.2, interference_retries=2)
@@ -155,8 +217,17 @@ def test_a_probe_beside_a_cpu_hog_is_measured_again_and_flagged_when_it_stays_di
         probe = steady(rate, n, seed)
         calls.append(rate)
         hog = 0.9 if len(calls) > 1 and rate == calls[1] else 0.0  # a hog beside the first steady probe, every try
-        probe.interference = Interference(wall_s=10, cores=2, busy=1.0 + hog, engine=1.0, client=0.1, owner=0.0,
-                                          other=hog, load_avg_1m=1.0, top_other=[("hog", hog)] if hog else [])
+        probe.interference = Interference(
+            wall_s=10,
+            cores=2,
+            busy=1.0 + hog,
+            engine=1.0,
+            client=0.1,
+            owner=0.0,
+            other=hog,
+            load_avg_1m=1.0,
+            top_other=[("hog", hog)] if hog else [],
+        )
         return probe
 
     outcome = benchmark.slo_search(run, workload, slo)
@@ -175,30 +246,46 @@ def test_search_reports_a_bound_when_the_budget_runs_out():
 
 def test_select_and_gate():
     def result(name, rate):
-        return benchmark.LayoutResult(layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok",
-                                      max_slo_rate=rate, per_server=rate, per_device=rate)
+        return benchmark.LayoutResult(
+            layout=name,
+            tp=1,
+            dp=1,
+            ep=1,
+            pp=1,
+            replicas=1,
+            devices=1,
+            status="ok",
+            max_slo_rate=rate,
+            per_server=rate,
+            per_device=rate,
+        )
 
     slo = SloSpec(p90_ttft_ms=100, p90_tpot_ms=10, min_rate_per_server=2.0)
     chosen = benchmark.select([result("a", 1.0), result("b", 3.0)], slo)
     assert chosen.passed and chosen.best == "b"
     low = benchmark.select([result("a", 1.0)], slo)
     assert not low.passed and "below the required 2" in low.reason
-    failed = benchmark.LayoutResult(layout="c", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="failed", error="x")
+    failed = benchmark.LayoutResult(
+        layout="c", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="failed", error="x"
+    )
     assert not benchmark.select([failed], slo).passed
 
 
 def engine_processes() -> list[str]:
     """Live (not zombie) engine API servers, vLLM EngineCore/worker processes and nginx masters."""
     out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()
-            if not line.lstrip().startswith("Z") and re.search(r"vllm_cli\.py serve|VLLM::|nginx: (master|worker)", line)]
+    return [
+        line
+        for line in out.splitlines()
+        if not line.lstrip().startswith("Z") and re.search(r"vllm_cli\.py serve|VLLM::|nginx: (master|worker)", line)
+    ]
 
 
 @pytest.mark.slow
 def test_two_real_vllm_cpu_layouts(tiny_model_dir, tmp_path, monkeypatch):
-    from pipeline import dequant, quantize
-    from pipeline.sources import ModelSource
-    from pipeline import artifacts
+    from pipeline.core import artifacts
+    from pipeline.stages import dequant, quantize
+    from pipeline.stages.sources import ModelSource
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
     loaded = load_spec(TINY_SPEC)
@@ -207,11 +294,22 @@ def test_two_real_vllm_cpu_layouts(tiny_model_dir, tmp_path, monkeypatch):
     spec.workload.min_probe_seconds = 2
     spec.slo.resolution = 0.25  # a short search: this test proves the machinery, not the number
     manifest = artifacts.read_manifest(tiny_model_dir)
-    fp8 = quantize.quantize(spec, ModelSource(uri="t", path=str(tiny_model_dir), manifest_hash=manifest.content_hash(),
-                                              total_bytes=manifest.total_bytes, files=len(manifest.files)), "model_free")
+    fp8 = quantize.quantize(
+        spec,
+        ModelSource(
+            uri="t",
+            path=str(tiny_model_dir),
+            manifest_hash=manifest.content_hash(),
+            total_bytes=manifest.total_bytes,
+            files=len(manifest.files),
+        ),
+        "model_free",
+    )
     model = dequant.bf16_copy(__import__("pathlib").Path(fp8.path))
-    results = [benchmark.benchmark_layout(spec, loaded.hardware, layout, model, tmp_path / layout.name)
-               for layout in spec.layouts]
+    results = [
+        benchmark.benchmark_layout(spec, loaded.hardware, layout, model, tmp_path / layout.name)
+        for layout in spec.layouts
+    ]
     for r in results:
         assert r.status == "ok", r.error
         assert r.load_seconds and len(r.load_seconds) == r.replicas
@@ -252,10 +350,12 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
 
     script = tmp_path / "run.py"
     script.write_text(
-        "import sys\nfrom pathlib import Path\nfrom pipeline import serving\nfrom pipeline.spec import load_spec\n"
+        "import sys\nfrom pathlib import Path\nfrom pipeline.stages import serving\n"
+        "from pipeline.core.spec import load_spec\n"
         f"loaded = load_spec({str(TINY_SPEC)!r})\n"
         "layout = loaded.spec.layouts[1]\n"
-        f"cmds = serving.build_commands(loaded.spec, loaded.hardware, layout, {str(tiny_model_dir)!r}, serving.free_port())\n"
+        "cmds = serving.build_commands(loaded.spec, loaded.hardware, layout,"
+        f" {str(tiny_model_dir)!r}, serving.free_port())\n"
         "for c in cmds:\n    p = serving.free_port(); c.argv[c.argv.index('--port') + 1] = str(p); c.port = p\n"
         f"with serving.LocalEngine(cmds, Path({str(tmp_path / 'logs')!r})) as engine:\n"
         "    print('started', engine.url, flush=True)\n    import time; time.sleep(600)\n"

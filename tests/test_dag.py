@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from pipeline import local_s3
-from pipeline.airflow_local import airflow, airflow_env, ensure_db
-from pipeline.paths import PROJECT_ROOT
+from pipeline.core.paths import PROJECT_ROOT
+from pipeline.embedded import local_s3
+from pipeline.embedded.airflow_standalone import airflow, airflow_env, ensure_db
 from tests.s3server import MotoServer
 
 DAGBAG_SCRIPT = """
@@ -37,7 +37,8 @@ def test_dagbag_imports_without_errors(af_env):
     assert result["errors"] == {}
     # the release DAG, the manual rollback, and one re-benchmark DAG per shipped spec
     assert {"model_release", "rollback", "rebenchmark__tiny_qwen3_moe_fp8", "rebenchmark__qwen3_235b_a22b_fp8"} <= set(
-        result["dags"])
+        result["dags"]
+    )
 
 
 TASKS_SCRIPT = """
@@ -82,8 +83,13 @@ def test_dag_files_hold_wiring_only():
 def test_bad_spec_fails_the_validate_task(af_env, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodel:\n  name: a\n   source: y\n")
-    result = airflow(["dags", "test", "model_release", "-c", json.dumps({"spec": str(bad)})],
-                     af_env, capture_output=True, text=True, timeout=600)
+    result = airflow(
+        ["dags", "test", "model_release", "-c", json.dumps({"spec": str(bad)})],
+        af_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = result.stdout + result.stderr
     assert f"{bad}: line 4, column 10: YAML syntax error" in output, output[-4000:]
     assert "materialize_model" not in output or "upstream_failed" in output

@@ -6,13 +6,15 @@ import re
 
 import yaml
 
-from pipeline.paths import PROJECT_ROOT
+from pipeline.core.paths import PROJECT_ROOT
 
 DOCKER = PROJECT_ROOT / "docker"
 
 
 def test_airflow_image_pins_the_locked_airflow_version():
-    locked = re.search(r"^apache-airflow==(\S+)$", (PROJECT_ROOT / "requirements" / "main.lock").read_text(), re.M).group(1)
+    locked = re.search(
+        r"^apache-airflow==(\S+)$", (PROJECT_ROOT / "requirements" / "main.lock").read_text(), re.M
+    ).group(1)
     text = (DOCKER / "airflow.Dockerfile").read_text()
     assert f"ARG AIRFLOW_VERSION={locked}" in text
     assert "FROM apache/airflow:${AIRFLOW_VERSION}" in text
@@ -43,14 +45,16 @@ def test_compose_has_the_airflow_components_on_postgres_without_secrets():
 
 
 def test_worker_image_carries_the_engine_the_production_spec_names_where_the_pods_expect_it():
+    from pipeline.core.spec import load_spec
     from pipeline.k8s import pods
-    from pipeline.spec import load_spec
     from tests.conftest import PROD_SPEC
 
     text = (DOCKER / "worker-rocm.Dockerfile").read_text()
-    assert re.search(r"^ARG ROCM_VLLM_IMAGE=(\S+)$", text, re.M).group(1) == load_spec(PROD_SPEC).spec.serving.engine_image
+    assert (
+        re.search(r"^ARG ROCM_VLLM_IMAGE=(\S+)$", text, re.M).group(1) == load_spec(PROD_SPEC).spec.serving.engine_image
+    )
     assert f"MODEL_RELEASE_HOME={pods.POD_HOME}" in text and f"WORKDIR {pods.POD_PROJECT}\n" in text
-    # editable installs: `pipeline` finds configs/ next to itself (pipeline.paths.CONFIGS_DIR)
+    # editable installs: `pipeline` finds configs/ next to itself (pipeline.core.paths.CONFIGS_DIR)
     assert "pip install --no-cache-dir --no-deps --editable .\n" in text
     assert "--editable /opt/model-release\n" in (DOCKER / "airflow.Dockerfile").read_text()
 
@@ -79,7 +83,9 @@ def test_compose_keeps_the_release_registry_in_its_own_database_on_the_same_post
     database = re.search(r"CREATE DATABASE (\w+)", (DOCKER / init).read_text()).group(1)
     for name in ("api-server", "scheduler", "dag-processor", "triggerer"):
         env = compose["services"][name]["environment"]
-        assert env["MODEL_RELEASE_REGISTRY_URL"].startswith("postgresql+psycopg2://airflow:${POSTGRES_PASSWORD}@postgres/")
+        assert env["MODEL_RELEASE_REGISTRY_URL"].startswith(
+            "postgresql+psycopg2://airflow:${POSTGRES_PASSWORD}@postgres/"
+        )
         assert env["MODEL_RELEASE_REGISTRY_URL"].endswith(f"@postgres/{database}")
         assert env["MODEL_RELEASE_WORKER_IMAGE"].startswith("${")  # from the environment, default empty
 
@@ -97,11 +103,19 @@ def test_images_script_tags_both_images_with_the_package_version(tmp_path):
     fake.chmod(0o755)
     log = tmp_path / "docker.log"
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "DOCKER_LOG": str(log)}
-    out = subprocess.run(["sh", "docker/images.sh", "reg.example.com/mr", "--push"], cwd=PROJECT_ROOT, env=env,
-                         check=True, capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["sh", "docker/images.sh", "reg.example.com/mr", "--push"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert out == [f"reg.example.com/mr/airflow:{__version__}", f"reg.example.com/mr/worker-rocm:{__version__}"]
     assert log.read_text().splitlines() == [
-        f"build -f docker/airflow.Dockerfile -t {out[0]} .", f"push {out[0]}",
-        f"build -f docker/worker-rocm.Dockerfile -t {out[1]} .", f"push {out[1]}",
+        f"build -f docker/airflow.Dockerfile -t {out[0]} .",
+        f"push {out[0]}",
+        f"build -f docker/worker-rocm.Dockerfile -t {out[1]} .",
+        f"push {out[1]}",
     ]
     assert pods.DEFAULT_WORKER_IMAGE == f"registry.digitalocean.com/model-release/worker-rocm:{__version__}"

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from pipeline import local_s3, local_target
-from pipeline.airflow_local import Standalone, ensure_db, standalone_env
-from pipeline.paths import home
-from pipeline.registry import Registry
-from pipeline.spec import load_spec
+from pipeline.core.paths import home
+from pipeline.core.spec import load_spec
+from pipeline.embedded import local_s3
+from pipeline.embedded.airflow_standalone import Standalone, ensure_db, standalone_env
+from pipeline.release import local_target
+from pipeline.release.registry import Registry
 from tests.conftest import TINY_SPEC
 from tests.s3server import MotoServer, free_port
 
@@ -59,8 +60,12 @@ def stack(tmp_path_factory, tiny_model_dir):
     saved = {k: os.environ.get(k) for k in ("MODEL_RELEASE_REGISTRY_URL",)}
     os.environ["MODEL_RELEASE_REGISTRY_URL"] = registry_url
     try:
-        yield {"airflow": airflow, "spec": spec_path, "registry": Registry(registry_url),
-               "loaded": load_spec(spec_path)}
+        yield {
+            "airflow": airflow,
+            "spec": spec_path,
+            "registry": Registry(registry_url),
+            "loaded": load_spec(spec_path),
+        }
     finally:
         airflow.stop()
         local_target.stop(data["name"])
@@ -97,7 +102,9 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     first = reg.by_run(run_id)
     assert first.status == "live", first
     kinds = [(e.kind, e.actor) for e in reg.events(first.id)]
-    assert ("approved", "reviewer") in kinds and ("accuracy_gate", "gate") in kinds and ("verified", "pipeline") in kinds
+    assert (
+        ("approved", "reviewer") in kinds and ("accuracy_gate", "gate") in kinds and ("verified", "pipeline") in kinds
+    )
     assert completion(url)  # the staged FP8 artifact (BF16 copy on this CPU) answers on the spec's port
     report = Path(first.data["report"])
     assert report.exists() and "numbers look good" in report.read_text()
@@ -105,8 +112,10 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     run_id2, _ = release_run(stack, False, "not this week")
     second = reg.by_run(run_id2)
     assert second.status == "rejected"
-    assert any(e.kind == "rejected" and e.actor == "reviewer" and e.detail["comment"] == "not this week"
-               for e in reg.events(second.id))
+    assert any(
+        e.kind == "rejected" and e.actor == "reviewer" and e.detail["comment"] == "not this week"
+        for e in reg.events(second.id)
+    )
     assert not any(e.kind.startswith("deploy") for e in reg.events(second.id))
     assert reg.get(first.id).status == "live" and local_target.current(loaded.spec.name).release_id == first.id
     assert completion(url)
@@ -118,11 +127,14 @@ def test_plugin_refuses_anonymous_requests_and_serves_reviewers(stack):
     base = stack["airflow"].url
     anonymous = requests.get(f"{base}/model-releases/", timeout=30)
     assert anonymous.status_code in (401, 403)
-    assert requests.get(f"{base}/model-releases/", headers={"Authorization": "Bearer not-a-jwt"},
-                        timeout=30).status_code in (401, 403)
+    assert requests.get(
+        f"{base}/model-releases/", headers={"Authorization": "Bearer not-a-jwt"}, timeout=30
+    ).status_code in (401, 403)
     assert requests.post(f"{base}/model-releases/", timeout=30).status_code in (401, 403, 405)
     token = stack["airflow"].client("reviewer").token
-    listing = requests.get(f"{base}/model-releases/api/releases", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    listing = requests.get(
+        f"{base}/model-releases/api/releases", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
     assert listing.status_code == 200
 
 
@@ -136,9 +148,18 @@ def test_plugin_page_in_a_real_browser(stack):
     token = stack["airflow"].client("reviewer").token
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = pw.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         try:
             context = browser.new_context(viewport={"width": 1280, "height": 900})
             page = context.new_page()

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import artifacts, evaluate, flow, quantize
-from pipeline.errors import ReleaseError, SpecError
-from pipeline.sources import ModelSource
-from pipeline.spec import EvalTask, load_spec
+from pipeline.core import artifacts
+from pipeline.core.errors import ReleaseError, SpecError
+from pipeline.core.spec import EvalTask, load_spec
+from pipeline.entry import flow
+from pipeline.stages import evaluate, quantize
+from pipeline.stages.sources import ModelSource
 from tests.conftest import TINY_SPEC
 
 
@@ -27,8 +29,13 @@ def baseline(tiny_model_dir, evaluation):
 def fp8_candidate(tiny_model_dir, tmp_path_factory):
     spec = load_spec(TINY_SPEC).spec
     manifest = artifacts.read_manifest(tiny_model_dir)
-    source = ModelSource(uri="t", path=str(tiny_model_dir), manifest_hash=manifest.content_hash(),
-                         total_bytes=manifest.total_bytes, files=len(manifest.files))
+    source = ModelSource(
+        uri="t",
+        path=str(tiny_model_dir),
+        manifest_hash=manifest.content_hash(),
+        total_bytes=manifest.total_bytes,
+        files=len(manifest.files),
+    )
     return Path(quantize.quantize(spec, source, "model_free").path)
 
 
@@ -36,7 +43,6 @@ def damaged_copy(src: Path, dst: Path) -> Path:
     """The BF16 model with its attention weights fake-quantized to 2 bits per row: a broken release."""
     import shutil
 
-    import torch
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(src, dst)
@@ -70,8 +76,10 @@ def test_damaged_candidate_fails_naming_task_and_recovery(baseline, tiny_model_d
     assert not decision.passed
     failed = [t for t in decision.tasks if not t.passed]
     assert failed
-    assert any(line.startswith(f"{failed[0].task}: recovery vs min_recovery") and "recovery=" in line
-               for line in decision.failures), decision.failures
+    assert any(
+        line.startswith(f"{failed[0].task}: recovery vs min_recovery") and "recovery=" in line
+        for line in decision.failures
+    ), decision.failures
     with pytest.raises(flow.GateFailed, match=rf"(?s){failed[0].task}: .*recovery"):
         flow.accuracy_gate(str(TINY_SPEC), baseline.model_dump(), candidate.model_dump(), "test-damaged")
 
@@ -80,15 +88,23 @@ def test_missing_task_fails_the_gx_validation(baseline, evaluation, tmp_path):
     partial = baseline.model_copy(update={"scores": [s for s in baseline.scores if s.task != "tiny_copy"]})
     decision = evaluate.gate(baseline, partial, evaluation, tmp_path)
     assert not decision.passed
-    assert "tiny_copy: configured task missing from the results (expect_column_distinct_values_to_equal_set)" in decision.failures
+    assert (
+        "tiny_copy: configured task missing from the results (expect_column_distinct_values_to_equal_set)"
+        in decision.failures
+    )
 
 
 def test_wrong_sample_count_fails_the_gx_validation(baseline, evaluation, tmp_path):
-    fewer = baseline.model_copy(update={"scores": [s.model_copy(update={"samples": 150}) if s.task == "tiny_add" else s
-                                                    for s in baseline.scores]})
+    fewer = baseline.model_copy(
+        update={
+            "scores": [s.model_copy(update={"samples": 150}) if s.task == "tiny_add" else s for s in baseline.scores]
+        }
+    )
     decision = evaluate.gate(baseline, fewer, evaluation, tmp_path)
     assert not decision.passed
-    assert any(f.startswith("tiny_add: samples_candidate vs expected_samples") for f in decision.failures), decision.failures
+    assert any(f.startswith("tiny_add: samples_candidate vs expected_samples") for f in decision.failures), (
+        decision.failures
+    )
 
 
 def test_baseline_is_cached(tiny_model_dir, baseline, evaluation):
@@ -111,8 +127,8 @@ def test_missing_data_file_is_named(tiny_model_dir, evaluation, tmp_path, monkey
 
 
 def test_vllm_backend_shards_the_model_like_the_widest_layout(spec_file):
-    from pipeline import evaluate as evaluate_stage
-    from pipeline.spec import load_spec
+    from pipeline.core.spec import load_spec
+    from pipeline.stages import evaluate as evaluate_stage
     from tests.conftest import PROD_SPEC
 
     loaded = load_spec(PROD_SPEC)
@@ -122,9 +138,11 @@ def test_vllm_backend_shards_the_model_like_the_widest_layout(spec_file):
 
     def four(data):
         data["evaluation"]["tensor_parallel_size"] = 4
+
     assert load_spec(spec_file(PROD_SPEC, four)).spec.evaluation.tensor_parallel_size == 4
 
     def three(data):
         data["evaluation"]["tensor_parallel_size"] = 3
+
     with pytest.raises(SpecError, match="evaluation.tensor_parallel_size: 3 must divide the 64 attention heads"):
         load_spec(spec_file(PROD_SPEC, three))

@@ -1,4 +1,4 @@
-"""pipeline.fp8_stream against a real llmcompressor.model_free_ptq run: same files, same tensors
+"""pipeline.stages.fp8_stream against a real llmcompressor.model_free_ptq run: same files, same tensors
 (names, dtypes, shapes, bits), same index, same config.json, for FP8_DYNAMIC and FP8_BLOCK."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pipeline import fp8_stream
-from pipeline.errors import ArtifactError
+from pipeline.core.errors import ArtifactError
+from pipeline.stages import fp8_stream
 
 IGNORE = ["lm_head", "model.embed_tokens", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]
 SCHEMES = ["FP8_DYNAMIC", "FP8_BLOCK"]
@@ -66,12 +66,13 @@ def make_checkpoint(path: Path, odd_columns: bool = False) -> Path:
     shards[1]["model.norm.weight"] = rand(hidden)
     shards[1]["lm_head.weight"] = rand(300, hidden)
     weight_map = {}
-    for name, tensors in zip(SHARDS, shards):
+    for name, tensors in zip(SHARDS, shards, strict=True):
         save_file(tensors, path / name, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, name))
     total = sum(t.nbytes for s in shards for t in s.values())
     (path / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
     (path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}))
     (path / "tokenizer.json").write_text('{"version": "1.0"}')
     (path / "manifest.json").write_text('{"kind": "model", "files": []}')
@@ -81,8 +82,7 @@ def make_checkpoint(path: Path, odd_columns: bool = False) -> Path:
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fp8_stream")
-    return {"FP8_DYNAMIC": make_checkpoint(root / "odd", odd_columns=True),
-            "FP8_BLOCK": make_checkpoint(root / "even")}
+    return {"FP8_DYNAMIC": make_checkpoint(root / "odd", odd_columns=True), "FP8_BLOCK": make_checkpoint(root / "even")}
 
 
 @pytest.fixture(scope="module")
@@ -204,8 +204,10 @@ def test_arithmetic_matches_llmcompressor_per_module(dtype, shape):
     scratch = fp8_stream.Scratch()
     for w in cases:
         w = w.to(dtype)
-        for scheme, ours in (("FP8_DYNAMIC", lambda x: fp8_stream.quantize_channel(x, scratch)),
-                             ("FP8_BLOCK", lambda x: fp8_stream.quantize_block(x, (128, 128), scratch))):
+        for scheme, ours in (
+            ("FP8_DYNAMIC", lambda x: fp8_stream.quantize_channel(x, scratch)),
+            ("FP8_BLOCK", lambda x: fp8_stream.quantize_block(x, (128, 128), scratch)),
+        ):
             ref_q, ref_s = reference_module(w.clone(), scheme)
             q, s = ours(w)
             assert (q.dtype, q.shape, s.dtype, s.shape) == (ref_q.dtype, ref_q.shape, ref_s.dtype, ref_s.shape)
@@ -240,7 +242,8 @@ def test_block_scheme_refuses_columns_not_a_multiple_of_128(synthetic, tmp_path)
 
 
 def test_interrupted_conversion_leaves_no_shard_under_its_final_name_and_can_be_rerun(
-        synthetic, reference, tmp_path, monkeypatch):
+    synthetic, reference, tmp_path, monkeypatch
+):
     src = synthetic["FP8_DYNAMIC"]
     out = tmp_path / "out"
     out.mkdir()

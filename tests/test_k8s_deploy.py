@@ -8,9 +8,9 @@ import json
 import pytest
 from kubernetes import client
 
+from pipeline.core.spec import load_spec
 from pipeline.k8s import deploy, manifests
 from pipeline.k8s.deploy import ClusterUnreachable, KubernetesTarget, RolloutFailed
-from pipeline.spec import load_spec
 from tests.conftest import PROD_SPEC
 from tests.k8s_fake import FakeCluster, dead_url
 
@@ -56,13 +56,19 @@ def test_success_goes_live_by_server_side_apply(fake, releases):
     assert smoke["ok"] is True and smoke["text"] == " Paris."
     patches = [r for r in fake.requests if r.method == "PATCH"]
     assert len(patches) == len(releases["r2"])
-    assert all(r.content_type == "application/apply-patch+yaml" and r.field_manager == "model-release"
-               and r.query["force"] == "true" for r in patches)
+    assert all(
+        r.content_type == "application/apply-patch+yaml"
+        and r.field_manager == "model-release"
+        and r.query["force"] == "true"
+        for r in patches
+    )
     assert fake.names("deployments", NS) == ["qwen3-235b-a22b-fp8-0", "qwen3-235b-a22b-fp8-1"]
     assert fake.get("services", NS, "qwen3-235b-a22b-fp8")["spec"]["selector"]["model-release/release-id"] == "r2"
     assert fake.names("persistentvolumeclaims", NS) and fake.names("poddisruptionbudgets", NS)
     proxied = [r for r in fake.requests if r.method == "POST"]
-    assert [r.path for r in proxied] == [f"/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8:8000/proxy/v1/completions"]
+    assert [r.path for r in proxied] == [
+        f"/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8:8000/proxy/v1/completions"
+    ]
 
 
 def test_applying_the_same_objects_again_changes_no_generation(fake, releases):
@@ -106,10 +112,18 @@ def test_a_failed_smoke_test_rolls_back(fake, releases):
     fake.scenarios["r2"] = "smoke_fails"
     outcome = KubernetesTarget(fake.client(), **FAST).deploy("r2", releases["r2"], releases["r1"], timeout_s=5)
     assert outcome.status == "rolled_back"
-    assert names(outcome) == ["deploy_started", "rollout_complete", "smoke_test", "rollback_started", "rollback_complete"]
+    assert names(outcome) == [
+        "deploy_started",
+        "rollout_complete",
+        "smoke_test",
+        "rollback_started",
+        "rollback_complete",
+    ]
     assert dict(outcome.events)["smoke_test"]["ok"] is False
     assert "HTTP 500" in outcome.error and "EngineCore died" in outcome.error
-    assert fake.get("deployments", NS, "qwen3-235b-a22b-fp8-0")["metadata"]["labels"]["model-release/release-id"] == "r1"
+    assert (
+        fake.get("deployments", NS, "qwen3-235b-a22b-fp8-0")["metadata"]["labels"]["model-release/release-id"] == "r1"
+    )
     assert fake.names("deployments", NS) == ["qwen3-235b-a22b-fp8-0"]
 
 
@@ -143,12 +157,18 @@ def test_smoke_returns_the_completion_and_fails_on_a_wrong_model(fake, releases)
 
 def write_kubeconfig(tmp_path, server):
     path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "ci", "user": {"token": "s3cr3t-token"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "ci"}}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": server}}],
+                "users": [{"name": "ci", "user": {"token": "s3cr3t-token"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "ci"}}],
+            }
+        )
+    )
     return path
 
 
@@ -168,8 +188,9 @@ def test_api_client_from_kubeconfig_sends_the_token_and_never_logs_it(fake, rele
 def test_api_client_from_an_airflow_connection(fake, tmp_path, monkeypatch):
     pytest.importorskip("airflow.providers.cncf.kubernetes")
     path = write_kubeconfig(tmp_path, fake.url)
-    monkeypatch.setenv("AIRFLOW_CONN_FAKE_K8S", json.dumps({"conn_type": "kubernetes",
-                                                            "extra": {"kube_config_path": str(path)}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_FAKE_K8S", json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(path)}})
+    )
     api = deploy.api_client("fake_k8s")
     assert api.configuration.host == fake.url
     assert KubernetesTarget(api).check_reachable() == "v1.31.0-fake"

@@ -8,16 +8,17 @@ import copy
 import pytest
 import yaml
 
-from tests.conftest import PROD_SPEC, TINY_SPEC
-from pipeline.errors import ReleaseError
+from pipeline.core.errors import ReleaseError
+from pipeline.core.spec import load_spec
 from pipeline.k8s import manifests
 from pipeline.k8s.manifests import Artifact, RenderOptions
-from pipeline.spec import load_spec
+from tests.conftest import PROD_SPEC, TINY_SPEC
 
 HASH = "3f" * 32
 RELEASE = "manual__2026-01-12T10:00:00+00:00"
-NFS_ARTIFACT = Artifact(nfs_path="/mnt/models/qwen3-235b-a22b-fp8-3f3f", s3_uri="s3://model-release-weights/qwen3/x",
-                        manifest_hash=HASH)
+NFS_ARTIFACT = Artifact(
+    nfs_path="/mnt/models/qwen3-235b-a22b-fp8-3f3f", s3_uri="s3://model-release-weights/qwen3/x", manifest_hash=HASH
+)
 S3_ARTIFACT = Artifact(s3_uri="s3://model-release-weights/qwen3-235b-a22b-fp8/3f3f", manifest_hash=HASH)
 
 
@@ -58,7 +59,12 @@ def test_each_layout_renders_one_deployment_per_replica_group_and_passes_strict_
         assert argv[argv.index("--served-model-name") + 1] == "qwen3-235b-a22b-fp8"
         assert container(d)["image"] == prod.spec.serving.engine_image
         assert d["metadata"]["namespace"] == "llm-serving"
-    assert [o["kind"] for o in objs] == ["PersistentVolumeClaim", *["Deployment"] * groups, "Service", "PodDisruptionBudget"]
+    assert [o["kind"] for o in objs] == [
+        "PersistentVolumeClaim",
+        *["Deployment"] * groups,
+        "Service",
+        "PodDisruptionBudget",
+    ]
     yaml_docs = list(yaml.safe_load_all(manifests.to_yaml(objs)))
     assert yaml_docs == objs and "&id" not in manifests.to_yaml(objs)
 
@@ -94,7 +100,9 @@ def test_placement_from_the_hardware_profile(prod):
 def test_groups_that_cannot_share_a_server_prefer_different_hosts(prod):
     small = prod.model_copy(update={"hardware": prod.hardware.model_copy(update={"devices": 4})})
     objs = manifests.render(small, "tp4-ep4-x2", RELEASE, NFS_ARTIFACT)
-    terms = pod(of_kind(objs, "Deployment")[0])["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    terms = pod(of_kind(objs, "Deployment")[0])["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
     assert terms[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert manifests.validate(objs) == []
 
@@ -136,7 +144,9 @@ def test_without_nfs_an_init_container_fetches_from_s3_with_secret_credentials(s
         del data["staging"]["nfs"]
 
     loaded = load_spec(spec_file(PROD_SPEC, no_nfs))
-    objs = manifests.render(loaded, "tp4-ep4-x2", RELEASE, NFS_ARTIFACT.model_copy(update={"s3_uri": S3_ARTIFACT.s3_uri}))
+    objs = manifests.render(
+        loaded, "tp4-ep4-x2", RELEASE, NFS_ARTIFACT.model_copy(update={"s3_uri": S3_ARTIFACT.s3_uri})
+    )
     assert manifests.validate(objs) == []
     assert of_kind(objs, "PersistentVolumeClaim") == []
     for d in of_kind(objs, "Deployment"):

@@ -18,27 +18,40 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pipeline import __version__, cli, flow
-from pipeline.k8s import pods, results
+from pipeline import __version__, cli
+from pipeline.core.paths import PROJECT_ROOT
+from pipeline.core.spec import load_spec
+from pipeline.entry import flow, pod_steps
+from pipeline.k8s import pods
 from pipeline.k8s.manifests import s3_secret_name
-from pipeline.paths import PROJECT_ROOT
-from pipeline.spec import load_spec
 from tests.conftest import PROD_SPEC
 
 K8S_VERSION = "1.31"
 DAG_ID = "model_release_k8s__qwen3_235b_a22b_fp8"
 BENCHMARKS = ["benchmark_tp8-ep8", "benchmark_tp4-ep4-x2"]
 HEAVY = ["quantize", "evaluate_baseline", "evaluate_candidate", "stage", "fetch", *BENCHMARKS]
-LIGHT = ["validate", "accuracy_gate", "record_staged", "select_layout", "slo_gate", "report", "approve", "promote",
-         "verify"]
+LIGHT = [
+    "validate",
+    "accuracy_gate",
+    "record_staged",
+    "select_layout",
+    "slo_gate",
+    "report",
+    "approve",
+    "promote",
+    "verify",
+]
 RUN_ID = "manual__2026-01-12T10:00:00+00:00"
 HASH = "ab" * 32
 ARTIFACT = "/var/lib/model-release/artifacts/qwen3-235b-a22b-fp8-0123456789abcdef"
 # What the upstream pods print (their XCom), for rendering the templates that pull from them.
 XCOMS = {
     "quantize": {"path": ARTIFACT, "manifest_hash": HASH},
-    "stage": {"s3_uri": "s3://model-release-weights/qwen3-235b-a22b-fp8/qwen3-235b-a22b-fp8-0123456789abcdef/",
-              "nfs_path": "/mnt/models/qwen3-235b-a22b-fp8-0123456789abcdef", "manifest_hash": HASH},
+    "stage": {
+        "s3_uri": "s3://model-release-weights/qwen3-235b-a22b-fp8/qwen3-235b-a22b-fp8-0123456789abcdef/",
+        "nfs_path": "/mnt/models/qwen3-235b-a22b-fp8-0123456789abcdef",
+        "manifest_hash": HASH,
+    },
     "fetch": {"path": f"/var/lib/model-release/serving-cache/{HASH[:16]}", "manifest_hash": HASH},
 }
 # Sub-commands the pods run that pipeline/cli.py does not have yet (issue #10 hands them over).
@@ -103,7 +116,9 @@ def mounts_of(pod: dict) -> dict[str, dict]:
 
 def cli_argv(pod: dict) -> list[str]:
     script = container(pod)["args"][0]
-    match = re.fullmatch(r"set -e; model-release (.*) > /airflow/xcom/return\.json; cat /airflow/xcom/return\.json", script)
+    match = re.fullmatch(
+        r"set -e; model-release (.*) > /airflow/xcom/return\.json; cat /airflow/xcom/return\.json", script
+    )
     assert match, script
     return shlex.split(match.group(1))
 
@@ -150,7 +165,11 @@ def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
     assert up(BENCHMARKS[0]) == {"fetch"} and up(BENCHMARKS[1]) == {BENCHMARKS[0]}
     assert up("select_layout") == set(BENCHMARKS) and up("slo_gate") == {"validate", "select_layout"}
     # the same review and promotion tail as the local DAG: gates in code, a reviewer, then DOKS
-    assert up("approve") == {"report"} and up("promote") == {"validate", "approve"} and up("verify") == {"validate", "promote"}
+    assert (
+        up("approve") == {"validate", "report"}  # the release it asks about: validate's output
+        and up("promote") == {"validate", "approve"}
+        and up("verify") == {"validate", "promote"}
+    )
     local = dagbag.dags["model_release"]
     for task_id in ("report", "approve", "promote", "verify"):  # one definition: the tails cannot drift apart
         assert type(dag.get_task(task_id)) is type(local.get_task(task_id)), task_id
@@ -183,7 +202,9 @@ def test_a_pod_with_a_wrong_field_fails_validation(rendered):
 def test_benchmark_pod_takes_the_whole_gpu_node(rendered, prod, task_id):
     pod = rendered[task_id]
     resources = container(pod)["resources"]
-    assert resources["limits"]["amd.com/gpu"] == resources["requests"]["amd.com/gpu"] == str(prod.hardware.devices) == "8"
+    assert (
+        resources["limits"]["amd.com/gpu"] == resources["requests"]["amd.com/gpu"] == str(prod.hardware.devices) == "8"
+    )
     assert pod["spec"]["nodeSelector"] == {"doks.digitalocean.com/gpu-model": "mi325x"}
     assert pod["spec"]["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     env = env_of(pod)
@@ -198,7 +219,12 @@ def test_benchmark_pod_takes_the_whole_gpu_node(rendered, prod, task_id):
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
     layout = task_id.removeprefix("benchmark_")
     argv = cli_argv(pod)
-    assert argv[:4] == ["benchmark", "/opt/model-release/configs/releases/qwen3-235b-a22b-fp8-mi325x.yaml", "--layout", layout]
+    assert argv[:4] == [
+        "benchmark",
+        "/opt/model-release/configs/releases/qwen3-235b-a22b-fp8-mi325x.yaml",
+        "--layout",
+        layout,
+    ]
     assert argv[argv.index("--model") + 1] == XCOMS["fetch"]["path"]
     assert argv[argv.index("--results") + 1] == "s3://model-release-weights/qwen3-235b-a22b-fp8/runs"
     assert argv[argv.index("--run-id") + 1] == RUN_ID
@@ -229,8 +255,13 @@ def test_cpu_steps_stay_off_the_gpu_nodes_and_gpu_steps_ask_for_what_they_use(re
 
 def test_pods_pass_the_upstream_results_along(rendered):
     assert cli_argv(rendered["evaluate_candidate"])[:6] == [
-        "evaluate", "/opt/model-release/configs/releases/qwen3-235b-a22b-fp8-mi325x.yaml",
-        "--side", "candidate", "--candidate", ARTIFACT]
+        "evaluate",
+        "/opt/model-release/configs/releases/qwen3-235b-a22b-fp8-mi325x.yaml",
+        "--side",
+        "candidate",
+        "--candidate",
+        ARTIFACT,
+    ]
     assert cli_argv(rendered["stage"])[-2:] == ["--artifact", ARTIFACT]
     assert cli_argv(rendered["fetch"]) == ["fetch", XCOMS["stage"]["s3_uri"], XCOMS["fetch"]["path"]]
 
@@ -272,7 +303,7 @@ def test_nfs_only_spec_fetches_from_nfs_and_keeps_results_there(spec_file, tmp_p
 
     loaded = load_spec(spec_file(PROD_SPEC, edit))
     assert pods.cli_args(loaded, "fetch")[1] == pods.xcom("stage", "nfs_path")
-    assert results.base_uri(loaded) == f"{tmp_path}/nfs/runs"
+    assert pods.base_uri(loaded) == f"{tmp_path}/nfs/runs"
     kwargs = pods.pod_operator_kwargs(loaded, "benchmark", settings=pods.ClusterSettings(), layout="tp8-ep8")
     assert kwargs["env_from"] == [] and "AWS_ENDPOINT_URL" not in {e.name for e in kwargs["env_vars"]}
     assert str(tmp_path / "nfs") in {m.mount_path for m in kwargs["volume_mounts"]}
@@ -282,31 +313,45 @@ def test_nfs_only_spec_fetches_from_nfs_and_keeps_results_there(spec_file, tmp_p
 
 
 def test_light_tasks_select_a_layout_from_the_pods_stored_results(spec_file, tmp_path, monkeypatch):
-    from pipeline import benchmark
+    from pipeline.stages import benchmark
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
     loaded = load_spec(spec_file(PROD_SPEC, lambda d: d.update(staging={"nfs": {"path": str(tmp_path / "nfs")}})))
-    run = results.run_uri(results.base_uri(loaded), RUN_ID)
+    run = pods.run_uri(pods.base_uri(loaded), RUN_ID)
     assert run.endswith("/" + flow.run_dir(RUN_ID).name)  # same directory name as a local run
     refs = []
     for name, tp, per_server in (("tp8-ep8", 8, 1.5), ("tp4-ep4-x2", 4, 2.2)):
-        layout = benchmark.LayoutResult(layout=name, tp=tp, dp=1, ep=tp, pp=1, replicas=8 // tp, devices=8,
-                                        status="ok", max_slo_rate=per_server, per_server=per_server,
-                                        per_device=per_server / 8)
-        uri = results.write(f"{run}/benchmark/{name}.json", json.loads(layout.model_dump_json()), loaded)
+        layout = benchmark.LayoutResult(
+            layout=name,
+            tp=tp,
+            dp=1,
+            ep=tp,
+            pp=1,
+            replicas=8 // tp,
+            devices=8,
+            status="ok",
+            max_slo_rate=per_server,
+            per_server=per_server,
+            per_device=per_server / 8,
+        )
+        uri = pod_steps.write(f"{run}/benchmark/{name}.json", json.loads(layout.model_dump_json()), loaded)
         refs.append({"layout": name, "status": "ok", "result_uri": uri})
-    selection = results.select_layout(str(loaded.path), refs, RUN_ID)
+    selection = pod_steps.select_layout(str(loaded.path), refs, RUN_ID)
     assert selection["best"] == "tp4-ep4-x2" and selection["passed"]
     assert selection["files"]["json"] == f"{run}/benchmark/benchmark.json"
-    assert json.loads((tmp_path / "nfs" / "runs" / flow.run_dir(RUN_ID).name / "benchmark" / "benchmark.json")
-                      .read_text())["selection"]["best"] == "tp4-ep4-x2"
+    assert (
+        json.loads(
+            (tmp_path / "nfs" / "runs" / flow.run_dir(RUN_ID).name / "benchmark" / "benchmark.json").read_text()
+        )["selection"]["best"]
+        == "tp4-ep4-x2"
+    )
 
 
 def test_reading_a_missing_result_names_it(prod, tmp_path):
-    from pipeline.errors import ReleaseError
+    from pipeline.core.errors import ReleaseError
 
     with pytest.raises(ReleaseError, match="no such result"):
-        results.read(str(tmp_path / "missing.json"), prod)
+        pod_steps.read(str(tmp_path / "missing.json"), prod)
 
 
 # ---------------------------------------------------------------- docs and Helm values
@@ -332,9 +377,17 @@ def test_production_doc_objects_are_valid_and_match_the_pods():
 def test_production_doc_names_what_the_code_uses(prod):
     text = (PROJECT_ROOT / "docs" / "production.md").read_text()
     assert "No Docker engine, GPU or Kubernetes cluster was available" in text
-    for name in (DAG_ID, s3_secret_name(prod.spec.staging.s3.connection_id), prod.spec.staging.s3.bucket,
-                 "doks.digitalocean.com/gpu-model=mi325x", "amd.com/gpu:NoSchedule", "docker/images.sh",
-                 "MODEL_RELEASE_REGISTRY_URL", "docs/helm-values.yaml", "spaces_default"):
+    for name in (
+        DAG_ID,
+        s3_secret_name(prod.spec.staging.s3.connection_id),
+        prod.spec.staging.s3.bucket,
+        "doks.digitalocean.com/gpu-model=mi325x",
+        "amd.com/gpu:NoSchedule",
+        "docker/images.sh",
+        "MODEL_RELEASE_REGISTRY_URL",
+        "docs/helm-values.yaml",
+        "spaces_default",
+    ):
         assert name in text, name
 
 
@@ -378,18 +431,26 @@ def literal_credentials(node, path="") -> list[str]:
 def test_accuracy_gate_reads_both_sides_from_storage_and_publishes_its_report(spec_file, tmp_path, monkeypatch):
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
     loaded = load_spec(spec_file(PROD_SPEC, lambda d: d.update(staging={"nfs": {"path": str(tmp_path / "nfs")}})))
-    run = results.run_uri(results.base_uri(loaded), RUN_ID)
+    run = pods.run_uri(pods.base_uri(loaded), RUN_ID)
 
     def side(name: str, score: float) -> dict:
-        data = {"model_path": f"/models/{name}", "model_manifest_hash": name * 8, "backend": "vllm", "settings": {},
-                "seconds": 1.0, "scores": [{"task": t.name, "metric": "acc", "score": score, "stderr": 0.001,
-                                            "samples": 1000} for t in loaded.spec.evaluation.tasks]}
-        return {"side": name, "result_uri": results.write(f"{run}/evaluate-{name}.json", data, loaded)}
+        data = {
+            "model_path": f"/models/{name}",
+            "model_manifest_hash": name * 8,
+            "backend": "vllm",
+            "settings": {},
+            "seconds": 1.0,
+            "scores": [
+                {"task": t.name, "metric": "acc", "score": score, "stderr": 0.001, "samples": 1000}
+                for t in loaded.spec.evaluation.tasks
+            ],
+        }
+        return {"side": name, "result_uri": pod_steps.write(f"{run}/evaluate-{name}.json", data, loaded)}
 
-    decision = results.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.899), RUN_ID)
+    decision = pod_steps.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.899), RUN_ID)
     assert decision["passed"] and decision["validation_html"] == f"{run}/accuracy_validation.html"
     with pytest.raises(flow.GateFailed, match="accuracy gate failed"):
-        results.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.80), RUN_ID)
+        pod_steps.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.80), RUN_ID)
     assert "FAIL" in (tmp_path / "nfs" / "runs" / flow.run_dir(RUN_ID).name / "accuracy_validation.html").read_text()
 
 
@@ -401,10 +462,24 @@ REBENCH_DAG_ID = "rebenchmark__qwen3_235b_a22b_fp8"
 def live_prod_release(loaded, staged: dict, rate: float = 2.2, layout: str = "tp4-ep4-x2"):
     """A release of the production spec as promotion leaves it: live, with its figures."""
     reg = flow.registry()
-    rel = reg.open_release(f"promoted-{layout}", loaded.spec.name, str(loaded.path), loaded.path.read_text(), "kubernetes")
-    reg.record(rel.id, "slo_gate", "gate", {"passed": True}, data={
-        "layout": layout, "max_slo_rate": rate, "rate_per_server": rate, "p90_ttft_ms": 900.0, "p90_tpot_ms": 40.0,
-        "manifest_hash": HASH, **staged})
+    rel = reg.open_release(
+        f"promoted-{layout}", loaded.spec.name, str(loaded.path), loaded.path.read_text(), "kubernetes"
+    )
+    reg.record(
+        rel.id,
+        "slo_gate",
+        "gate",
+        {"passed": True},
+        data={
+            "layout": layout,
+            "max_slo_rate": rate,
+            "rate_per_server": rate,
+            "p90_ttft_ms": 900.0,
+            "p90_tpot_ms": 40.0,
+            "manifest_hash": HASH,
+            **staged,
+        },
+    )
     reg.record(rel.id, "deploy_finished", "pipeline", status="live")
     return reg, reg.get(rel.id)
 
@@ -425,15 +500,19 @@ def test_kubernetes_rebenchmark_dag_measures_each_live_release_in_a_pod(dagbag):
     assert not issubclass(getattr(local.get_task("measure"), "operator_class", object), KubernetesPodOperator)
 
 
-def test_rebenchmark_pod_runs_the_release_own_layout_and_artifact_on_a_whole_node(prod, release_env, tmp_path,
-                                                                                  monkeypatch):
+def test_rebenchmark_pod_runs_the_release_own_layout_and_artifact_on_a_whole_node(
+    prod, release_env, tmp_path, monkeypatch
+):
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
     _, rel = live_prod_release(prod, {"artifact_uri": XCOMS["stage"]["s3_uri"]})
-    [arguments] = results.remeasure_arguments([rel.id], RUN_ID)
-    op = KubernetesPodOperator(task_id="measure", arguments=arguments,
-                               **pods.pod_operator_partial_kwargs(prod, "rebenchmark", settings=pods.ClusterSettings()))
+    [arguments] = pod_steps.remeasure_arguments([rel.id], RUN_ID)
+    op = KubernetesPodOperator(
+        task_id="measure",
+        arguments=arguments,
+        **pods.pod_operator_partial_kwargs(prod, "rebenchmark", settings=pods.ClusterSettings()),
+    )
     pod = kubernetes.client.ApiClient().sanitize_for_serialization(op.build_pod_request_obj({}, dry_run=True))
     assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True) == K8S_VERSION
     assert container(pod)["resources"]["limits"]["amd.com/gpu"] == "8"
@@ -442,14 +521,21 @@ def test_rebenchmark_pod_runs_the_release_own_layout_and_artifact_on_a_whole_nod
     argv = cli_argv(pod)
     args = cli.build_parser().parse_args(argv)
     assert (args.release, args.layout, args.artifact_uri, args.manifest_hash, args.promoted_rate, args.run_id) == (
-        rel.id, "tp4-ep4-x2", XCOMS["stage"]["s3_uri"], HASH, 2.2, RUN_ID)
+        rel.id,
+        "tp4-ep4-x2",
+        XCOMS["stage"]["s3_uri"],
+        HASH,
+        2.2,
+        RUN_ID,
+    )
     assert args.results == "s3://model-release-weights/qwen3-235b-a22b-fp8/runs"
 
 
-def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(spec_file, release_env, tmp_path,
-                                                                             monkeypatch):
-    from pipeline import benchmark
-    from pipeline.errors import ReleaseError
+def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(
+    spec_file, release_env, tmp_path, monkeypatch
+):
+    from pipeline.core.errors import ReleaseError
+    from pipeline.stages import benchmark
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
     nfs = tmp_path / "nfs"
@@ -457,26 +543,57 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(spe
     reg, rel = live_prod_release(loaded, {"nfs_path": str(nfs / "gone")})
 
     # the pod side, for real: the staged artifact is gone, so it stores the reason instead of figures
-    stored = results.remeasure(str(loaded.path), rel.id, "tp4-ep4-x2", rel.data, 2.2, results.base_uri(loaded), RUN_ID)
+    stored = pod_steps.remeasure(str(loaded.path), rel.id, "tp4-ep4-x2", rel.data, 2.2, pods.base_uri(loaded), RUN_ID)
     assert stored["status"] == "error"
-    assert "gone" in results.read(stored["result_uri"], loaded)["error"]
+    assert "gone" in pod_steps.read(stored["result_uri"], loaded)["error"]
     with pytest.raises(ReleaseError, match="re-benchmark failed"):
-        results.judge_remeasured(rel.id, RUN_ID)
+        pod_steps.judge_remeasured(rel.id, RUN_ID)
     assert reg.get(rel.id).status == "live"  # no evidence of degradation
     assert [e.kind for e in reg.events(rel.id)][-2:] == ["rebenchmark_failed", "alert"]
 
     # a measurement at a third of the promoted capacity: degraded, with a trend point
-    slow = benchmark.LayoutResult(layout="tp4-ep4-x2", tp=4, dp=1, ep=4, pp=1, replicas=2, devices=8, status="ok",
-                                  max_slo_rate=0.7, capacity_rps=0.9, per_server=0.7, per_device=0.7 / 8,
-                                  probes=[benchmark.Probe(
-                                      rate=2.2, num_prompts=200, achieved_rate=0.9, completed=200, failed=0,
-                                      failed_fraction=0.0, duration_s=222.0, output_tok_s=126.0, p50_ttft_ms=6000.0,
-                                      p90_ttft_ms=9000.0, p99_ttft_ms=9900.0, p50_tpot_ms=40.0, p90_tpot_ms=45.0,
-                                      p99_tpot_ms=49.0, p90_itl_ms=45.0, p90_e2el_ms=15000.0, passed=False,
-                                      reasons=["p90 TTFT 9000.0 ms > 3000"])])
-    results.write(stored["result_uri"], {"status": "ok", "result": json.loads(slow.model_dump_json()),
-                                         "versions": {"engine": "vllm 0.32.0+rocm"}}, loaded)
-    verdict = results.judge_remeasured(rel.id, RUN_ID)
+    slow = benchmark.LayoutResult(
+        layout="tp4-ep4-x2",
+        tp=4,
+        dp=1,
+        ep=4,
+        pp=1,
+        replicas=2,
+        devices=8,
+        status="ok",
+        max_slo_rate=0.7,
+        capacity_rps=0.9,
+        per_server=0.7,
+        per_device=0.7 / 8,
+        probes=[
+            benchmark.Probe(
+                rate=2.2,
+                num_prompts=200,
+                achieved_rate=0.9,
+                completed=200,
+                failed=0,
+                failed_fraction=0.0,
+                duration_s=222.0,
+                output_tok_s=126.0,
+                p50_ttft_ms=6000.0,
+                p90_ttft_ms=9000.0,
+                p99_ttft_ms=9900.0,
+                p50_tpot_ms=40.0,
+                p90_tpot_ms=45.0,
+                p99_tpot_ms=49.0,
+                p90_itl_ms=45.0,
+                p90_e2el_ms=15000.0,
+                passed=False,
+                reasons=["p90 TTFT 9000.0 ms > 3000"],
+            )
+        ],
+    )
+    pod_steps.write(
+        stored["result_uri"],
+        {"status": "ok", "result": json.loads(slow.model_dump_json()), "versions": {"engine": "vllm 0.32.0+rocm"}},
+        loaded,
+    )
+    verdict = pod_steps.judge_remeasured(rel.id, RUN_ID)
     assert verdict["status"] == "degraded" and reg.get(rel.id).status == "degraded"
     assert any("SLO fails at the promoted rate" in r for r in verdict["reasons"])
     point = [e for e in reg.events(rel.id) if e.kind == "trend_point"][-1]
@@ -485,4 +602,4 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(spe
     # a pod that crashed before writing anything: a failed measurement, named
     (nfs / "runs" / flow.run_dir(RUN_ID).name / "rebenchmark" / f"release-{rel.id}.json").unlink()
     with pytest.raises(ReleaseError, match="left no result"):
-        results.judge_remeasured(rel.id, RUN_ID)
+        pod_steps.judge_remeasured(rel.id, RUN_ID)

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from pipeline import benchmark, engine_metrics, interference
-from pipeline.spec import SloSpec, WorkloadSpec
+from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.stages import benchmark, engine_metrics, interference
 
 HOG = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 
@@ -39,7 +39,9 @@ def test_the_engine_and_the_client_are_not_interference():
     try:
         time.sleep(0.3)
         window = interference.Window(engine_groups={engine.pid})
-        client = subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass"])
+        client = subprocess.run(
+            [sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass"]
+        )
         seen = window.close()
     finally:
         engine.kill()
@@ -69,10 +71,25 @@ def test_the_search_measures_again_beside_a_real_hog_and_keeps_the_clean_run():
                 hog.kill()
                 hog.wait()
         p90 = math.log(10) / max(mu - rate, 1e-3) * 1000 if rate < mu else 1e6
-        probe = benchmark.Probe(rate=rate, num_prompts=n, achieved_rate=min(rate, mu), completed=n, failed=0,
-                                failed_fraction=0.0, duration_s=1, output_tok_s=0.0, p50_ttft_ms=p90 / 3,
-                                p90_ttft_ms=p90, p99_ttft_ms=p90, p50_tpot_ms=5, p90_tpot_ms=5, p99_tpot_ms=5,
-                                p90_itl_ms=5, p90_e2el_ms=p90, interference=seen)
+        probe = benchmark.Probe(
+            rate=rate,
+            num_prompts=n,
+            achieved_rate=min(rate, mu),
+            completed=n,
+            failed=0,
+            failed_fraction=0.0,
+            duration_s=1,
+            output_tok_s=0.0,
+            p50_ttft_ms=p90 / 3,
+            p90_ttft_ms=p90,
+            p99_ttft_ms=p90,
+            p50_tpot_ms=5,
+            p90_tpot_ms=5,
+            p99_tpot_ms=5,
+            p90_itl_ms=5,
+            p90_e2el_ms=p90,
+            interference=seen,
+        )
         benchmark.judge(probe, slo)
         return probe
 
@@ -153,7 +170,7 @@ def test_replicas_merge_and_an_unreachable_endpoint_is_not_fatal():
 def test_the_bench_client_reads_events_split_after_the_field_name():
     """Behind nginx a network chunk can end right after `data:`; vLLM's client strips each chunk
     and then cannot parse the event (a failed request). vllm_cli.py reads `data:` as SSE defines it."""
-    from pipeline import serving
+    from pipeline.stages import serving
 
     code = (
         "import runpy\n"
@@ -177,7 +194,7 @@ def test_the_bench_client_reads_events_split_after_the_field_name():
 def test_isolation_keeps_every_other_process_off_the_engine_cores_and_gives_them_back():
     import os
 
-    from pipeline import serving
+    from pipeline.stages import serving
 
     cores = serving.all_cores()
     service = serving.project_cores()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from pipeline.plugin_app import create_app
+from pipeline.airflow.plugin_app import create_app
 
 
 def test_anonymous_requests_are_refused_on_every_route():
@@ -29,7 +29,7 @@ def test_the_app_only_reads():
 def test_plugin_registers_the_app_and_a_nav_entry():
     import importlib.util
 
-    from pipeline.paths import PROJECT_ROOT
+    from pipeline.core.paths import PROJECT_ROOT
 
     spec = importlib.util.spec_from_file_location("model_releases", PROJECT_ROOT / "plugins" / "model_releases.py")
     module = importlib.util.module_from_spec(spec)

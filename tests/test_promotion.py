@@ -8,12 +8,12 @@ import urllib.request
 import pytest
 import sqlalchemy
 
-from pipeline import local_target, promote, report, storage
-from pipeline.registry import Registry, audit_trail
-from pipeline.spec import load_spec
+from pipeline.core import storage
+from pipeline.core.spec import load_spec
+from pipeline.release import local_target, promote, report
+from pipeline.release.registry import Registry, audit_trail
 from tests.conftest import TINY_SPEC
 from tests.s3server import free_port
-
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -24,12 +24,15 @@ def tiny_spec(spec_file, s3):
 
     def make(edit=None, name="tiny.yaml"):
         def change(data):
-            data["staging"]["s3"].update({"endpoint_url": s3.url, "connection_id": "not-configured",
-                                          "bucket": "promo", "create_bucket": True})
+            data["staging"]["s3"].update(
+                {"endpoint_url": s3.url, "connection_id": "not-configured", "bucket": "promo", "create_bucket": True}
+            )
             data["serving"]["port"] = port
             if edit:
                 edit(data)
+
         return spec_file(TINY_SPEC, change, name)
+
     return make
 
 
@@ -38,7 +41,9 @@ def candidate(reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, ap
     loaded = load_spec(spec_path)
     rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), "local")
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
-    reg.record(rel.id, "staged", "pipeline", data={"artifact_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash})
+    reg.record(
+        rel.id, "staged", "pipeline", data={"artifact_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash}
+    )
     if accuracy is not None:
         reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy})
     if slo is not None:
@@ -48,24 +53,31 @@ def candidate(reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, ap
     return rel, staged
 
 
-@pytest.mark.parametrize("missing, reason", [
-    ("accuracy", "accuracy gate: failed"),
-    ("accuracy-not-run", "accuracy gate: not run"),
-    ("slo", "SLO gate: failed"),
-    ("approval", "approval: no reviewer has approved"),
-    ("wrong-reviewer", "'mallory' is not an allowed reviewer"),
-    ("artifact", "artifact: s3://promo/"),
-])
+@pytest.mark.parametrize(
+    "missing, reason",
+    [
+        ("accuracy", "accuracy gate: failed"),
+        ("accuracy-not-run", "accuracy gate: not run"),
+        ("slo", "SLO gate: failed"),
+        ("approval", "approval: no reviewer has approved"),
+        ("wrong-reviewer", "'mallory' is not an allowed reviewer"),
+        ("artifact", "artifact: s3://promo/"),
+    ],
+)
 def test_promote_refuses_without_every_gate_and_records_why(missing, reason, tiny_spec, small_artifact):
     reg = Registry()
     spec = tiny_spec()
-    rel, staged = candidate(reg, spec, small_artifact,
-                            accuracy=False if missing == "accuracy" else None if missing == "accuracy-not-run" else True,
-                            slo=missing != "slo", approver=None if missing == "approval" else
-                            "mallory" if missing == "wrong-reviewer" else "reviewer")
+    rel, staged = candidate(
+        reg,
+        spec,
+        small_artifact,
+        accuracy=False if missing == "accuracy" else None if missing == "accuracy-not-run" else True,
+        slo=missing != "slo",
+        approver=None if missing == "approval" else "mallory" if missing == "wrong-reviewer" else "reviewer",
+    )
     if missing == "artifact":  # the staged weights vanished from storage after the gates passed
         client = storage.s3_client(load_spec(spec).spec.staging.s3)
-        bucket, _, prefix = staged.s3_uri.removeprefix("s3://").partition("/")
+        bucket, prefix = storage.parse_s3_uri(staged.s3_uri)
         client.delete_object(Bucket=bucket, Key=f"{prefix}/model.safetensors")
     before = reg.get(rel.id).status
     with pytest.raises(promote.PromotionRefused) as err:
@@ -132,26 +144,84 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
     reg = Registry()
     spec = tiny_spec()
     rel, staged = candidate(reg, spec, small_artifact, approver=None)
-    reg.record(rel.id, "accuracy_gate", "gate", {"passed": True}, data={"accuracy": {
-        "passed": True, "failures": [], "validation_html": "/x/accuracy_validation.html", "tasks": [
-            {"task": "tiny_add", "metric": "acc", "baseline": 0.99, "baseline_stderr": 0.01, "candidate": 0.985,
-             "candidate_stderr": 0.012, "recovery": 0.995, "recovery_stderr": 0.015, "min_recovery": 0.95, "floor": 0.5,
-             "samples_baseline": 200, "samples_candidate": 200, "expected_samples": 200, "passed": True, "reason": ""}]}})
+    reg.record(
+        rel.id,
+        "accuracy_gate",
+        "gate",
+        {"passed": True},
+        data={
+            "accuracy": {
+                "passed": True,
+                "failures": [],
+                "validation_html": "/x/accuracy_validation.html",
+                "tasks": [
+                    {
+                        "task": "tiny_add",
+                        "metric": "acc",
+                        "baseline": 0.99,
+                        "baseline_stderr": 0.01,
+                        "candidate": 0.985,
+                        "candidate_stderr": 0.012,
+                        "recovery": 0.995,
+                        "recovery_stderr": 0.015,
+                        "min_recovery": 0.95,
+                        "floor": 0.5,
+                        "samples_baseline": 200,
+                        "samples_candidate": 200,
+                        "expected_samples": 200,
+                        "passed": True,
+                        "reason": "",
+                    }
+                ],
+            }
+        },
+    )
     run = tmp_path / "run"
     (run / "benchmark").mkdir(parents=True)
     probe = {"rate": 4.0, "p90_ttft_ms": 120.0, "p90_tpot_ms": 30.0, "passed": True}
-    (run / "benchmark" / "benchmark.json").write_text(json.dumps({"layouts": [
-        {"layout": "single", "tp": 1, "ep": 1, "replicas": 1, "status": "ok", "capacity_rps": 9.0, "max_slo_rate": 4.0,
-         "per_server": 4.0, "per_device": 2.0, "load_seconds": [41.5], "probes": [probe]}],
-        "selection": {"best": "single", "passed": True, "reason": "single: 4 req/s per server"}}))
+    (run / "benchmark" / "benchmark.json").write_text(
+        json.dumps(
+            {
+                "layouts": [
+                    {
+                        "layout": "single",
+                        "tp": 1,
+                        "ep": 1,
+                        "replicas": 1,
+                        "status": "ok",
+                        "capacity_rps": 9.0,
+                        "max_slo_rate": 4.0,
+                        "per_server": 4.0,
+                        "per_device": 2.0,
+                        "load_seconds": [41.5],
+                        "probes": [probe],
+                    }
+                ],
+                "selection": {"best": "single", "passed": True, "reason": "single: 4 req/s per server"},
+            }
+        )
+    )
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    plt.plot([1, 2]); plt.savefig(run / "benchmark" / "latency_vs_rate.png"); plt.close()
+
+    plt.plot([1, 2])
+    plt.savefig(run / "benchmark" / "latency_vs_rate.png")
+    plt.close()
     path = report.write(reg, reg.get(rel.id), load_spec(spec), run)
     page = path.read_text()
-    for needle in ("tiny_add", "0.995", "single ★", "41.5", staged.manifest_hash, "data:image/png;base64,",
-                   "accuracy_gate", "p90 TTFT ≤ 500 ms", "No live release"):
+    for needle in (
+        "tiny_add",
+        "0.995",
+        "single ★",
+        "41.5",
+        staged.manifest_hash,
+        "data:image/png;base64,",
+        "accuracy_gate",
+        "p90 TTFT ≤ 500 ms",
+        "No live release",
+    ):
         assert needle in page, needle
     assert "src='http" not in page and "href='http" not in page  # nothing fetched from elsewhere
 
@@ -187,8 +257,10 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
         assert promote.verify(reg, first.id)["text"]
 
         # a release whose engine cannot start: the first one keeps serving, untouched
-        bad_spec = tiny_spec(lambda d: own_name(d, lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": -1})),
-                             name="bad.yaml")
+        bad_spec = tiny_spec(
+            lambda d: own_name(d, lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": -1})),
+            name="bad.yaml",
+        )
         bad, _ = candidate(reg, bad_spec, artifact, run="bad")
         with pytest.raises(promote.DeployFailed, match=f"release {first.id} still serving"):
             promote.promote(reg, bad.id)
@@ -220,9 +292,16 @@ def test_cli_releases_show_prints_the_audit_trail(tiny_spec, small_artifact, cap
         promote.promote(reg, rel.id, actor="ml-ops")
     assert cli.main(["releases", "show", str(rel.id)]) == 0
     out = capsys.readouterr().out
-    for needle in (f"release {rel.id}: tiny-qwen3-moe-fp8  status=rejected", staged.s3_uri, "accuracy_gate",
-                   "slo_gate", "approved           by reviewer", "rejected           by reviewer",
-                   "p90 TPOT too close", "promotion_refused  by ml-ops"):
+    for needle in (
+        f"release {rel.id}: tiny-qwen3-moe-fp8  status=rejected",
+        staged.s3_uri,
+        "accuracy_gate",
+        "slo_gate",
+        "approved           by reviewer",
+        "rejected           by reviewer",
+        "p90 TPOT too close",
+        "promotion_refused  by ml-ops",
+    ):
         assert needle in out, needle
     assert cli.main(["releases", "list"]) == 0
     assert "rejected" in capsys.readouterr().out

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import artifacts, quantize
-from pipeline.errors import ArtifactError, ReleaseError
-from pipeline.sources import ModelSource
-from pipeline.spec import load_spec
+from pipeline.core import artifacts
+from pipeline.core.errors import ArtifactError, ReleaseError
+from pipeline.core.spec import load_spec
+from pipeline.stages import quantize
+from pipeline.stages.sources import ModelSource
 from tests.conftest import TINY_SPEC
 
 
@@ -32,8 +33,13 @@ def spec():
 
 def source_of(path: Path) -> ModelSource:
     manifest = artifacts.read_manifest(path)
-    return ModelSource(uri=str(path), path=str(path), manifest_hash=manifest.content_hash(),
-                       total_bytes=manifest.total_bytes, files=len(manifest.files))
+    return ModelSource(
+        uri=str(path),
+        path=str(path),
+        manifest_hash=manifest.content_hash(),
+        total_bytes=manifest.total_bytes,
+        files=len(manifest.files),
+    )
 
 
 @pytest.mark.parametrize("method", ["oneshot", "model_free", "streaming"])
@@ -90,7 +96,9 @@ def test_truncated_source_shard_is_named_and_nothing_published(tiny_model_dir, s
 def test_wrong_architecture_names_the_field(tiny_model_dir, spec, home):
     wrong = spec.model_copy(deep=True)
     wrong.model.architecture.num_experts = 32
-    with pytest.raises(ReleaseError, match=r"model\.architecture\.num_experts: spec says 32, .*num_(local_)?experts=16"):
+    with pytest.raises(
+        ReleaseError, match=r"model\.architecture\.num_experts: spec says 32, .*num_(local_)?experts=16"
+    ):
         quantize.quantize(wrong, source_of(tiny_model_dir), "oneshot")
 
 
@@ -106,7 +114,9 @@ def test_quantized_embeddings_are_caught(tiny_model_dir, spec, home):
     # quantizes the embeddings, and verification must refuse that output.
     careless = spec.model_copy(deep=True)
     careless.quantization.ignore = ["lm_head", "re:.*mlp.gate$"]
-    with pytest.raises(ArtifactError, match=r"model\.embed_tokens\.weight: embedding was quantized .*add model\.embed_tokens"):
+    with pytest.raises(
+        ArtifactError, match=r"model\.embed_tokens\.weight: embedding was quantized .*add model\.embed_tokens"
+    ):
         quantize.quantize(careless, source_of(tiny_model_dir), "model_free")
     assert published(home) == []
 
@@ -159,7 +169,11 @@ def test_streaming_output_matches_model_free_tensor_for_tensor(tiny_model_dir, s
     for name in a:
         x, y = a[name], b[name]
         assert x.dtype == y.dtype and x.shape == y.shape, name
-        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)) if x.dtype == torch.float8_e4m3fn else torch.equal(x, y), name
+        assert (
+            torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+            if x.dtype == torch.float8_e4m3fn
+            else torch.equal(x, y)
+        ), name
     qa = json.loads((streamed / "config.json").read_text())["quantization_config"]
     qb = json.loads((reference / "config.json").read_text())["quantization_config"]
     assert qa == qb

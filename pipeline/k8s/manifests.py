@@ -23,9 +23,9 @@ from typing import Any, NamedTuple
 import yaml
 from pydantic import BaseModel, Field
 
-from pipeline import serving
-from pipeline.errors import ReleaseError
-from pipeline.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
+from pipeline.core.errors import ReleaseError
+from pipeline.core.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
+from pipeline.stages import serving
 
 MODELS_MOUNT = "/models"
 FIELD_PREFIX = "model-release"
@@ -54,8 +54,9 @@ class RenderOptions(BaseModel):
 
     storage_class: str = Field("nfs", description="storage class of the claim on the NFS share")
     volume_name: str | None = Field(None, description="PersistentVolume of the NFS share to bind the claim to")
-    fetch_image: str | None = Field(None, description="image with the model-release CLI for the S3 init "
-                                                      "container; default: the engine image")
+    fetch_image: str | None = Field(
+        None, description="image with the model-release CLI for the S3 init container; default: the engine image"
+    )
 
 
 class _Weights(NamedTuple):
@@ -95,11 +96,12 @@ def s3_secret_name(connection_id: str) -> str:
 # ---------------------------------------------------------------- render
 
 
-def render(loaded: LoadedSpec, layout_name: str, release_id: str, artifact: Artifact,
-           options: RenderOptions | None = None) -> list[dict]:
+def render(
+    loaded: LoadedSpec, layout_name: str, release_id: str, artifact: Artifact, options: RenderOptions | None = None
+) -> list[dict]:
     """Every object of the release, in apply order: weights claim (if any), Deployments, Service, PDB."""
     spec, hw = loaded.spec, loaded.hardware
-    layout = _layout(loaded, layout_name)
+    layout = loaded.layout(layout_name)
     if hw.kind != "gpu" or not hw.device_resource:
         raise ReleaseError(f"hardware profile {hw.name!r}: Kubernetes needs a gpu profile with device_resource set")
     options = options or RenderOptions()
@@ -107,31 +109,35 @@ def render(loaded: LoadedSpec, layout_name: str, release_id: str, artifact: Arti
     weights = _weights(spec, artifact, base, options)
     labels = {**_instance_labels(spec), **_release_labels(layout, release_id, artifact)}
     annotations = _annotations(release_id, artifact)
-    deployments = [_deployment(spec, hw, layout, weights, group, base, labels, annotations)
-                   for group in range(layout.replicas)]
+    deployments = [
+        _deployment(spec, hw, layout, weights, group, base, labels, annotations) for group in range(layout.replicas)
+    ]
     meta = {"namespace": spec.promotion.namespace, "labels": labels, "annotations": annotations}
-    selector = {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
-                                       f"{FIELD_PREFIX}/release-id")}
+    selector = {
+        k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance", f"{FIELD_PREFIX}/release-id")
+    }
     service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": base, **meta},
-        "spec": {"type": "ClusterIP", "selector": selector,
-                 "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}]},
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": base, **meta},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
+        },
     }
     pdb = {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": base, **meta},
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": base, **meta},
         # One replica group at a time may be drained; a crash-looping pod never blocks a node drain.
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector},
-                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
     }
     return copy.deepcopy([*weights.objects, *deployments, service, pdb])  # no dict shared between objects
-
-
-def _layout(loaded: LoadedSpec, name: str) -> Layout:
-    for layout in loaded.spec.layouts:
-        if layout.name == name:
-            return layout
-    known = ", ".join(layout.name for layout in loaded.spec.layouts)
-    raise ReleaseError(f"{loaded.path}: layouts: no layout named {name!r} (known: {known})")
 
 
 def _instance_labels(spec: ReleaseSpec) -> dict[str, str]:
@@ -179,13 +185,16 @@ def _weights(spec: ReleaseSpec, artifact: Artifact, base: str, options: RenderOp
         return _nfs_weights(spec, artifact, base, options)
     if artifact.s3_uri and spec.staging.s3:
         return _s3_weights(spec, artifact, options)
-    raise ReleaseError(f"artifact {artifact.manifest_hash[:12]}: no nfs_path (with staging.nfs) or s3_uri "
-                       "(with staging.s3) to load the weights from")
+    raise ReleaseError(
+        f"artifact {artifact.manifest_hash[:12]}: no nfs_path (with staging.nfs) or s3_uri "
+        "(with staging.s3) to load the weights from"
+    )
 
 
 def _nfs_weights(spec: ReleaseSpec, artifact: Artifact, base: str, options: RenderOptions) -> _Weights:
     """The claim stands for the share the staging worker mounts at staging.nfs.path: pods see
     the same tree, read-only, under /models."""
+    assert spec.staging.nfs is not None and artifact.nfs_path  # called for an artifact staged to NFS
     root, path = PurePosixPath(spec.staging.nfs.path), PurePosixPath(artifact.nfs_path)
     if not path.is_relative_to(root):
         raise ReleaseError(f"artifact nfs_path {path}: expected a directory under staging.nfs.path {root}")
@@ -198,7 +207,8 @@ def _nfs_weights(spec: ReleaseSpec, artifact: Artifact, base: str, options: Rend
     if options.volume_name:
         claim_spec["volumeName"] = options.volume_name
     claim = {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
         "metadata": {"name": claim_name, "namespace": spec.promotion.namespace, "labels": _instance_labels(spec)},
         "spec": claim_spec,
     }
@@ -210,6 +220,7 @@ def _s3_weights(spec: ReleaseSpec, artifact: Artifact, options: RenderOptions) -
     """`model-release fetch` verifies every file against the manifest; credentials come from a
     Secret named after the spec's connection, never from the manifests."""
     s3 = spec.staging.s3
+    assert s3 is not None  # called for an artifact staged to S3
     dest = f"{MODELS_MOUNT}/{artifact.manifest_hash}"
     env = [{"name": "AWS_ENDPOINT_URL", "value": s3.endpoint_url}] if s3.endpoint_url else []
     env += [{"name": "AWS_DEFAULT_REGION", "value": s3.region}] if s3.region else []
@@ -233,7 +244,9 @@ def _volume_gi(spec: ReleaseSpec) -> int:
 # ---------------------------------------------------------------- deployment
 
 
-def _engine(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_path: str) -> tuple[list[str], dict[str, str]]:
+def _engine(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_path: str
+) -> tuple[list[str], dict[str, str]]:
     """The launcher's own command for replica 0, so pods run exactly what was benchmarked; every
     pod listens on the Service's port and the device plugin, not an env var, picks its GPUs."""
     command = serving.build_commands(spec, hw, layout, model_path, spec.serving.port)[0]
@@ -243,15 +256,28 @@ def _engine(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_path: 
     return argv, env
 
 
-def _deployment(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _Weights, group: int,
-                base: str, labels: dict[str, str], annotations: dict[str, str]) -> dict:
+def _deployment(
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    layout: Layout,
+    weights: _Weights,
+    group: int,
+    base: str,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+) -> dict:
     group_label = {f"{FIELD_PREFIX}/replica-group": str(group)}
     selector = {**_instance_labels(spec), **group_label}
     pod_annotations = {**annotations, **_placement_annotations(hw, layout, group)}
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": dns_name(f"{base}-{group}"), "namespace": spec.promotion.namespace,
-                     "labels": {**labels, **group_label}, "annotations": annotations},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": dns_name(f"{base}-{group}"),
+            "namespace": spec.promotion.namespace,
+            "labels": {**labels, **group_label},
+            "annotations": annotations,
+        },
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
@@ -268,7 +294,8 @@ def _deployment(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights:
 
 def _pod_spec(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _Weights) -> dict:
     argv, env = _engine(spec, hw, layout, weights.model_path)
-    devices = {hw.device_resource: layout.devices_per_replica}
+    assert hw.device_resource is not None  # spec validation: a Kubernetes target needs it
+    devices: dict[str, Any] = {hw.device_resource: layout.devices_per_replica}
     container = {
         "name": "vllm",
         "image": spec.serving.engine_image,
@@ -302,8 +329,11 @@ def _probes(spec: ReleaseSpec) -> dict[str, dict]:
     and liveness restarts a hung engine only after minutes."""
     health = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
     return {
-        "startupProbe": {**health, "periodSeconds": PROBE_PERIOD_S,
-                         "failureThreshold": startup_seconds(spec) // PROBE_PERIOD_S},
+        "startupProbe": {
+            **health,
+            "periodSeconds": PROBE_PERIOD_S,
+            "failureThreshold": startup_seconds(spec) // PROBE_PERIOD_S,
+        },
         "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**health, "periodSeconds": 30, "failureThreshold": 5},
     }
@@ -322,11 +352,19 @@ def _anti_affinity(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> di
     """
     if layout.devices <= hw.devices:
         return None
-    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-        "weight": 100,
-        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                            "labelSelector": {"matchLabels": _instance_labels(spec)}},
-    }]}}
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": _instance_labels(spec)},
+                    },
+                }
+            ]
+        }
+    }
 
 
 def _placement_annotations(hw: HardwareProfile, layout: Layout, group: int) -> dict[str, str]:
@@ -379,8 +417,13 @@ def _name_problems(obj: dict) -> list[str]:
     if len(name) > 63 or not DNS_LABEL.match(name):
         problems.append(f"metadata.name: {name!r} is not a DNS-1035 label (a-z, 0-9, '-', at most 63)")
     template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
-    for where, labels in (("metadata.labels", meta.get("labels")), ("spec.template.metadata.labels", template.get("labels"))):
+    for where, labels in (
+        ("metadata.labels", meta.get("labels")),
+        ("spec.template.metadata.labels", template.get("labels")),
+    ):
         for key, value in (labels or {}).items():
             if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
-                problems.append(f"{where}.{key}: {value!r} is not a valid label value (at most 63 of A-Z a-z 0-9 - _ .)")
+                problems.append(
+                    f"{where}.{key}: {value!r} is not a valid label value (at most 63 of A-Z a-z 0-9 - _ .)"
+                )
     return problems

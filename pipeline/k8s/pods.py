@@ -22,35 +22,34 @@ import math
 import os
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from kubernetes.client import models as k8s
 from pydantic import BaseModel, Field
 
 from pipeline import __version__
-from pipeline.errors import ReleaseError
-from pipeline.k8s import results
+from pipeline.core.errors import ReleaseError
+from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT, run_key
+from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.k8s.manifests import label_value, s3_secret_name
-from pipeline.paths import CONFIGS_DIR, PROJECT_ROOT
-from pipeline.spec import LoadedSpec, load_spec
 
 Step = Literal["quantize", "evaluate", "stage", "fetch", "benchmark", "rebenchmark"]
 
 # The worker image's tag is the package version: bump `pipeline.__version__` to ship a new one.
 DEFAULT_WORKER_IMAGE = f"registry.digitalocean.com/model-release/worker-rocm:{__version__}"
-POD_HOME = "/var/lib/model-release"      # MODEL_RELEASE_HOME in the worker image
-POD_PROJECT = "/opt/model-release"       # the worker image's WORKDIR: configs/ lives here
-HOME_SUBPATH = "model-release-home"      # MODEL_RELEASE_HOME's directory on the shared claim
+POD_HOME = "/var/lib/model-release"  # MODEL_RELEASE_HOME in the worker image
+POD_PROJECT = "/opt/model-release"  # the worker image's WORKDIR: configs/ lives here
+HOME_SUBPATH = "model-release-home"  # MODEL_RELEASE_HOME's directory on the shared claim
 XCOM_FILE = "/airflow/xcom/return.json"
-RUN_ID = "{{ run_id }}"                  # rendered by Airflow when the task runs
+RUN_ID = "{{ run_id }}"  # rendered by Airflow when the task runs
 # A first pull of the ~25 GB ROCm worker image takes 10-15 minutes; a GPU node scaled up from
 # zero adds a few more. Shorter, and a healthy pod is failed while it is still pulling.
 STARTUP_TIMEOUT_S = 45 * 60
 # The reference deployment's kernels; the image sets them too, the pod says so explicitly, and
 # the hardware profile and the spec's serving.env override them.
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1"}
-RETRIES = {"stage": 2, "fetch": 2}       # network transfers resume; the GPU steps fail loudly
+RETRIES = {"stage": 2, "fetch": 2}  # network transfers resume; the GPU steps fail loudly
 
 
 class ClusterSettings(BaseModel):
@@ -63,9 +62,12 @@ class ClusterSettings(BaseModel):
     kube_conn_id: str = Field("kubernetes_default", description="Airflow connection of the cluster")
 
     @classmethod
-    def from_env(cls) -> "ClusterSettings":
-        names = {"image": "MODEL_RELEASE_WORKER_IMAGE", "namespace": "MODEL_RELEASE_NAMESPACE",
-                 "pvc": "MODEL_RELEASE_PVC"}
+    def from_env(cls) -> ClusterSettings:
+        names = {
+            "image": "MODEL_RELEASE_WORKER_IMAGE",
+            "namespace": "MODEL_RELEASE_NAMESPACE",
+            "pvc": "MODEL_RELEASE_PVC",
+        }
         return cls(**{field: os.environ[env] for field, env in names.items() if os.environ.get(env)})
 
 
@@ -74,6 +76,21 @@ class PodResources(BaseModel):
     cpu: str
     memory: str
     shm: str = Field(description="size of the memory-backed /dev/shm (vLLM's workers talk through it)")
+
+
+# ---------------------------------------------------------------- where results live
+
+
+def base_uri(loaded: LoadedSpec) -> str:
+    s3 = loaded.spec.staging.s3
+    if s3 is not None:
+        return "s3://" + "/".join(part.strip("/") for part in (s3.bucket, s3.prefix, "runs") if part.strip("/"))
+    assert loaded.spec.staging.nfs is not None  # a spec stages to S3 or NFS (spec validation)
+    return f"{loaded.spec.staging.nfs.path.rstrip('/')}/runs"
+
+
+def run_uri(base: str, run_id: str) -> str:
+    return f"{base.rstrip('/')}/{run_key(run_id)}"
 
 
 # ---------------------------------------------------------------- which specs, which templates
@@ -96,7 +113,7 @@ def dag_id(loaded: LoadedSpec) -> str:
 
 def xcom(task_id: str, key: str) -> str:
     """A Jinja reference to a key of an upstream pod's result, rendered when the task runs."""
-    return '{{ ti.xcom_pull(task_ids="%s")["%s"] }}' % (task_id, key)
+    return f'{{{{ ti.xcom_pull(task_ids="{task_id}")["{key}"] }}}}'
 
 
 def spec_in_image(loaded: LoadedSpec) -> str:
@@ -110,14 +127,27 @@ def spec_in_image(loaded: LoadedSpec) -> str:
 # ---------------------------------------------------------------- what each pod runs
 
 
-def cli_args(loaded: LoadedSpec, step: Step, *, side: str | None = None, layout: str | None = None,
-             candidate: str | None = None, artifact: str | None = None, uri: str | None = None,
-             dest: str | None = None, model: str | None = None, run_id: str = RUN_ID,
-             release: int | None = None, artifact_uri: str | None = None, nfs_path: str | None = None,
-             manifest_hash: str | None = None, promoted_rate: float | None = None) -> list[str]:
+def cli_args(
+    loaded: LoadedSpec,
+    step: Step,
+    *,
+    side: str | None = None,
+    layout: str | None = None,
+    candidate: str | None = None,
+    artifact: str | None = None,
+    uri: str | None = None,
+    dest: str | None = None,
+    model: str | None = None,
+    run_id: str = RUN_ID,
+    release: int | None = None,
+    artifact_uri: str | None = None,
+    nfs_path: str | None = None,
+    manifest_hash: str | None = None,
+    promoted_rate: float | None = None,
+) -> list[str]:
     """The `model-release` arguments of a step. Inputs default to the upstream pods' XCom in the
     kubernetes DAG (task ids quantize, stage, fetch); full results go to storage under
-    `results.base_uri(spec)`, and the pod's XCom holds their URI."""
+    `base_uri(spec)`, and the pod's XCom holds their URI."""
     spec = spec_in_image(loaded)
     if step == "quantize":
         return ["quantize", spec]
@@ -125,8 +155,7 @@ def cli_args(loaded: LoadedSpec, step: Step, *, side: str | None = None, layout:
         if side not in ("baseline", "candidate"):
             raise ValueError(f"evaluate: side must be baseline or candidate, got {side!r}")
         extra = ["--candidate", candidate or xcom("quantize", "path")] if side == "candidate" else []
-        return ["evaluate", spec, "--side", side, *extra, "--run-id", run_id,
-                "--results", results.base_uri(loaded)]
+        return ["evaluate", spec, "--side", side, *extra, "--run-id", run_id, "--results", base_uri(loaded)]
     if step == "stage":
         return ["stage", spec, "--artifact", artifact or xcom("quantize", "path")]
     if step == "fetch":
@@ -134,15 +163,41 @@ def cli_args(loaded: LoadedSpec, step: Step, *, side: str | None = None, layout:
     if step == "benchmark":
         if layout not in [item.name for item in loaded.spec.layouts]:
             raise ReleaseError(f"{loaded.path}: layouts: no layout named {layout!r}")
-        return ["benchmark", spec, "--layout", layout, "--model", model or xcom("fetch", "path"),
-                "--run-id", run_id, "--results", results.base_uri(loaded)]
-    if step == "rebenchmark":  # a live release: its figures come from the registry (results.remeasure_arguments)
+        return [
+            "benchmark",
+            spec,
+            "--layout",
+            layout,
+            "--model",
+            model or xcom("fetch", "path"),
+            "--run-id",
+            run_id,
+            "--results",
+            base_uri(loaded),
+        ]
+    if step == "rebenchmark":  # a live release: its figures come from the registry (pod_steps.remeasure_arguments)
         if release is None or not manifest_hash or promoted_rate is None or not (artifact_uri or nfs_path):
-            raise ValueError("rebenchmark: release, manifest_hash, promoted_rate and artifact_uri or nfs_path are required")
+            raise ValueError(
+                "rebenchmark: release, manifest_hash, promoted_rate and artifact_uri or nfs_path are required"
+            )
         staged = ["--artifact-uri", artifact_uri] if artifact_uri else ["--nfs-path", nfs_path]
-        return ["remeasure", spec, "--release", str(release), "--layout", layout, *staged, "--manifest-hash",
-                manifest_hash, "--promoted-rate", repr(float(promoted_rate)), "--run-id", run_id,
-                "--results", results.base_uri(loaded)]
+        return [
+            "remeasure",
+            spec,
+            "--release",
+            str(release),
+            "--layout",
+            layout,
+            *staged,
+            "--manifest-hash",
+            manifest_hash,
+            "--promoted-rate",
+            repr(float(promoted_rate)),
+            "--run-id",
+            run_id,
+            "--results",
+            base_uri(loaded),
+        ]
     raise ValueError(f"unknown step {step!r}")
 
 
@@ -152,8 +207,8 @@ def staged_key(loaded: LoadedSpec) -> str:
 
 
 def serving_cache(stage_task: str = "stage") -> str:
-    """Where fetch puts the artifact, content-addressed like `flow.serving_model` does locally."""
-    return f"{POD_HOME}/serving-cache/" + '{{ ti.xcom_pull(task_ids="%s")["manifest_hash"][:16] }}' % stage_task
+    """Where fetch puts the artifact, content-addressed like `serving.serving_copy` does locally."""
+    return f"{POD_HOME}/serving-cache/" + f'{{{{ ti.xcom_pull(task_ids="{stage_task}")["manifest_hash"][:16] }}}}'
 
 
 def shell(argv: list[str]) -> list[str]:
@@ -188,8 +243,12 @@ def resources(loaded: LoadedSpec, step: Step) -> PodResources:
         return PodResources(gpus=0, cpu="4", memory="16Gi", shm="1Gi")
     if step == "quantize":
         whole_model = spec.quantization.method in ("oneshot", "auto")  # auto may pick oneshot
-        return PodResources(gpus=1 if whole_model and gpu else 0, cpu="16",
-                            memory=_gi(params_b * 2 * 1.25 + 16) if whole_model else "64Gi", shm="8Gi")
+        return PodResources(
+            gpus=1 if whole_model and gpu else 0,
+            cpu="16",
+            memory=_gi(params_b * 2 * 1.25 + 16) if whole_model else "64Gi",
+            shm="8Gi",
+        )
     return PodResources(gpus=0, cpu="8", memory="16Gi", shm="1Gi")  # stage, fetch: network and disk
 
 
@@ -199,8 +258,10 @@ def container_resources(loaded: LoadedSpec, res: PodResources) -> k8s.V1Resource
     if res.gpus:
         device = loaded.hardware.device_resource
         if device is None:
-            raise ReleaseError(f"{loaded.path}: hardware: profile {loaded.hardware.name!r} has no "
-                               "device_resource for Kubernetes scheduling")
+            raise ReleaseError(
+                f"{loaded.path}: hardware: profile {loaded.hardware.name!r} has no "
+                "device_resource for Kubernetes scheduling"
+            )
         requests[device] = limits[device] = str(res.gpus)  # extended resources: requests == limits
     return k8s.V1ResourceRequirements(requests=requests, limits=limits or None)
 
@@ -245,8 +306,10 @@ def volumes(res: PodResources, settings: ClusterSettings) -> list[k8s.V1Volume]:
 
 
 def volume_mounts(loaded: LoadedSpec) -> list[k8s.V1VolumeMount]:
-    mounts = [k8s.V1VolumeMount(name="data", mount_path=POD_HOME, sub_path=HOME_SUBPATH),
-              k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")]
+    mounts = [
+        k8s.V1VolumeMount(name="data", mount_path=POD_HOME, sub_path=HOME_SUBPATH),
+        k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+    ]
     if loaded.spec.staging.nfs is not None:
         mounts.append(k8s.V1VolumeMount(name="data", mount_path=loaded.spec.staging.nfs.path))
     return mounts
@@ -264,8 +327,7 @@ def placement(loaded: LoadedSpec, res: PodResources) -> tuple[dict[str, str], li
 # ---------------------------------------------------------------- the operator's arguments
 
 
-def pod_operator_kwargs(loaded: LoadedSpec, step: Step, settings: ClusterSettings | None = None,
-                        **args: str) -> dict:
+def pod_operator_kwargs(loaded: LoadedSpec, step: Step, settings: ClusterSettings | None = None, **args: Any) -> dict:
     """Keyword arguments for `KubernetesPodOperator(task_id=..., **kwargs)`; `args` go to `cli_args`."""
     return {**pod_operator_partial_kwargs(loaded, step, settings), "arguments": shell(cli_args(loaded, step, **args))}
 
@@ -276,8 +338,11 @@ def pod_operator_partial_kwargs(loaded: LoadedSpec, step: Step, settings: Cluste
     settings = settings or ClusterSettings.from_env()
     res = resources(loaded, step)
     node_selector, tolerations = placement(loaded, res)
-    labels = {"app.kubernetes.io/name": "model-release", "app.kubernetes.io/component": step,
-              "model-release/release": label_value(loaded.spec.name)}
+    labels = {
+        "app.kubernetes.io/name": "model-release",
+        "app.kubernetes.io/component": step,
+        "model-release/release": label_value(loaded.spec.name),
+    }
     return {
         "image": settings.image,
         "namespace": settings.namespace,

@@ -1,0 +1,159 @@
+"""The reviewer's decision, in the Airflow UI: Airflow's own human-in-the-loop ApprovalOperator.
+
+Subclassed only to do at run time what a DAG file cannot know at parse time: who may answer
+(the spec's reviewers, from the release the run opened), what the question and the evidence
+are (subject and markdown body from the registry), how long to wait (the spec's
+approval_timeout, default answer Reject), and to write the answer, with the responding user and
+comment, into the registry before Airflow acts on it (Reject skips promotion).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import Param
+from airflow.sdk.definitions.param import ParamsDict
+
+from pipeline.core.spec import duration_seconds
+from pipeline.entry import flow
+
+log = logging.getLogger(__name__)
+
+PLUGIN_PATH = "/model-releases"
+
+
+def _fmt(value: Any, fmt: str = ".3g") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def body(rel, live, loaded, base_url: str) -> str:
+    """The evidence in markdown: short enough to decide from, with a link to the full report."""
+    d, slo = rel.data, loaded.spec.slo
+    acc = d.get("accuracy") or {}
+    rows = "\n".join(
+        f"| {t['task']} | {t['baseline']:.3f} | {t['candidate']:.3f} | "
+        f"{_fmt(t['recovery'], '.3f')} | {t['min_recovery']:.2f} | {'pass' if t['passed'] else 'FAIL'} |"
+        for t in acc.get("tasks", [])
+    )
+    if live is not None and live.data.get("rate_per_server"):
+        vs_live = (
+            f"live release {live.id} ({live.data.get('layout')}): {_fmt(live.data['rate_per_server'])} req/s per "
+            f"server → **{d['rate_per_server'] / live.data['rate_per_server']:.2f}x**"
+        )
+    else:
+        vs_live = "no live release yet"
+    link = f"{base_url.rstrip('/')}{PLUGIN_PATH}/releases/{rel.id}"
+    return (
+        f"**Release {rel.id}: {loaded.spec.model.name} → {loaded.spec.promotion.target}**\n\n"
+        f"Accuracy gate: **{'passed' if acc.get('passed') else 'FAILED'}** (lm-eval, great-expectations)\n\n"
+        f"| task | baseline | FP8 | recovery | min | result |\n|---|---|---|---|---|---|\n{rows}\n\n"
+        f"Chosen layout **{d.get('layout')}**: **{_fmt(d.get('rate_per_server'))} req/s per server** "
+        f"({_fmt(d.get('per_device'))} per {loaded.hardware.kind.upper()}) within the SLO; {vs_live}.\n\n"
+        f"At that rate: p90 TTFT {_fmt(d.get('p90_ttft_ms'), '.0f')} ms (limit {slo.p90_ttft_ms:g}), "
+        f"p90 TPOT {_fmt(d.get('p90_tpot_ms'), '.1f')} ms (limit {slo.p90_tpot_ms:g}).\n\n"
+        f"Artifact `{d.get('artifact_uri') or d.get('nfs_path')}` (manifest {str(d.get('manifest_hash'))[:16]}…)\n\n"
+        f"[Full report and audit trail]({link})"
+    )
+
+
+def _form() -> dict[str, Param]:
+    return {"comment": Param("", type="string", title="Comment", description="Recorded in the release's audit trail")}
+
+
+class ReleaseApproval(ApprovalOperator):
+    """Approve or reject the promotion of a release.
+
+    `release` is the validated spec record of the run (the `validate` task's output, passed as
+    its XComArg): a templated field, so Airflow resolves it when the task runs and wires the
+    dependency, and this operator never names another task.
+    """
+
+    template_fields = (*ApprovalOperator.template_fields, "release")
+
+    def __init__(self, *, release: Any, **kwargs: Any):
+        kwargs.setdefault("subject", "Promote release?")
+        kwargs.pop("params", None)
+        super().__init__(defaults=ApprovalOperator.REJECT, params=_form(), **kwargs)
+        self.release = release
+
+    def _own_form(self) -> None:
+        """The DAG merges its run params (spec, layouts, ...) into every task's; the reviewer's
+        form must show, and the response be validated against, only the comment field."""
+        self.params = ParamsDict(_form())
+
+    def _release_id(self, context) -> int:
+        return int(self.release["release_id"])
+
+    def execute(self, context):
+        from airflow.configuration import conf
+
+        from pipeline.release.promote import release_spec
+
+        self._own_form()
+        reg = flow.registry()
+        rel = reg.get(self._release_id(context))
+        loaded = release_spec(rel)
+        promotion = loaded.spec.promotion
+        if not promotion.requires_approval:
+            reg.record(
+                rel.id,
+                "approved",
+                "policy",
+                {"comment": "spec: promotion.requires_approval is false"},
+                status="approved",
+            )
+            return {"chosen_options": [self.APPROVE], "params_input": {}, "responded_by_user": None}
+        live = reg.live(rel.name, rel.target)
+        self.assigned_users = [{"id": name, "name": name} for name in promotion.reviewers]
+        self.subject = (
+            f"Promote {loaded.spec.model.name} FP8 as layout {rel.data.get('layout')} at "
+            f"{_fmt(rel.data.get('rate_per_server'))} req/s per server?"
+        )
+        self.body = body(rel, live, loaded, conf.get("api", "base_url", fallback="http://localhost:8080"))
+        from datetime import timedelta
+
+        self.response_timeout = timedelta(seconds=duration_seconds(promotion.approval_timeout))
+        reg.record(
+            rel.id,
+            "approval_requested",
+            "pipeline",
+            {"reviewers": promotion.reviewers, "timeout": promotion.approval_timeout, "subject": self.subject},
+        )
+        log.info(
+            "waiting for one of %s to approve release %d (timeout %s, then Reject)",
+            promotion.reviewers,
+            rel.id,
+            promotion.approval_timeout,
+        )
+        return super().execute(context)
+
+    def execute_complete(self, context, event: dict[str, Any]) -> Any:
+        self._own_form()
+        reg = flow.registry()
+        release_id = self._release_id(context)
+        if "error" in event:
+            reg.record(release_id, "rejected", "timeout", {"error": event.get("error_type")}, status="rejected")
+            return super().execute_complete(context, event)
+        user = event.get("responded_by_user") or {}
+        # Airflow authorises assigned users by id; record the id (the name goes in the detail)
+        actor = user.get("id") or user.get("name") or "timeout (default: Reject)"
+        chosen = (event.get("chosen_options") or [self.REJECT])[0]
+        comment = (event.get("params_input") or {}).get("comment", "")
+        approved = chosen == self.APPROVE
+        reg.record(
+            release_id,
+            "approved" if approved else "rejected",
+            actor,
+            {"comment": comment, "responded_at": str(event.get("responded_at")), "user_name": user.get("name")},
+            status="approved" if approved else "rejected",
+        )
+        log.info(
+            "release %d %s by %s%s",
+            release_id,
+            "approved" if approved else "rejected",
+            actor,
+            f": {comment}" if comment else "",
+        )
+        return super().execute_complete(context, event)

@@ -1,0 +1,121 @@
+"""The "Model releases" pages inside Airflow: a read-only FastAPI app the plugin mounts.
+
+Airflow mounts a plugin's FastAPI app without its own login, so every route here depends on
+Airflow's auth: the caller's JWT (Authorization header, or the UI's `_token` cookie) is
+validated by the API server's auth manager and must grant read access to the `model_release`
+DAG. Anonymous requests get 401, bad tokens 403. Only GET routes exist: the registry is
+written by the pipeline and the CLI, never through these pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from pipeline.release.registry import Registry, UnknownRelease, audit_trail, cached
+
+DAG_ID = "model_release"
+
+
+def _auth_dependency():
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    return requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID)
+
+
+STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:20px;color:#1d2330} table{border-collapse:collapse}"
+    "td,th{border:1px solid #ddd;padding:5px 9px} th{background:#f4f6fa} .live{color:#0a7a32;font-weight:600}"
+    ".rejected,.failed,.gate_failed,.rolled_back,.degraded{color:#b3261e;font-weight:600} pre{font-size:.85em}"
+)
+
+
+def _e(value) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def releases_page(reg: Registry) -> str:
+    rows = []
+    for rel in reg.releases():
+        decision = next((e for e in reversed(reg.events(rel.id)) if e.kind in ("approved", "rejected")), None)
+        d = rel.data
+        rate = f"{d['rate_per_server']:.3g}" if isinstance(d.get("rate_per_server"), (int, float)) else "—"
+        report = f"<a href='releases/{rel.id}'>report</a>" if d.get("report") else "—"
+        rows.append(
+            f"<tr><td>{rel.id}</td><td>{_e(rel.name)}</td><td class='{_e(rel.status)}'>{_e(rel.status)}</td>"
+            f"<td>{_e(rel.target)}</td><td>{_e(d.get('layout') or '—')}</td><td>{rate}</td>"
+            f"<td>{_e(f'{decision.kind} by {decision.actor}' if decision else '—')}</td>"
+            f"<td>{rel.created_at:%Y-%m-%d %H:%M}</td><td>{report} · <a href='releases/{rel.id}/audit'>audit trail</a>"
+            f"</td></tr>"
+        )
+    body = (
+        "<tr><th>id</th><th>release</th><th>status</th><th>target</th><th>layout</th><th>req/s per server</th>"
+        "<th>decision</th><th>created (UTC)</th><th></th></tr>" + "".join(rows)
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Model releases</title><style>{STYLE}</style>"
+        f"</head><body><h1>Model releases</h1><p>Registry: {_e(reg.safe_url)}</p><table>{body}</table></body></html>"
+    )
+
+
+def create_app() -> FastAPI:
+    # no /docs or /openapi.json: FastAPI serves those outside the app-level auth dependency
+    app = FastAPI(
+        title="Model releases",
+        dependencies=[Depends(_auth_dependency())],
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    def registry() -> Registry:
+        return cached()
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> str:
+        return await asyncio.to_thread(lambda: releases_page(registry()))
+
+    @app.get("/api/releases")
+    async def releases_json() -> JSONResponse:
+        rels = await asyncio.to_thread(lambda: registry().releases())
+        return JSONResponse([r.model_dump(mode="json", exclude={"spec_yaml"}) for r in rels])
+
+    @app.get("/releases/{release_id}", response_class=HTMLResponse)
+    async def report(release_id: int) -> str:
+        def load() -> str:
+            reg = registry()
+            rel = reg.get(release_id)
+            path = rel.data.get("report")
+            if path and Path(path).exists():
+                return Path(path).read_text()
+            return _audit_html(reg, release_id)
+
+        return await asyncio.to_thread(_or_404(load))
+
+    @app.get("/releases/{release_id}/audit", response_class=HTMLResponse)
+    async def audit(release_id: int) -> str:
+        return await asyncio.to_thread(_or_404(lambda: _audit_html(registry(), release_id)))
+
+    return app
+
+
+def _audit_html(reg: Registry, release_id: int) -> str:
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><style>{STYLE}</style></head><body>"
+        f"<p><a href='/model-releases/'>all releases</a></p><pre>{_e(audit_trail(reg, release_id))}</pre></body></html>"
+    )
+
+
+def _or_404(fn):
+    def wrapped():
+        try:
+            return fn()
+        except UnknownRelease as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from None
+
+    return wrapped

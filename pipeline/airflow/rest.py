@@ -1,0 +1,120 @@
+"""A small client of Airflow's public REST API (v2): what ML-ops and reviewers do from a shell.
+
+Trigger a release, watch its tasks, and answer the approval as a named reviewer through the
+human-in-the-loop endpoint, exactly as the UI does. Authentication is Airflow's own: a JWT
+from `POST /auth/token` for a user of the auth manager. Passwords are never logged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import requests
+
+from pipeline.core.errors import ReleaseError
+
+DAG_ID = "model_release"
+
+
+class AirflowError(ReleaseError):
+    pass
+
+
+class AirflowClient:
+    def __init__(self, base_url: str, username: str, password: str, timeout: float = 30):
+        self.base = base_url.rstrip("/")
+        self.username = username
+        self.timeout = timeout
+        self.session = requests.Session()
+        try:
+            response = self.session.post(
+                f"{self.base}/auth/token", json={"username": username, "password": password}, timeout=timeout
+            )
+        except requests.ConnectionError:
+            raise AirflowError(f"cannot reach Airflow at {self.base} (is it running?)") from None
+        if response.status_code >= 400:
+            raise AirflowError(f"{self.base}/auth/token: login as {username!r} refused ({response.status_code})")
+        self.token = response.json()["access_token"]
+        self.session.headers["Authorization"] = f"Bearer {self.token}"
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.session.request(method, f"{self.base}/api/v2{path}", timeout=self.timeout, **kwargs)
+        if response.status_code >= 400:
+            raise AirflowError(f"{method} /api/v2{path}: {response.status_code} {response.text[:500]}")
+        return response.json() if response.content else None
+
+    def trigger(self, conf: dict[str, Any], dag_id: str = DAG_ID, run_id: str | None = None) -> str:
+        body: dict[str, Any] = {"logical_date": None, "conf": conf}
+        if run_id:
+            body["dag_run_id"] = run_id
+        return self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
+
+    def run(self, run_id: str, dag_id: str = DAG_ID) -> dict[str, Any]:
+        return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+
+    def task_states(self, run_id: str, dag_id: str = DAG_ID) -> dict[str, str]:
+        """task_id (with [map index]) -> state, for a progress line."""
+        items = self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+        out = {}
+        for ti in items["task_instances"]:
+            key = ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else "")
+            out[key] = ti["state"] or "none"
+        return out
+
+    def pending_approval(self, run_id: str, dag_id: str = DAG_ID) -> dict[str, Any] | None:
+        """The HITL request of the run still waiting for an answer, if any."""
+        items = self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/hitlDetails")
+        for item in items.get("hitl_details", []):
+            if not item.get("response_received"):
+                return item
+        return None
+
+    def respond(
+        self, run_id: str, approve: bool, comment: str = "", task_id: str = "approve", dag_id: str = DAG_ID
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while self.task_states(run_id, dag_id).get(task_id) != "awaiting_input":  # see wait(): never race the park
+            if time.monotonic() > deadline:
+                raise AirflowError(f"run {run_id}: task {task_id} is not waiting for an answer")
+            time.sleep(2)
+        body = {"chosen_options": ["Approve" if approve else "Reject"], "params_input": {"comment": comment}}
+        return self._call("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails", json=body)
+
+    def wait(
+        self,
+        run_id: str,
+        until: str = "finished",
+        timeout: float = 3600,
+        poll: float = 10,
+        on_progress=None,
+        dag_id: str = DAG_ID,
+        task_id: str = "approve",
+    ) -> str:
+        """Poll until the run finishes (or, with until="approval", waits for a reviewer).
+
+        "Waiting for a reviewer" means the approval task is parked in awaiting_input on two polls
+        in a row, not merely that its request exists: the request is written before the task
+        parks, and an answer racing the park makes Airflow 3.3 fail the task (seen in CI).
+        """
+        started = time.monotonic()
+        last = None
+        parked = 0
+        while time.monotonic() - started < timeout:
+            state = self.run(run_id, dag_id)["state"]
+            states = self.task_states(run_id, dag_id)
+            if on_progress and states != last:
+                on_progress(states, time.monotonic() - started)
+                last = states
+            if state in ("success", "failed"):
+                return state
+            if until == "approval":
+                parked = (
+                    parked + 1
+                    if states.get(task_id) == "awaiting_input" and self.pending_approval(run_id, dag_id)
+                    else 0
+                )
+                if parked >= 2:
+                    return "awaiting_approval"
+            time.sleep(poll)
+        raise AirflowError(f"run {run_id} still {state} after {timeout:.0f} s")

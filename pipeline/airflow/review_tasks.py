@@ -1,0 +1,64 @@
+"""The review end of every release DAG: report, reviewer approval, promotion, verification.
+
+One definition for the local and the Kubernetes DAG, so what a reviewer relies on (the page,
+the approval, the gates re-checked in code, the live-release event) cannot drift apart between
+them. The Assets that schedule other DAGs are named here once.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Asset, task
+
+from pipeline.airflow.approval import ReleaseApproval
+
+STAGED = Asset("model-release://staged-artifact")  # a newly staged artifact (URI, manifest hash)
+LIVE = Asset("model-release://live-release")  # a promotion or rollback: re-benchmark the new live release
+ENGINE_IMAGE = Asset("model-release://engine-image")  # CI emits an event when it pushes a new serving image
+
+
+@task
+def report(spec: dict, gate: dict, run_id: str | None = None) -> dict:
+    """The reviewer's page: accuracy, latency-vs-load curves, chosen layout vs live, audit trail."""
+    from pipeline.entry import flow
+
+    assert run_id is not None  # Airflow passes the run's id from the context
+    return flow.report(spec["release_id"], run_id)
+
+
+@task(retries=0, outlets=[LIVE])
+def promote(spec: dict, run_id: str | None = None, *, outlet_events=None) -> dict:
+    """Re-checks every gate and the approval in code, then rolls out; restores the previous release on failure."""
+    from pipeline.entry import flow
+
+    assert run_id is not None  # Airflow passes the run's id from the context
+    result = flow.promote(spec["release_id"], run_id)
+    outlet_events[LIVE].extra = {
+        "release": spec["name"],
+        "release_id": result["release_id"],
+        "endpoint": result["endpoint"],
+    }
+    return result
+
+
+@task(retries=1, retry_delay=pendulum.duration(seconds=20))
+def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
+    """The live endpoint answers a completion after the switch, not only during it."""
+    from pipeline.entry import flow
+
+    assert run_id is not None  # Airflow passes the run's id from the context
+    return flow.verify(spec["release_id"], run_id)
+
+
+def review_and_promote(spec, gate):
+    """Wire report >> approve >> promote >> verify after the SLO gate; returns verify's output."""
+    approve = ReleaseApproval(
+        task_id="approve",
+        release=spec,
+        doc_md="A reviewer named in the spec approves or rejects, "
+        "in this UI (Required actions) or over the REST API; no answer in time means Reject.",
+    )
+    report(spec, gate) >> approve
+    promoted = promote(spec)
+    approve >> promoted
+    return verify(spec, promoted)

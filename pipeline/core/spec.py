@@ -1,0 +1,502 @@
+"""The release spec: one YAML file describes a whole release, and every stage reads it.
+
+Loading checks types (pydantic) and then feasibility (does the layout fit the node, do the
+weights fit the device memory), so that a bad spec fails in seconds, before GPU time is
+spent. Every problem is reported as one line, `file: dotted.field: what is wrong`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.core.errors import ReleaseError, SpecError
+from pipeline.core.paths import CONFIGS_DIR
+
+Scalar = str | int | float | bool | None
+EngineArgs = dict[str, Scalar | dict[str, Any] | list[Any]]
+
+SOURCE_PATTERN = re.compile(r"^(hf://[\w.-]+/[\w.-]+(@[\w./-]+)?|s3://[\w.-]+/.+|builtin://[\w.-]+|[^:]+)$")
+FLAG_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+DURATION_PATTERN = re.compile(r"^(\d+)([smhd])$")
+# Flags the layout owns: they come from tp/dp/ep/pp, never from free-form engine args.
+LAYOUT_FLAGS = {
+    "tensor-parallel-size",
+    "data-parallel-size",
+    "pipeline-parallel-size",
+    "enable-expert-parallel",
+    "port",
+    "host",
+    "model",
+}
+DEFAULT_IGNORE = ["lm_head", "model.embed_tokens", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]
+BYTES_PER_PARAM = {"FP8_DYNAMIC": 1.0, "FP8_BLOCK": 1.0}
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors: a typo in a spec must not silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Architecture(Strict):
+    """Facts about the model, used for feasibility checks before anything is loaded."""
+
+    model_type: str = Field("qwen3_moe", description="transformers model_type")
+    num_layers: Annotated[int, Field(gt=0)]
+    hidden_size: Annotated[int, Field(gt=0)]
+    num_attention_heads: Annotated[int, Field(gt=0)]
+    num_kv_heads: Annotated[int, Field(gt=0)]
+    head_dim: Annotated[int, Field(gt=0)]
+    num_experts: Annotated[int, Field(ge=0, description="0 for a dense model")] = 0
+    num_experts_per_tok: Annotated[int, Field(ge=0)] = 0
+    moe_intermediate_size: Annotated[int, Field(ge=0)] = 0
+    vocab_size: Annotated[int, Field(gt=0)]
+    params_b: Annotated[float, Field(gt=0, description="total parameters, billions")]
+    active_params_b: Annotated[float | None, Field(gt=0)] = None
+
+    @model_validator(mode="after")
+    def _moe_consistent(self) -> Architecture:
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok must be in 1..num_experts ({self.num_experts}), got {self.num_experts_per_tok}"
+            )
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_kv_heads")
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+class ModelSpec(Strict):
+    name: str
+    source: str = Field(description="local dir, hf://org/name[@rev], s3://bucket/key or builtin://NAME")
+    architecture: Architecture
+
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, value: str) -> str:
+        if not SOURCE_PATTERN.match(value):
+            raise ValueError("expected a local path, hf://org/name[@revision], s3://bucket/prefix or builtin://NAME")
+        return value
+
+
+class QuantizationSpec(Strict):
+    scheme: Literal["FP8_DYNAMIC", "FP8_BLOCK"] = "FP8_DYNAMIC"
+    method: Literal["oneshot", "model_free", "streaming", "auto"] = Field(
+        "auto", description="auto: oneshot when the model fits in the worker's memory, else streaming"
+    )
+    ignore: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORE))
+
+
+class EvalTask(Strict):
+    name: str
+    num_fewshot: Annotated[int, Field(ge=0)] = 0
+    metric: str | None = Field(None, description="lm-eval metric to gate on; default: the task's first")
+    min_recovery: Annotated[float, Field(gt=0, le=2)] = 0.99
+    floor: Annotated[float, Field(ge=0, le=1, description="absolute minimum score")] = 0.0
+
+
+class EvaluationSpec(Strict):
+    backend: Literal["hf", "vllm", "local-completions"] = "hf"
+    tasks: Annotated[list[EvalTask], Field(min_length=1)]
+    limit: Annotated[int | None, Field(gt=0)] = None
+    seed: int = 1234
+    batch_size: Annotated[int, Field(gt=0)] = 8
+    tensor_parallel_size: Annotated[
+        int | None,
+        Field(
+            ge=1, description="vllm backend: devices the evaluation engine shards over; default: the widest layout's tp"
+        ),
+    ] = None
+
+
+class S3Target(Strict):
+    connection_id: str = Field("spaces_default", description="Airflow connection (amazon provider type)")
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = Field(
+        None, description="default: the connection's extra endpoint_url, else AWS_ENDPOINT_URL"
+    )
+    region: str | None = None
+    create_bucket: bool = Field(
+        False, description="create the bucket if missing (embedded default); production buckets exist"
+    )
+
+
+class NfsTarget(Strict):
+    path: str
+
+
+class StagingSpec(Strict):
+    s3: S3Target | None = None
+    nfs: NfsTarget | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> StagingSpec:
+        if self.s3 is None and self.nfs is None:
+            raise ValueError("set at least one of s3 or nfs")
+        return self
+
+
+def _check_flags(args: EngineArgs) -> EngineArgs:
+    for flag in args:
+        if not FLAG_PATTERN.match(flag):
+            raise ValueError(
+                f"engine arg {flag!r}: expected a vllm flag name without dashes in front, e.g. max-model-len"
+            )
+        if flag in LAYOUT_FLAGS:
+            raise ValueError(f"engine arg {flag!r} is set by the layout (tp/dp/ep/pp) or the launcher, not here")
+    return args
+
+
+class ServingSpec(Strict):
+    engine: Literal["vllm"] = "vllm"
+    engine_image: str = Field(description="container image of the engine (production)")
+    engine_args: EngineArgs = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    port: Annotated[int, Field(gt=0, lt=65536)] = 8000
+    kv_cache_reserve_gb: Annotated[float, Field(ge=0)] = 0.0
+
+    @field_validator("engine_args")
+    @classmethod
+    def _flags(cls, value: EngineArgs) -> EngineArgs:
+        return _check_flags(value)
+
+
+class Layout(Strict):
+    """One way to serve the model on one node: replica groups of tp x dp x pp devices each."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+    tp: Annotated[int, Field(ge=1)] = 1
+    dp: Annotated[int, Field(ge=1)] = 1
+    ep: Annotated[int, Field(ge=1)] = 1
+    pp: Annotated[int, Field(ge=1)] = 1
+    replicas: Annotated[int, Field(ge=1, description="replica groups per node, behind one endpoint")] = 1
+    engine_args: EngineArgs = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _flags(cls, value: EngineArgs) -> EngineArgs:
+        return _check_flags(value)
+
+    @property
+    def devices_per_replica(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    @property
+    def devices(self) -> int:
+        return self.devices_per_replica * self.replicas
+
+
+class WorkloadSpec(Strict):
+    input_len: Annotated[int, Field(gt=0)]
+    output_len: Annotated[int, Field(gt=0)]
+    num_prompts: Annotated[int, Field(gt=0)] = 200
+    min_probe_seconds: Annotated[
+        float,
+        Field(ge=0, description="a probe sends at least rate x this many requests, so the queue reaches steady state"),
+    ] = 30.0
+    arrival: Literal["poisson", "constant"] = "poisson"
+    seed: int = 0
+    repeats: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=5,
+            description="extra runs at the answer; one failing repeat moves it down, and their spread is reported",
+        ),
+    ] = 1
+    max_interference: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="cores other processes (or a hypervisor's steal) "
+            "may use during a probe before it is measured again",
+        ),
+    ] = 0.25
+    interference_retries: Annotated[int, Field(ge=0, le=5)] = 2
+
+
+class SloSpec(Strict):
+    p90_ttft_ms: Annotated[float, Field(gt=0)]
+    p90_tpot_ms: Annotated[float, Field(gt=0)]
+    max_failed_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.01
+    min_rate_per_server: Annotated[float, Field(ge=0, description="req/s the best layout must reach")] = 0.0
+    resolution: Annotated[float, Field(gt=0, lt=1)] = 0.05
+
+
+class PromotionSpec(Strict):
+    target: Literal["local", "kubernetes"] = "local"
+    namespace: str = "model-release"
+    requires_approval: bool = True
+    reviewers: list[str] = Field(default_factory=list)
+    approval_timeout: Annotated[str, Field(pattern=DURATION_PATTERN.pattern)] = "24h"
+    kubernetes_conn_id: str | None = Field(
+        "kubernetes_default", description="Airflow connection of the cluster; None: kubeconfig or in-cluster config"
+    )
+    rollout_timeout: Annotated[str, Field(pattern=DURATION_PATTERN.pattern)] = "45m"
+
+
+class NotifySpec(Strict):
+    """Where a re-benchmark verdict goes: the registry always; also e-mail or Slack via an Airflow connection."""
+
+    kind: Literal["log", "smtp", "slack"] = "log"
+    connection_id: str | None = Field(None, description="Airflow connection (smtp or slack webhook)")
+    to: list[str] = Field(default_factory=list, description="e-mail recipients (smtp)")
+    from_email: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> NotifySpec:
+        if self.kind != "log" and not self.connection_id:
+            raise ValueError(f"kind {self.kind!r} needs connection_id")
+        if self.kind == "smtp" and not self.to:
+            raise ValueError("kind 'smtp' needs at least one address in to")
+        return self
+
+
+class RebenchmarkSpec(Strict):
+    schedule: str = "@daily"
+    tolerance: Annotated[float, Field(gt=0, lt=1, description="allowed drop of the max SLO rate")] = 0.10
+    auto_rollback: bool = False
+    max_probes: Annotated[
+        int, Field(ge=3, description="runs of the short search, which starts at the promoted rate and steps by 1.25x")
+    ] = 8
+    notify: NotifySpec = Field(default_factory=NotifySpec)
+
+
+class HardwareProfile(Strict):
+    """A node type: how many devices, how much memory each, how Kubernetes names and places them."""
+
+    name: str
+    kind: Literal["gpu", "cpu"]
+    devices: Annotated[int, Field(gt=0)]
+    device_memory_gb: Annotated[float, Field(gt=0)]
+    device_resource: str | None = Field(None, description="Kubernetes extended resource, e.g. amd.com/gpu")
+    visible_devices_env: str | None = Field(None, description="e.g. HIP_VISIBLE_DEVICES")
+    numa_groups: list[list[int]] = Field(default_factory=list, description="device ids that share a NUMA node")
+    node_labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[dict[str, str]] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class ReleaseSpec(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+    description: str = ""
+    model: ModelSpec
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    evaluation: EvaluationSpec
+    staging: StagingSpec
+    serving: ServingSpec
+    layouts: Annotated[list[Layout], Field(min_length=1)]
+    workload: WorkloadSpec
+    slo: SloSpec
+    hardware: str = Field(description="profile name in configs/hardware/")
+    promotion: PromotionSpec = Field(default_factory=PromotionSpec)
+    rebenchmark: RebenchmarkSpec = Field(default_factory=RebenchmarkSpec)
+    execution: Literal["local", "kubernetes"] = "local"
+
+
+class LoadedSpec(BaseModel):
+    """A validated spec together with where it came from and its resolved hardware profile."""
+
+    path: Path
+    spec: ReleaseSpec
+    hardware: HardwareProfile
+
+    def layout(self, name: str) -> Layout:
+        """The spec's layout of that name; a ReleaseError naming the file and the known names if none."""
+        for layout in self.spec.layouts:
+            if layout.name == name:
+                return layout
+        known = ", ".join(layout.name for layout in self.spec.layouts)
+        raise ReleaseError(f"{self.path}: layouts: no layout named {name!r} (known: {known})")
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError([f"{path}: file not found"]) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError([f"{path}: {where}: YAML syntax error: {problem}"]) from None
+
+
+def _validate(model: type[BaseModel], data: Any, path: Path) -> Any:
+    if not isinstance(data, dict):
+        raise SpecError([f"{path}: (top level): expected a mapping, got {type(data).__name__}"])
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (typo?)"
+            problems.append(f"{path}: {_format_loc(err['loc'])}: {msg}")
+        raise SpecError(problems) from None
+
+
+def hardware_path(name: str, spec_path: Path) -> Path:
+    """A profile next to the spec's configs tree wins over the project's own."""
+    local = spec_path.resolve().parent.parent / "hardware" / f"{name}.yaml"
+    return local if local.exists() else CONFIGS_DIR / "hardware" / f"{name}.yaml"
+
+
+def load_hardware(name: str, spec_path: Path) -> HardwareProfile:
+    path = hardware_path(name, spec_path)
+    if not path.exists():
+        known = sorted(p.stem for p in (CONFIGS_DIR / "hardware").glob("*.yaml"))
+        raise SpecError([f"{spec_path}: hardware: unknown profile {name!r} (known: {', '.join(known)})"])
+    return _validate(HardwareProfile, _read_yaml(path), path)
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    """Load, type-check and feasibility-check a release spec; raise SpecError listing every problem."""
+    path = Path(path)
+    spec = _validate(ReleaseSpec, _read_yaml(path), path)
+    hardware = load_hardware(spec.hardware, path)
+    problems = [f"{path}: {field}: {msg}" for field, msg in feasibility_problems(spec, hardware)]
+    if problems:
+        raise SpecError(problems)
+    if spec.evaluation.tensor_parallel_size is None:  # the weights fit where the widest layout fits them
+        spec.evaluation.tensor_parallel_size = max(layout.tp for layout in spec.layouts)
+    return LoadedSpec(path=path.resolve(), spec=spec, hardware=hardware)
+
+
+def weights_per_device_gb(spec: ReleaseSpec, layout: Layout) -> float:
+    """Quantized weight bytes one device holds: the checkpoint split by tp x pp (ep moves experts, not bytes)."""
+    total_gb = spec.model.architecture.params_b * BYTES_PER_PARAM[spec.quantization.scheme]
+    return total_gb / (layout.tp * layout.pp)
+
+
+def arg_number(args: dict[str, Any], key: str, default: float | None = None) -> float | None:
+    """A numeric engine arg (`--max-model-len 256` may be written 256 or "256"), or the default."""
+    value = args.get(key)
+    if value is None or isinstance(value, dict | list | bool):
+        return default
+    return float(value)
+
+
+def kv_reserve_gb(spec: ReleaseSpec, layout: Layout) -> float:
+    """KV cache one device needs for one full-length sequence, or the spec's explicit reserve if larger."""
+    arch = spec.model.architecture
+    args = {**spec.serving.engine_args, **layout.engine_args}
+    max_len = int(arg_number(args, "max-model-len") or spec.workload.input_len + spec.workload.output_len)
+    kv_bytes = 1 if str(args.get("kv-cache-dtype", "auto")).startswith("fp8") else 2
+    kv_heads_per_device = max(1, arch.num_kv_heads // layout.tp)
+    layers_per_device = arch.num_layers / layout.pp
+    per_token = 2 * layers_per_device * kv_heads_per_device * arch.head_dim * kv_bytes
+    return max(per_token * max_len / 1e9, spec.serving.kv_cache_reserve_gb)
+
+
+def feasibility_problems(spec: ReleaseSpec, hw: HardwareProfile) -> list[tuple[str, str]]:
+    """Checks that need more than one field; returns (dotted field, message) pairs."""
+    problems: list[tuple[str, str]] = []
+    arch = spec.model.architecture
+    names = [layout.name for layout in spec.layouts]
+    for i, layout in enumerate(spec.layouts):
+        at = f"layouts[{i}]"
+        if names.count(layout.name) > 1:
+            problems.append((f"{at}.name", f"duplicate layout name {layout.name!r}"))
+        if layout.devices > hw.devices:
+            field = "tp" if layout.tp > hw.devices else "replicas"
+            problems.append(
+                (
+                    f"{at}.{field}",
+                    f"tp x dp x pp x replicas = {layout.tp}x{layout.dp}x{layout.pp}x{layout.replicas}"
+                    f" = {layout.devices} devices, but hardware {hw.name!r} has {hw.devices}",
+                )
+            )
+        if arch.num_attention_heads % layout.tp:
+            problems.append(
+                (f"{at}.tp", f"{arch.num_attention_heads} attention heads do not split over tp={layout.tp}")
+            )
+        if layout.ep > 1:
+            if not arch.is_moe:
+                problems.append(
+                    (f"{at}.ep", "expert parallelism needs a MoE model (model.architecture.num_experts is 0)")
+                )
+            elif arch.num_experts % layout.ep:
+                problems.append((f"{at}.ep", f"ep={layout.ep} does not divide the {arch.num_experts} experts"))
+            if layout.ep != layout.tp * layout.dp:
+                problems.append(
+                    (
+                        f"{at}.ep",
+                        f"vLLM's --enable-expert-parallel shards experts over tp x dp ranks: ep must be"
+                        f" {layout.tp * layout.dp} or 1, got {layout.ep}",
+                    )
+                )
+        args = {**spec.serving.engine_args, **layout.engine_args}
+        util = arg_number(args, "gpu-memory-utilization", 0.9) or 0.9
+        budget = hw.device_memory_gb * util
+        need = weights_per_device_gb(spec, layout) + kv_reserve_gb(spec, layout)
+        if need > budget:
+            problems.append(
+                (
+                    f"{at}.tp",
+                    f"weights {weights_per_device_gb(spec, layout):.1f} GB + KV reserve"
+                    f" {kv_reserve_gb(spec, layout):.1f} GB per device exceed {budget:.1f} GB"
+                    f" ({util:.2f} of {hw.device_memory_gb:g} GB on {hw.name!r}); raise tp or pp",
+                )
+            )
+        max_len = arg_number(args, "max-model-len")
+        if max_len is not None and int(max_len) < spec.workload.input_len + spec.workload.output_len:
+            problems.append(
+                (
+                    f"{at}.engine_args.max-model-len"
+                    if "max-model-len" in layout.engine_args
+                    else "serving.engine_args.max-model-len",
+                    f"{max_len:g} is shorter than the workload's input_len + output_len"
+                    f" = {spec.workload.input_len + spec.workload.output_len}",
+                )
+            )
+    if spec.promotion.requires_approval and not spec.promotion.reviewers:
+        problems.append(("promotion.reviewers", "set at least one reviewer when requires_approval is true"))
+    eval_tp = spec.evaluation.tensor_parallel_size
+    if eval_tp is not None and (eval_tp > hw.devices or arch.num_attention_heads % eval_tp):
+        problems.append(
+            (
+                "evaluation.tensor_parallel_size",
+                f"{eval_tp} must divide the {arch.num_attention_heads} attention heads and fit the "
+                f"{hw.devices} devices of {hw.name!r}",
+            )
+        )
+    if spec.evaluation.backend == "hf" and hw.kind == "gpu" and arch.params_b > 100:
+        problems.append(
+            ("evaluation.backend", "'hf' runs in-process; use 'vllm' or 'local-completions' for a model this large")
+        )
+    if spec.promotion.target == "kubernetes" and hw.device_resource is None:
+        problems.append(("hardware", f"profile {hw.name!r} has no device_resource for Kubernetes scheduling"))
+    tasks = [task.name for task in spec.evaluation.tasks]
+    for i, name in enumerate(tasks):
+        if tasks.count(name) > 1:
+            problems.append((f"evaluation.tasks[{i}].name", f"duplicate task {name!r}"))
+    return problems
+
+
+def duration_seconds(text: str) -> int:
+    match = DURATION_PATTERN.match(text)
+    if match is None:
+        raise ReleaseError(f"{text!r}: not a duration like 90s, 45m, 2h")
+    number, unit = match.groups()
+    return int(number) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]

@@ -1,0 +1,1 @@
+"""The embedded harness: a local S3 server, Airflow standalone and the demo, for this machine and CI."""

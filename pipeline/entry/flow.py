@@ -1,0 +1,344 @@
+"""What each DAG task calls: spec path in, small JSON out (XCom carries only this).
+
+Kept free of Airflow imports so the same calls run from the CLI, a pod or a test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.files import atomic_write
+from pipeline.core.paths import PROJECT_ROOT, run_dir
+from pipeline.core.spec import load_spec
+from pipeline.stages import serving, sources
+from pipeline.stages.quantize import QuantizedArtifact
+
+log = logging.getLogger(__name__)
+
+
+def resolve_spec_path(path: str) -> Path:
+    """Relative spec paths are relative to the project, so DAG params read the same everywhere."""
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() else PROJECT_ROOT / candidate
+
+
+def registry():
+    from pipeline.release.registry import cached
+
+    return cached()
+
+
+class ValidatedRelease(BaseModel):
+    """What the validate task hands on (XCom): the spec every later task loads, and the release."""
+
+    spec_path: str = Field(description="the spec as this run uses it (a copy with the trigger's overrides)")
+    name: str
+    layouts: list[str]
+    release_id: int | None = Field(None, description="the registry's release, when a run opened one")
+
+
+class ChosenFigures(BaseModel):
+    """The chosen layout's figures: what the registry records at the SLO gate, the approval shows
+    and the re-benchmarks compare against."""
+
+    layout: str
+    rate_per_server: float | None
+    per_device: float | None
+    max_slo_rate: float | None
+    p90_ttft_ms: float | None
+    p90_tpot_ms: float | None
+    load_seconds: list[float] | None
+
+
+class PromotionOutcome(BaseModel):
+    release_id: int
+    status: str
+    endpoint: str | None = None
+
+
+class ReportPage(BaseModel):
+    release_id: int
+    path: str
+
+
+def validate_spec(path: str, run_key: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check the spec; with `run_key`, open this run's release in the registry (status candidate).
+
+    `overrides` (DAG params: layouts to try, SLO limits) are applied to a copy of the spec
+    written into the run's directory, so every later task and the registry see the same spec.
+    """
+    spec_path = resolve_spec_path(path)
+    if overrides and any(v not in (None, "", []) for v in overrides.values()) and run_key:
+        spec_path = apply_overrides(spec_path, overrides, run_dir(run_key))
+    loaded = load_spec(spec_path)
+    spec = loaded.spec
+    log.info(
+        "spec %s valid: %s, layouts %s, hardware %s",
+        loaded.path,
+        spec.name,
+        [layout.name for layout in spec.layouts],
+        loaded.hardware.name,
+    )
+    out = ValidatedRelease(spec_path=str(loaded.path), name=spec.name, layouts=[lay.name for lay in spec.layouts])
+    if run_key:
+        rel = registry().open_release(
+            run_key, spec.name, str(loaded.path), loaded.path.read_text(), spec.promotion.target
+        )
+        out.release_id = rel.id
+        log.info("release %d opened in the registry (%s)", rel.id, registry().safe_url)
+    return out.model_dump(mode="json", exclude_none=True)
+
+
+def apply_overrides(spec_path: Path, overrides: dict[str, Any], out_dir: Path) -> Path:
+    """A copy of the spec with the trigger form's overrides; validated like any spec."""
+    import yaml
+
+    data = yaml.safe_load(spec_path.read_text())
+    if layouts := overrides.get("layouts"):
+        known = {layout["name"]: layout for layout in data["layouts"]}
+        unknown = [name for name in layouts if name not in known]
+        if unknown:
+            raise ReleaseError(f"param layouts: {unknown} not in {spec_path} (known: {', '.join(known)})")
+        data["layouts"] = [known[name] for name in layouts]
+    for key in ("p90_ttft_ms", "p90_tpot_ms"):
+        if overrides.get(key):
+            data["slo"][key] = float(overrides[key])
+    out = out_dir / "spec.yaml"
+    atomic_write(out, f"# {spec_path} with trigger overrides {overrides}\n" + yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def materialize_model(spec_path: str) -> dict[str, Any]:
+    loaded = load_spec(spec_path)
+    return sources.materialize(loaded.spec, loaded.path.parent).model_dump()
+
+
+def quantize(spec_path: str, source: dict[str, Any]) -> dict[str, Any]:
+    from pipeline.stages import quantize as quantize_stage
+
+    loaded = load_spec(spec_path)
+    result = quantize_stage.quantize(loaded.spec, sources.ModelSource.model_validate(source))
+    return result.artifact().model_dump(mode="json")
+
+
+def stage(spec_path: str, quantized: dict[str, Any] | None = None, release_id: int | None = None) -> dict[str, Any]:
+    """Stage the FP8 artifact; without `quantized`, quantize first (a finished output is reused)."""
+    from pipeline.core import storage
+
+    loaded = load_spec(spec_path)
+    if quantized is None:
+        quantized = quantize(spec_path, materialize_model(spec_path))
+    artifact = Path(QuantizedArtifact.model_validate(quantized).path)
+    staged = storage.stage(artifact, loaded.spec.staging, name=artifact.name)
+    if release_id is not None:
+        record_staged(release_id, {**staged.model_dump(), "quantized_path": str(artifact)})
+    return staged.model_dump()
+
+
+def record_staged(release_id: int, staged: dict[str, Any]) -> dict[str, Any]:
+    """Where the release's weights are, by manifest hash: what promotion re-verifies and deploys."""
+    registry().record(
+        release_id,
+        "staged",
+        "pipeline",
+        {k: staged.get(k) for k in ("s3_uri", "nfs_path", "manifest_hash", "bytes_sent")},
+        data={
+            "artifact_uri": staged.get("s3_uri"),
+            "nfs_path": staged.get("nfs_path"),
+            "manifest_hash": staged["manifest_hash"],
+            "quantized_path": staged.get("quantized_path"),
+        },
+    )
+    return staged
+
+
+class GateFailed(ReleaseError):
+    """A gate said no; the message carries the per-task table so the task log shows why."""
+
+
+def evaluate(spec_path: str, model: dict[str, Any], *, baseline: bool) -> dict[str, Any]:
+    """lm-eval on one side; the baseline is cached by (manifest hash, tasks, settings)."""
+    from pipeline.stages import evaluate as evaluate_stage
+
+    loaded = load_spec(spec_path)
+    result = evaluate_stage.evaluate(
+        Path(model["path"]), model["manifest_hash"], loaded.spec.evaluation, use_cache=baseline
+    )
+    return result.model_dump()
+
+
+def accuracy_gate(
+    spec_path: str, baseline: dict[str, Any], candidate: dict[str, Any], run_id: str, release_id: int | None = None
+) -> dict[str, Any]:
+    from pipeline.stages import evaluate as evaluate_stage
+
+    loaded = load_spec(spec_path)
+    decision = evaluate_stage.gate(
+        evaluate_stage.EvalResult(**baseline),
+        evaluate_stage.EvalResult(**candidate),
+        loaded.spec.evaluation,
+        run_dir(run_id),
+    )
+    log.info(
+        "accuracy gate %s (GX validation: %s)\n%s",
+        "PASSED" if decision.passed else "FAILED",
+        decision.validation_html,
+        decision.table(),
+    )
+    if release_id is not None:
+        registry().record(
+            release_id,
+            "accuracy_gate",
+            "gate",
+            {"passed": decision.passed, "failures": decision.failures},
+            status="candidate" if decision.passed else "gate_failed",
+            only_from=("candidate", "gate_failed"),
+            data={
+                "accuracy": decision.model_dump(),
+                "source_hash": baseline["model_manifest_hash"],
+                "source_path": baseline["model_path"],
+                "quantized_path": candidate["model_path"],
+            },
+        )
+    if not decision.passed:
+        raise GateFailed("accuracy gate failed:\n" + "\n".join(decision.failures) + "\n" + decision.table())
+    return decision.model_dump()
+
+
+def benchmark_layout(spec_path: str, staged: dict[str, Any], layout: str, run_id: str) -> dict[str, Any]:
+    from pipeline.stages import benchmark
+
+    loaded = load_spec(spec_path)
+    chosen = loaded.layout(layout)
+    model = serving.serving_copy(loaded, staged)
+    result = benchmark.benchmark_layout(
+        loaded.spec, loaded.hardware, chosen, model, run_dir(run_id) / "benchmark" / layout
+    )
+    log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
+    return json.loads(result.model_dump_json())  # inf/nan as strings: XCom is strict JSON
+
+
+def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
+    from pipeline.stages import benchmark
+
+    loaded = load_spec(spec_path)
+    layouts = [benchmark.LayoutResult(**r) for r in results]
+    selection = benchmark.select(layouts, loaded.spec.slo)
+    files = benchmark.write_outputs(layouts, loaded.spec.slo, run_dir(run_id) / "benchmark", selection)
+    log.info("layouts measured:\n%s\nselection: %s\nfiles: %s", benchmark.table(layouts), selection.reason, files)
+    return {
+        **json.loads(selection.model_dump_json(exclude={"layouts"})),
+        "files": files,
+        "layouts": [json.loads(r.model_dump_json(exclude={"probes"})) for r in layouts],
+        "chosen": chosen_figures(next((r for r in layouts if r.layout == selection.best), None)),
+    }
+
+
+def chosen_figures(best) -> dict[str, Any]:
+    """What the registry, the approval and later re-benchmarks need of the chosen layout."""
+    if best is None:
+        return {}
+    from pipeline.release import report
+
+    probe = report.chosen_probe(json.loads(best.model_dump_json())) or {}
+    return ChosenFigures(
+        layout=best.layout,
+        rate_per_server=best.per_server,
+        per_device=best.per_device,
+        max_slo_rate=best.max_slo_rate,
+        p90_ttft_ms=probe.get("p90_ttft_ms"),
+        p90_tpot_ms=probe.get("p90_tpot_ms"),
+        load_seconds=best.load_seconds,
+    ).model_dump(mode="json")
+
+
+def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[str, Any]:
+    from pipeline.stages import benchmark
+
+    if release_id is not None:
+        chosen = selection.get("chosen") or {}
+        registry().record(
+            release_id,
+            "slo_gate",
+            "gate",
+            {"passed": selection["passed"], "reason": selection["reason"], **chosen},
+            status="candidate" if selection["passed"] else "gate_failed",
+            only_from=("candidate", "gate_failed"),
+            data={**chosen, "benchmark_files": selection.get("files", {})},
+        )
+    if not selection["passed"]:
+        layouts = [benchmark.LayoutResult(**r) for r in selection["layouts"]]
+        raise GateFailed(f"SLO gate failed: {selection['reason']}\n{benchmark.table(layouts)}")
+    return selection
+
+
+def report(release_id: int, run_id: str) -> dict[str, Any]:
+    """Write the reviewer report; re-rendered later steps keep the same path."""
+    from pipeline.release import report as report_page
+    from pipeline.release.promote import release_spec
+
+    reg = registry()
+    rel = reg.get(release_id)
+    path = report_page.write(reg, rel, release_spec(rel), run_dir(run_id))
+    if rel.data.get("report") != str(path):
+        reg.record(release_id, "report", "pipeline", {"path": str(path)}, data={"report": str(path)})
+    log.info("reviewer report: %s", path)
+    return ReportPage(release_id=release_id, path=str(path)).model_dump(mode="json")
+
+
+def promote(release_id: int, run_id: str) -> dict[str, Any]:
+    from pipeline.release import promote as promotion
+
+    reg = registry()
+    try:
+        rel = promotion.promote(reg, release_id)
+    finally:
+        report(release_id, run_id)  # the audit trail in the report includes the outcome
+    log.info("release %d is %s at %s", rel.id, rel.status, rel.data.get("endpoint"))
+    return PromotionOutcome(release_id=rel.id, status=rel.status, endpoint=rel.data.get("endpoint")).model_dump(
+        mode="json"
+    )
+
+
+def verify(release_id: int, run_id: str) -> dict[str, Any]:
+    from pipeline.release import promote as promotion
+    from pipeline.release import rebenchmark as rebench
+
+    result = promotion.verify(registry(), release_id)
+    rebench.refresh_report(registry(), release_id)  # same page, now with the verification in its trail
+    return result
+
+
+def live_release_ids(name: str, only: int | None = None) -> list[int]:
+    from pipeline.release import rebenchmark as rebench
+
+    ids = [r.id for r in rebench.live_releases(registry(), name) if only is None or r.id == only]
+    if not ids:
+        log.info("no live release of %s%s: nothing to re-benchmark", name, f" with id {only}" if only else "")
+    return ids
+
+
+def rebenchmark(release_id: int, run_id: str, context: Any = None) -> dict[str, Any]:
+    from pipeline.release import rebenchmark as rebench
+
+    reg = registry()
+    verdict = rebench.rebenchmark(reg, release_id, run_dir(run_id) / f"rebenchmark-{release_id}", context=context)
+    return rebench.settle(reg, verdict)
+
+
+def rollback(name: str, release_id: int | None, reason: str, actor: str) -> dict[str, Any]:
+    from pipeline.release import promote as promotion
+
+    reg = registry()
+    candidates = reg.releases(name=name)
+    if not candidates:
+        raise ReleaseError(f"param name: no releases named {name!r} in the registry")
+    target = reg.get(release_id).target if release_id else candidates[0].target
+    rel = promotion.rollback(reg, name, target, actor, reason, to=release_id)
+    return {"release_id": rel.id, "status": rel.status, "endpoint": rel.data.get("endpoint")}

@@ -1,0 +1,218 @@
+"""What the step pods leave in storage, and how the light Airflow tasks read it back.
+
+A pod's full result (a side's lm-eval scores, a layout's probes) is a JSON file in storage under
+`<base>/<run>/`; the pod's XCom holds only its URI and hashes. The base is the spec's S3 prefix
+(`s3://bucket/prefix/runs`) when it stages to S3, which the Airflow workers reach through the
+spec's connection; else `<staging.nfs.path>/runs`, which the workers must then mount.
+
+The pod side (`evaluate_side`, `benchmark_layout`) is what the CLI's `evaluate --side` and
+`benchmark` sub-commands call; the Airflow side (`accuracy_gate`, `select_layout`) wraps the
+same `flow` functions the local DAG uses, so both DAGs decide by the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import storage
+from pipeline.core.errors import ReleaseError
+from pipeline.core.files import atomic_write
+from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.entry import flow
+from pipeline.k8s.pods import base_uri, run_uri
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- where
+
+
+# ---------------------------------------------------------------- read and write
+
+
+def _s3(uri: str, loaded: LoadedSpec):
+    if loaded.spec.staging.s3 is None:
+        raise ReleaseError(f"{uri}: the spec has no staging.s3 to reach it with")
+    bucket, key = storage.parse_s3_uri(uri)
+    return storage.s3_client(loaded.spec.staging.s3), bucket, key
+
+
+def write_bytes(uri: str, data: bytes, loaded: LoadedSpec) -> str:
+    if uri.startswith("s3://"):
+        client, bucket, key = _s3(uri, loaded)
+        with storage.s3_errors(uri):
+            client.put_object(Bucket=bucket, Key=key, Body=data)
+        return uri
+    atomic_write(Path(uri), data)  # a reader never sees half a result
+    return uri
+
+
+def write(uri: str, data: dict[str, Any], loaded: LoadedSpec) -> str:
+    return write_bytes(uri, json.dumps(data, indent=2).encode(), loaded)
+
+
+def read(uri: str, loaded: LoadedSpec) -> dict[str, Any]:
+    if uri.startswith("s3://"):
+        client, bucket, key = _s3(uri, loaded)
+        with storage.s3_errors(uri):
+            return json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    try:
+        return json.loads(Path(uri).read_text())
+    except FileNotFoundError:
+        raise ReleaseError(f"{uri}: no such result (is the NFS share mounted on this worker?)") from None
+
+
+# ---------------------------------------------------------------- pod side
+
+
+def evaluate_side(spec_path: str, side: str, results: str, run_id: str, candidate: str | None = None) -> dict[str, Any]:
+    """One side of the accuracy comparison. The baseline is the spec's source (materialized, and
+    cached, on the shared volume); the candidate a directory with a manifest, verified first."""
+    from pipeline.core import artifacts
+
+    loaded = load_spec(spec_path)
+    if side == "baseline":
+        model = flow.materialize_model(spec_path)
+    elif side == "candidate" and candidate:
+        model = {"path": candidate, "manifest_hash": artifacts.verify(Path(candidate)).content_hash()}
+    else:
+        raise ReleaseError(f"evaluate: side {side!r}: expected baseline, or candidate with a candidate directory")
+    result = flow.evaluate(spec_path, model, baseline=side == "baseline")
+    uri = write(f"{run_uri(results, run_id)}/evaluate-{side}.json", result, loaded)
+    return {"side": side, "result_uri": uri, "model_manifest_hash": result["model_manifest_hash"]}
+
+
+def benchmark_layout(spec_path: str, layout: str, model_dir: str, results: str, run_id: str) -> dict[str, Any]:
+    """One layout's SLO search on this (whole) node; probes and engine logs stay in the run
+    directory on the shared volume, the LayoutResult goes to storage."""
+    from pipeline.stages import benchmark
+
+    loaded = load_spec(spec_path)
+    chosen = loaded.layout(layout)
+    result = benchmark.benchmark_layout(
+        loaded.spec, loaded.hardware, chosen, Path(model_dir), flow.run_dir(run_id) / "benchmark" / layout
+    )
+    log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
+    uri = write(f"{run_uri(results, run_id)}/benchmark/{layout}.json", json.loads(result.model_dump_json()), loaded)
+    return {"layout": layout, "status": result.status, "result_uri": uri}
+
+
+def rebenchmark_uri(results: str, run_id: str, release_id: int) -> str:
+    return f"{run_uri(results, run_id)}/rebenchmark/release-{release_id}.json"
+
+
+def remeasure(
+    spec_path: str,
+    release_id: int,
+    layout: str,
+    staged: dict[str, Any],
+    promoted_rate: float,
+    results: str,
+    run_id: str,
+) -> dict[str, Any]:
+    """A live release's re-benchmark on this node. A measurement that cannot be made (artifact
+    gone, engine will not start) is stored too, with its reason: the judge alerts with it."""
+    from pipeline.release import rebenchmark
+
+    loaded = load_spec(spec_path)
+    try:
+        result = rebenchmark.measure(
+            loaded, staged, layout, promoted_rate, flow.run_dir(run_id) / "rebenchmark" / f"release-{release_id}"
+        )
+        body = {"status": "ok", "result": json.loads(result.model_dump_json())}
+    except ReleaseError as exc:
+        log.error("release %d: cannot re-benchmark: %s", release_id, exc)
+        body = {"status": "error", "error": str(exc)[:1500]}
+    body["versions"] = rebenchmark.versions(loaded)
+    uri = write(rebenchmark_uri(results, run_id, release_id), body, loaded)
+    return {"release_id": release_id, "status": body["status"], "result_uri": uri}
+
+
+# ---------------------------------------------------------------- Airflow side
+
+
+def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
+    """The re-benchmark pods' container arguments, one per live release, from its registry row."""
+    from pipeline.k8s import pods
+    from pipeline.release import promote
+
+    reg = flow.registry()
+    out = []
+    for release_id in release_ids:
+        rel = reg.get(release_id)
+        data = rel.data
+        out.append(
+            pods.shell(
+                pods.cli_args(
+                    promote.release_spec(rel),
+                    "rebenchmark",
+                    release=rel.id,
+                    layout=data["layout"],
+                    artifact_uri=data.get("artifact_uri"),
+                    nfs_path=data.get("nfs_path"),
+                    manifest_hash=data["manifest_hash"],
+                    promoted_rate=data["max_slo_rate"],
+                    run_id=run_id,
+                )
+            )
+        )
+    return out
+
+
+def judge_remeasured(release_id: int, run_id: str, context: Any = None) -> dict[str, Any]:
+    """Conclude a pod's re-benchmark like a local one (trend point, verdict, alert, auto rollback);
+    a pod that left no result is a failed measurement, never evidence of degradation."""
+    from pipeline.release import promote, rebenchmark
+    from pipeline.stages import benchmark
+
+    reg = flow.registry()
+    rel = reg.get(release_id)
+    loaded = promote.release_spec(rel)
+    uri = rebenchmark_uri(base_uri(loaded), run_id, release_id)
+    try:
+        body = read(uri, loaded)
+    except ReleaseError as exc:
+        body = {"status": "error", "error": f"the re-benchmark pod left no result: {exc} (see the measure task's log)"}
+    result = benchmark.LayoutResult.model_validate(body["result"]) if body["status"] == "ok" else None
+    verdict = rebenchmark.conclude(
+        reg, rel, loaded, result, body.get("error"), body.get("versions") or rebenchmark.versions(loaded), uri, context
+    )
+    return rebenchmark.settle(reg, verdict)
+
+
+def publish_run_dir(loaded: LoadedSpec, run_id: str) -> dict[str, str]:
+    """Copy what a light task wrote into its (ephemeral) local run directory to storage."""
+    local = flow.run_dir(run_id)
+    base = run_uri(base_uri(loaded), run_id)
+    return {
+        str(path): write_bytes(f"{base}/{path.relative_to(local).as_posix()}", path.read_bytes(), loaded)
+        for path in sorted(local.rglob("*"))
+        if path.is_file()
+    }
+
+
+def accuracy_gate(
+    spec_path: str, baseline: dict[str, Any], candidate: dict[str, Any], run_id: str, release_id: int | None = None
+) -> dict[str, Any]:
+    """The local DAG's gate on the pods' stored results; the GX report is published either way."""
+    loaded = load_spec(spec_path)
+    try:
+        decision = flow.accuracy_gate(
+            spec_path, read(baseline["result_uri"], loaded), read(candidate["result_uri"], loaded), run_id, release_id
+        )
+    finally:
+        published = publish_run_dir(loaded, run_id)
+    decision["validation_html"] = published.get(str(decision["validation_html"]), decision["validation_html"])
+    return decision
+
+
+def select_layout(spec_path: str, refs: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
+    """The best layout from the benchmark pods' stored results; the JSON, CSV and plot go to storage."""
+    loaded = load_spec(spec_path)
+    selection = flow.select_layout(spec_path, [read(ref["result_uri"], loaded) for ref in refs], run_id)
+    published = publish_run_dir(loaded, run_id)
+    selection["files"] = {kind: published.get(path, path) for kind, path in selection["files"].items()}
+    return selection

