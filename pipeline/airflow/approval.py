@@ -17,7 +17,6 @@ from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
 from pipeline.core.spec import duration_seconds
-from pipeline.entry import flow
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +88,9 @@ class ReleaseApproval(ApprovalOperator):
     def execute(self, context):
         from airflow.configuration import conf
 
+        # the release machinery loads when the task runs; DAG files import this module, and their
+        # parse must stay light (the dag-processor times out imports)
+        from pipeline.entry import flow
         from pipeline.release.promote import release_spec
 
         self._own_form()
@@ -131,6 +133,8 @@ class ReleaseApproval(ApprovalOperator):
 
     def execute_complete(self, context, event: dict[str, Any]) -> Any:
         self._own_form()
+        from pipeline.entry import flow  # at run time, as in execute
+
         reg = flow.registry()
         release_id = self._release_id(context)
         if "error" in event:

@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.airflow.rest import AirflowClient, AirflowError
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.embedded import local_s3
+from pipeline.stages.serving import stop_groups
 
 
 def airflow_env(airflow_home: Path | None = None) -> dict[str, str]:
@@ -124,13 +126,9 @@ class Standalone:
         raise RuntimeError(f"airflow standalone not ready after {timeout:.0f} s; see {log_path}")
 
     def client(self, user: str = "admin"):
-        from pipeline.airflow.rest import AirflowClient
-
         return AirflowClient(self.url, user, passwords(self.home)[user])
 
     def _dag_ready(self) -> bool:
-        from pipeline.airflow.rest import AirflowError
-
         try:
             self.client()._call("GET", "/dags/model_release")
             return True
@@ -160,7 +158,6 @@ class Standalone:
             self.proc.wait()
         except ProcessLookupError:
             pass
-        from pipeline.stages.serving import stop_groups
 
         stop_groups(strays)
         (self.home / "standalone.pid").unlink(missing_ok=True)

@@ -12,11 +12,19 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from pipeline.core import storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import PROJECT_ROOT, run_dir
 from pipeline.core.spec import load_spec
-from pipeline.stages import serving, sources
+from pipeline.release import promote as promotion
+from pipeline.release import rebenchmark as rebench
+from pipeline.release import report as report_page
+from pipeline.release.promote import release_spec
+from pipeline.release.registry import cached
+from pipeline.stages import benchmark, serving, sources
+from pipeline.stages import evaluate as evaluate_stage
+from pipeline.stages import quantize as quantize_stage
 from pipeline.stages.quantize import QuantizedArtifact
 
 log = logging.getLogger(__name__)
@@ -29,8 +37,6 @@ def resolve_spec_path(path: str) -> Path:
 
 
 def registry():
-    from pipeline.release.registry import cached
-
     return cached()
 
 
@@ -120,8 +126,6 @@ def materialize_model(spec_path: str) -> dict[str, Any]:
 
 
 def quantize(spec_path: str, source: dict[str, Any]) -> dict[str, Any]:
-    from pipeline.stages import quantize as quantize_stage
-
     loaded = load_spec(spec_path)
     result = quantize_stage.quantize(loaded.spec, sources.ModelSource.model_validate(source))
     return result.artifact().model_dump(mode="json")
@@ -129,8 +133,6 @@ def quantize(spec_path: str, source: dict[str, Any]) -> dict[str, Any]:
 
 def stage(spec_path: str, quantized: dict[str, Any] | None = None, release_id: int | None = None) -> dict[str, Any]:
     """Stage the FP8 artifact; without `quantized`, quantize first (a finished output is reused)."""
-    from pipeline.core import storage
-
     loaded = load_spec(spec_path)
     if quantized is None:
         quantized = quantize(spec_path, materialize_model(spec_path))
@@ -164,8 +166,6 @@ class GateFailed(ReleaseError):
 
 def evaluate(spec_path: str, model: dict[str, Any], *, baseline: bool) -> dict[str, Any]:
     """lm-eval on one side; the baseline is cached by (manifest hash, tasks, settings)."""
-    from pipeline.stages import evaluate as evaluate_stage
-
     loaded = load_spec(spec_path)
     result = evaluate_stage.evaluate(
         Path(model["path"]), model["manifest_hash"], loaded.spec.evaluation, use_cache=baseline
@@ -176,8 +176,6 @@ def evaluate(spec_path: str, model: dict[str, Any], *, baseline: bool) -> dict[s
 def accuracy_gate(
     spec_path: str, baseline: dict[str, Any], candidate: dict[str, Any], run_id: str, release_id: int | None = None
 ) -> dict[str, Any]:
-    from pipeline.stages import evaluate as evaluate_stage
-
     loaded = load_spec(spec_path)
     decision = evaluate_stage.gate(
         evaluate_stage.EvalResult(**baseline),
@@ -212,8 +210,6 @@ def accuracy_gate(
 
 
 def benchmark_layout(spec_path: str, staged: dict[str, Any], layout: str, run_id: str) -> dict[str, Any]:
-    from pipeline.stages import benchmark
-
     loaded = load_spec(spec_path)
     chosen = loaded.layout(layout)
     model = serving.serving_copy(loaded, staged)
@@ -225,8 +221,6 @@ def benchmark_layout(spec_path: str, staged: dict[str, Any], layout: str, run_id
 
 
 def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
-    from pipeline.stages import benchmark
-
     loaded = load_spec(spec_path)
     layouts = [benchmark.LayoutResult(**r) for r in results]
     selection = benchmark.select(layouts, loaded.spec.slo)
@@ -244,9 +238,8 @@ def chosen_figures(best) -> dict[str, Any]:
     """What the registry, the approval and later re-benchmarks need of the chosen layout."""
     if best is None:
         return {}
-    from pipeline.release import report
 
-    probe = report.chosen_probe(json.loads(best.model_dump_json())) or {}
+    probe = report_page.chosen_probe(json.loads(best.model_dump_json())) or {}
     return ChosenFigures(
         layout=best.layout,
         rate_per_server=best.per_server,
@@ -259,8 +252,6 @@ def chosen_figures(best) -> dict[str, Any]:
 
 
 def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[str, Any]:
-    from pipeline.stages import benchmark
-
     if release_id is not None:
         chosen = selection.get("chosen") or {}
         registry().record(
@@ -280,9 +271,6 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
 
 def report(release_id: int, run_id: str) -> dict[str, Any]:
     """Write the reviewer report; re-rendered later steps keep the same path."""
-    from pipeline.release import report as report_page
-    from pipeline.release.promote import release_spec
-
     reg = registry()
     rel = reg.get(release_id)
     path = report_page.write(reg, rel, release_spec(rel), run_dir(run_id))
@@ -293,8 +281,6 @@ def report(release_id: int, run_id: str) -> dict[str, Any]:
 
 
 def promote(release_id: int, run_id: str) -> dict[str, Any]:
-    from pipeline.release import promote as promotion
-
     reg = registry()
     try:
         rel = promotion.promote(reg, release_id)
@@ -307,17 +293,12 @@ def promote(release_id: int, run_id: str) -> dict[str, Any]:
 
 
 def verify(release_id: int, run_id: str) -> dict[str, Any]:
-    from pipeline.release import promote as promotion
-    from pipeline.release import rebenchmark as rebench
-
     result = promotion.verify(registry(), release_id)
     rebench.refresh_report(registry(), release_id)  # same page, now with the verification in its trail
     return result
 
 
 def live_release_ids(name: str, only: int | None = None) -> list[int]:
-    from pipeline.release import rebenchmark as rebench
-
     ids = [r.id for r in rebench.live_releases(registry(), name) if only is None or r.id == only]
     if not ids:
         log.info("no live release of %s%s: nothing to re-benchmark", name, f" with id {only}" if only else "")
@@ -325,16 +306,12 @@ def live_release_ids(name: str, only: int | None = None) -> list[int]:
 
 
 def rebenchmark(release_id: int, run_id: str, context: Any = None) -> dict[str, Any]:
-    from pipeline.release import rebenchmark as rebench
-
     reg = registry()
     verdict = rebench.rebenchmark(reg, release_id, run_dir(run_id) / f"rebenchmark-{release_id}", context=context)
     return rebench.settle(reg, verdict)
 
 
 def rollback(name: str, release_id: int | None, reason: str, actor: str) -> dict[str, Any]:
-    from pipeline.release import promote as promotion
-
     reg = registry()
     candidates = reg.releases(name=name)
     if not candidates:

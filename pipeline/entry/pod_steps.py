@@ -17,12 +17,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.core import storage
+from pipeline.core import artifacts, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.entry import flow
+from pipeline.k8s import pods
 from pipeline.k8s.pods import base_uri, run_uri
+from pipeline.release import promote, rebenchmark
+from pipeline.stages import benchmark
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +74,6 @@ def read(uri: str, loaded: LoadedSpec) -> dict[str, Any]:
 def evaluate_side(spec_path: str, side: str, results: str, run_id: str, candidate: str | None = None) -> dict[str, Any]:
     """One side of the accuracy comparison. The baseline is the spec's source (materialized, and
     cached, on the shared volume); the candidate a directory with a manifest, verified first."""
-    from pipeline.core import artifacts
-
     loaded = load_spec(spec_path)
     if side == "baseline":
         model = flow.materialize_model(spec_path)
@@ -88,8 +89,6 @@ def evaluate_side(spec_path: str, side: str, results: str, run_id: str, candidat
 def benchmark_layout(spec_path: str, layout: str, model_dir: str, results: str, run_id: str) -> dict[str, Any]:
     """One layout's SLO search on this (whole) node; probes and engine logs stay in the run
     directory on the shared volume, the LayoutResult goes to storage."""
-    from pipeline.stages import benchmark
-
     loaded = load_spec(spec_path)
     chosen = loaded.layout(layout)
     result = benchmark.benchmark_layout(
@@ -115,8 +114,6 @@ def remeasure(
 ) -> dict[str, Any]:
     """A live release's re-benchmark on this node. A measurement that cannot be made (artifact
     gone, engine will not start) is stored too, with its reason: the judge alerts with it."""
-    from pipeline.release import rebenchmark
-
     loaded = load_spec(spec_path)
     try:
         result = rebenchmark.measure(
@@ -136,9 +133,6 @@ def remeasure(
 
 def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
     """The re-benchmark pods' container arguments, one per live release, from its registry row."""
-    from pipeline.k8s import pods
-    from pipeline.release import promote
-
     reg = flow.registry()
     out = []
     for release_id in release_ids:
@@ -165,9 +159,6 @@ def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
 def judge_remeasured(release_id: int, run_id: str, context: Any = None) -> dict[str, Any]:
     """Conclude a pod's re-benchmark like a local one (trend point, verdict, alert, auto rollback);
     a pod that left no result is a failed measurement, never evidence of degradation."""
-    from pipeline.release import promote, rebenchmark
-    from pipeline.stages import benchmark
-
     reg = flow.registry()
     rel = reg.get(release_id)
     loaded = promote.release_spec(rel)

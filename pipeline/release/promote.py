@@ -15,7 +15,10 @@ from typing import Any
 from pipeline.core import paths, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
+from pipeline.core.paths import home
 from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.k8s import deploy as k8s_deploy
+from pipeline.k8s import manifests
 from pipeline.release import local_target
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import serving
@@ -172,9 +175,6 @@ def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Rel
 def _deploy_kubernetes(
     reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str, client: Any
 ) -> None:
-    from pipeline.k8s import deploy as k8s_deploy
-    from pipeline.k8s import manifests
-
     artifact = manifests.Artifact(
         s3_uri=rel.data.get("artifact_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
     )
@@ -185,7 +185,6 @@ def _deploy_kubernetes(
             rel.id, "deploy_failed", actor, {"error": "manifests invalid", "problems": problems}, status="failed"
         )
         raise DeployFailed(f"release {rel.id}: rendered manifests fail schema validation:\n  " + "\n  ".join(problems))
-    from pipeline.core.paths import home
 
     kept = home() / "releases" / str(rel.id) / "manifests.yaml"  # the exact objects applied, for humans and audits
     atomic_write(kept, manifests.to_yaml(objs))
@@ -236,8 +235,6 @@ def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: 
         text = local_target.smoke(local_target.endpoint(loaded.spec))
         url = local_target.endpoint(loaded.spec)
     else:
-        from pipeline.k8s import deploy as k8s_deploy
-
         client = k8s_client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
         service = objs_service(rel.data.get("manifests", []))
         text = k8s_deploy.smoke(
@@ -284,8 +281,6 @@ def rollback(
             detail = {"endpoint": local_target.endpoint(loaded.spec), "smoke_text": text}
             data = {"deployment": dep.model_dump()}
         else:
-            from pipeline.k8s import deploy as k8s_deploy
-
             client = k8s_client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
             outcome = k8s_deploy.KubernetesTarget(client).deploy(
                 str(rel.id), rel.data["manifests"], live.data.get("manifests") if live else None

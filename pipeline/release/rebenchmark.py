@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.core import storage
-from pipeline.core.errors import ReleaseError
-from pipeline.core.paths import PROJECT_ROOT
+from pipeline.core.errors import ReleaseError, SpecError
+from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.release import alerts, promote, report
 from pipeline.release.registry import SERVING, Registry, Release
@@ -214,9 +214,6 @@ def refresh_report(reg: Registry, release_id: int) -> Path | None:
 
 def scheduled_specs() -> list[dict[str, str]]:
     """Specs in configs/releases/ that parse, with their re-benchmark cron (the DAG file's input)."""
-    from pipeline.core.errors import SpecError
-    from pipeline.core.paths import CONFIGS_DIR
-
     out = []
     for path in sorted((CONFIGS_DIR / "releases").glob("*.yaml")):
         try:

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, SloSpec, WorkloadSpec
+from pipeline.stages import engine_metrics, interference, serving
 from pipeline.stages.engine_metrics import EngineView
 from pipeline.stages.interference import Interference
 
@@ -649,8 +650,6 @@ class BenchClient:
         self.proc: subprocess.Popen[str] | None = None
 
     def _start(self) -> subprocess.Popen[str]:
-        from pipeline.stages import serving
-
         def preexec() -> None:
             serving.die_with_parent()
             if self.cores:
@@ -721,8 +720,6 @@ class Prober:
         engine_env: dict[str, str],
         client_cores: list[int] | None = None,
     ):
-        from pipeline.stages import serving
-
         self.spec, self.engine, self.model_dir, self.out_dir = spec, engine, model_dir, out_dir
         self.client_cores = client_cores or []
         # vLLM's own client, through vllm_cli.py (its SSE fix matters behind nginx): the engine venv's
@@ -736,8 +733,6 @@ class Prober:
         self.done: list[Probe] = []  # every probe, kept when the engine dies mid-search
 
     def __call__(self, rate: float, n: int, seed: int) -> Probe:
-        from pipeline.stages import engine_metrics, interference, serving
-
         if not self.engine.alive():
             raise serving.EngineFailed("engine died during the benchmark:\n" + self.engine.tail(0))
         name = f"probe-{next(self.numbers):02d}.json"
@@ -778,8 +773,6 @@ def running_layout(
 ) -> Iterator[tuple[Any, Prober]]:
     """The layout's engines, started and healthy, with every other process kept off their cores
     for as long as they are measured; always torn down. Yields (engine, prober)."""
-    from pipeline.stages import serving
-
     out_dir.mkdir(parents=True, exist_ok=True)
     port = base_port or serving.free_port()
     commands = serving.build_commands(spec, hw, layout, str(model_dir), port)
@@ -816,8 +809,6 @@ def benchmark_layout(
     `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
     the check at that rate; a prediction).
     """
-    from pipeline.stages import serving
-
     started = time.monotonic()
     result = LayoutResult(
         layout=layout.name,
