@@ -316,6 +316,8 @@ def test_two_real_vllm_cpu_layouts(tiny_model_dir, tmp_path, monkeypatch):
         assert r.capacity_rps and r.capacity_rps > 0
         assert r.max_slo_rate is not None and r.per_server is not None
         assert all(p.completed > 0 for p in r.probes)
+        # each probe's client (forked by the bench server) is accounted as the client, not as others
+        assert all(p.interference is not None and p.interference.client > 0 for p in r.probes)
     assert engine_processes() == []
     selection = benchmark.select(results, spec.slo)
     files = benchmark.write_outputs(results, spec.slo, tmp_path / "out", selection)

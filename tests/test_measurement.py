@@ -218,3 +218,29 @@ def test_isolation_keeps_every_other_process_off_the_engine_cores_and_gives_them
             if proc:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_bench_client_forks_a_fresh_client_per_probe_and_reports_its_cpu(tmp_path):
+    """vllm_cli.py bench-server: vLLM imported once; each run a new process whose exit code,
+    output and CPU seconds come back; closing it leaves no process behind."""
+    import os
+
+    from pipeline.stages import serving
+
+    client = benchmark.BenchClient([str(serving.SERVE_PYTHON), str(serving.VLLM_CLI)], dict(os.environ))
+    try:
+        client.ensure()
+        server = client.group
+        window = interference.Window(engine_groups=set(), client_group=server)
+        code, cpu = client.run(["bench", "serve", "--help"], tmp_path / "help.log")
+        seen = window.close(cpu)
+        assert code == 0 and "usage: vllm bench serve" in (tmp_path / "help.log").read_text()
+        assert cpu > 0 and seen.client >= cpu / seen.wall_s * 0.9
+        code, _ = client.run(["bench", "serve", "--no-such-flag"], tmp_path / "bad.log")
+        assert code != 0 and "no-such-flag" in (tmp_path / "bad.log").read_text()
+        assert client.group == server  # the same server answered both: the import was paid once
+    finally:
+        client.close()
+    assert client.group is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)
