@@ -375,3 +375,30 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
         while engine_processes() and time.monotonic() < deadline:
             time.sleep(1)
         assert engine_processes() == [], (sig, engine_processes())
+
+
+def test_keeping_up_allows_for_poisson_sampling_noise():
+    """A short probe's achieved rate varies with its random arrivals; a long one's hardly does."""
+    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=50)
+
+    def probe(rate: float, n: int, achieved: float) -> benchmark.Probe:
+        p = benchmark.Probe(
+            rate=rate, num_prompts=n, achieved_rate=achieved, completed=n, failed=0, failed_fraction=0.0,
+            duration_s=n / achieved, output_tok_s=0.0, p50_ttft_ms=30, p90_ttft_ms=52, p99_ttft_ms=80,
+            p50_tpot_ms=5, p90_tpot_ms=9, p99_tpot_ms=12, p90_itl_ms=9, p90_e2el_ms=200,
+        )  # fmt: skip
+        benchmark.judge(p, slo)
+        return p
+
+    # the CI run's probe: 43 Poisson requests at 42.4 req/s sent over a span 12% longer than nominal
+    assert probe(42.4, 43, 37.8).passed
+    # the same share over 2000 requests is no sampling accident: the engine fell behind
+    slow = probe(42.4, 2000, 36.0)
+    assert not slow.passed and "achieved 36.00 req/s < 86% of offered 42.40" in slow.reasons[0]
+    # and a short probe that achieved half the offered rate fails whatever its latency
+    assert not probe(42.4, 43, 21.0).passed
+    # how wide the noise is: the spread of n exponential gaps, measured, against the allowance
+    rng = random.Random(1)
+    spans = [sum(rng.expovariate(42.4) for _ in range(43)) for _ in range(2000)]
+    false_fails = sum(43 / s < benchmark.keep_up_share(43) * 42.4 for s in spans) / len(spans)
+    assert false_fails < 0.05

@@ -43,7 +43,7 @@ from pipeline.stages.interference import Interference
 
 log = logging.getLogger(__name__)
 
-KEEP_UP = 0.90  # achieved throughput must be at least this share of the offered rate
+KEEP_UP = 0.90  # achieved throughput must be at least this share of the offered rate (less sampling noise)
 MAX_PROMPT_DOUBLINGS = 2
 
 
@@ -234,6 +234,17 @@ def parse_result(path: Path, rate: float, num_prompts: int, slo: SloSpec) -> Pro
     return probe
 
 
+def keep_up_share(num_prompts: int) -> float:
+    """The least share of the offered rate a probe must achieve to count as keeping up.
+
+    With Poisson arrivals the span in which n requests are sent varies by 1/sqrt(n) (relative
+    standard deviation), so the achieved rate of an engine that kept up does too: 43 requests at
+    42 req/s read 37.8 (89%) with a p90 TTFT of 52 ms in a CI run, and a fixed 90% bar failed
+    it. The bar is 90% less two standard deviations (never below half): 60% for 43 requests,
+    70% for 100, 84% for 1280. A saturated engine still fails, on TTFT if not on this."""
+    return max(0.5, KEEP_UP - 2 / math.sqrt(max(num_prompts, 1)))
+
+
 def judge(probe: Probe, slo: SloSpec) -> None:
     reasons = []
     if probe.p90_ttft_ms > slo.p90_ttft_ms:
@@ -242,8 +253,9 @@ def judge(probe: Probe, slo: SloSpec) -> None:
         reasons.append(f"p90 TPOT {probe.p90_tpot_ms:.1f} ms > {slo.p90_tpot_ms:g}")
     if probe.failed_fraction > slo.max_failed_fraction:
         reasons.append(f"failed {probe.failed_fraction:.1%} > {slo.max_failed_fraction:.1%}")
-    if not math.isinf(probe.rate) and probe.achieved_rate < KEEP_UP * probe.rate:
-        reasons.append(f"achieved {probe.achieved_rate:.2f} req/s < {KEEP_UP:.0%} of offered {probe.rate:.2f}")
+    share = keep_up_share(probe.num_prompts)
+    if not math.isinf(probe.rate) and probe.achieved_rate < share * probe.rate:
+        reasons.append(f"achieved {probe.achieved_rate:.2f} req/s < {share:.0%} of offered {probe.rate:.2f}")
     probe.reasons = reasons
     probe.passed = not reasons
     inside = [
