@@ -16,6 +16,7 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
+from pipeline.core import platform
 from pipeline.core.spec import duration_seconds
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,6 @@ class ReleaseApproval(ApprovalOperator):
         return int(self.release["release_id"])
 
     def execute(self, context):
-        from airflow.configuration import conf
-
         # the release machinery loads when the task runs; DAG files import this module, and their
         # parse must stay light (the dag-processor times out imports)
         from pipeline.entry import flow
@@ -113,7 +112,7 @@ class ReleaseApproval(ApprovalOperator):
             f"Promote {loaded.spec.model.name} FP8 as layout {rel.data.get('layout')} at "
             f"{_fmt(rel.data.get('rate_per_server'))} req/s per server?"
         )
-        self.body = body(rel, live, loaded, conf.get("api", "base_url", fallback="http://localhost:8080"))
+        self.body = body(rel, live, loaded, platform.current().base_url())
         from datetime import timedelta
 
         self.response_timeout = timedelta(seconds=duration_seconds(promotion.approval_timeout))

@@ -23,7 +23,6 @@ from pipeline.core.files import atomic_write
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.entry import flow
 from pipeline.k8s import pods
-from pipeline.k8s.pods import base_uri, run_uri
 from pipeline.release import promote, rebenchmark
 from pipeline.stages import benchmark
 
@@ -82,7 +81,7 @@ def evaluate_side(spec_path: str, side: str, results: str, run_id: str, candidat
     else:
         raise ReleaseError(f"evaluate: side {side!r}: expected baseline, or candidate with a candidate directory")
     result = flow.evaluate(spec_path, model, baseline=side == "baseline")
-    uri = write(f"{run_uri(results, run_id)}/evaluate-{side}.json", result, loaded)
+    uri = write(f"{pods.run_uri(results, run_id)}/evaluate-{side}.json", result, loaded)
     return {"side": side, "result_uri": uri, "model_manifest_hash": result["model_manifest_hash"]}
 
 
@@ -95,12 +94,14 @@ def benchmark_layout(spec_path: str, layout: str, model_dir: str, results: str, 
         loaded.spec, loaded.hardware, chosen, Path(model_dir), flow.run_dir(run_id) / "benchmark" / layout
     )
     log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
-    uri = write(f"{run_uri(results, run_id)}/benchmark/{layout}.json", json.loads(result.model_dump_json()), loaded)
+    uri = write(
+        f"{pods.run_uri(results, run_id)}/benchmark/{layout}.json", json.loads(result.model_dump_json()), loaded
+    )
     return {"layout": layout, "status": result.status, "result_uri": uri}
 
 
 def rebenchmark_uri(results: str, run_id: str, release_id: int) -> str:
-    return f"{run_uri(results, run_id)}/rebenchmark/release-{release_id}.json"
+    return f"{pods.run_uri(results, run_id)}/rebenchmark/release-{release_id}.json"
 
 
 def remeasure(
@@ -162,7 +163,7 @@ def judge_remeasured(release_id: int, run_id: str, context: Any = None) -> dict[
     reg = flow.registry()
     rel = reg.get(release_id)
     loaded = promote.release_spec(rel)
-    uri = rebenchmark_uri(base_uri(loaded), run_id, release_id)
+    uri = rebenchmark_uri(pods.base_uri(loaded), run_id, release_id)
     try:
         body = read(uri, loaded)
     except ReleaseError as exc:
@@ -177,7 +178,7 @@ def judge_remeasured(release_id: int, run_id: str, context: Any = None) -> dict[
 def publish_run_dir(loaded: LoadedSpec, run_id: str) -> dict[str, str]:
     """Copy what a light task wrote into its (ephemeral) local run directory to storage."""
     local = flow.run_dir(run_id)
-    base = run_uri(base_uri(loaded), run_id)
+    base = pods.run_uri(pods.base_uri(loaded), run_id)
     return {
         str(path): write_bytes(f"{base}/{path.relative_to(local).as_posix()}", path.read_bytes(), loaded)
         for path in sorted(local.rglob("*"))
