@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -48,6 +49,9 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     from pipeline.core import artifacts
     from pipeline.stages import tiny_model
 
+    # a killed build (`make test` stops its background prebuild on exit) exits through Python, so the
+    # half-trained temporary directory is removed rather than left beside the cache
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     cfg = tiny_model.TinyConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     path = tiny_model.build(Path(args.out) if args.out else None, cfg)
     meta = artifacts.read_manifest(path).meta

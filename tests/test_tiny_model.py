@@ -70,6 +70,32 @@ def test_build_is_cached(tiny_model_dir):
     assert time.monotonic() - started < 30  # a cache hit verifies sizes, it does not retrain
 
 
+def test_a_second_builder_waits_for_the_first_and_reuses_its_model(tmp_path, monkeypatch):
+    """`make test` prebuilds in the background while the suite starts: the suite must wait, not train again."""
+    import fcntl
+    import threading
+
+    def no_training(*_):
+        raise AssertionError("a second builder trained instead of waiting")
+
+    monkeypatch.setattr(tiny_model, "train", no_training)
+    final = tmp_path / "models" / "tiny"
+    final.parent.mkdir()
+    got: list = []
+    with open(final.parent / ".tiny.lock", "a+") as first:
+        fcntl.flock(first, fcntl.LOCK_EX)  # the first builder, mid-training
+        waiter = threading.Thread(target=lambda: got.append(tiny_model.build(final)), daemon=True)
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and not got  # it waits on the lock rather than building
+        with artifacts.publishing(final) as tmp:  # the first builder publishes, then lets go
+            (tmp / "weights.bin").write_bytes(b"w" * 16)
+            artifacts.write_manifest(tmp, kind="model")
+        fcntl.flock(first, fcntl.LOCK_UN)
+    waiter.join(30)
+    assert got == [final]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -11,6 +11,7 @@ The held-out evaluation items ship in `configs/eval/` and are excluded from trai
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -302,17 +303,42 @@ def cache_dir(cfg: TinyConfig) -> Path:
 
 
 def build(out: Path | None = None, cfg: TinyConfig | None = None) -> Path:
-    """Return a finished tiny model directory, building it (atomically) if it is not cached."""
-    import torch
+    """Return a finished tiny model directory, building it (atomically) if it is not cached.
 
+    Builders of the same directory take turns on a lock file beside it, so a second caller (the
+    suite while `make test` prebuilds in the background, two DAG runs, the demo beside the tests)
+    waits for the first build and reuses it instead of training the same bytes again.
+    """
     cfg = cfg or TinyConfig()
     final = Path(out) if out else cache_dir(cfg)
     if artifacts.is_complete(final):
-        artifacts.verify(final, deep=False)
-        log.info("tiny model: cached at %s", final)
-        return final
-    if final.exists():
-        raise artifacts.ArtifactError(f"{final}: exists but has no manifest; remove it or choose another --out")
+        return _cached(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("tiny model: another process is building %s; waiting for it", final)
+            started = time.monotonic()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            log.info("tiny model: waited %.0f s for the other build", time.monotonic() - started)
+        if artifacts.is_complete(final):
+            return _cached(final)
+        if final.exists():
+            raise artifacts.ArtifactError(f"{final}: exists but has no manifest; remove it or choose another --out")
+        _train_and_publish(final, cfg)
+    return final
+
+
+def _cached(final: Path) -> Path:
+    artifacts.verify(final, deep=False)
+    log.info("tiny model: cached at %s", final)
+    return final
+
+
+def _train_and_publish(final: Path, cfg: TinyConfig) -> None:
+    import torch
+
     torch.set_num_threads(max(1, torch.get_num_threads()))
     artifacts.remove_stale_temps(final.parent)
     with artifacts.publishing(final) as tmp:
@@ -329,4 +355,3 @@ def build(out: Path | None = None, cfg: TinyConfig | None = None) -> Path:
                 "accuracy": accuracy,
             },
         )
-    return final
