@@ -146,3 +146,25 @@ def test_vllm_backend_shards_the_model_like_the_widest_layout(spec_file):
 
     with pytest.raises(SpecError, match="evaluation.tensor_parallel_size: 3 must divide the 64 attention heads"):
         load_spec(spec_file(PROD_SPEC, three))
+
+
+def test_results_are_reused_only_for_bytes_that_verify(small_artifact, evaluation, monkeypatch, tmp_path):
+    """A second release of the same FP8 bytes is not measured again; the same manifest over changed bytes is."""
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
+    runs: list[str] = []
+
+    def scored(model_path, task, *_):
+        runs.append(task.name)
+        return evaluate.TaskScore(task=task.name, metric="acc", score=0.8, stderr=0.01, samples=200)
+
+    monkeypatch.setattr(evaluate, "_run_task", scored)
+    digest = artifacts.read_manifest(small_artifact).content_hash()
+    first = evaluate.evaluate(small_artifact, digest, evaluation, use_cache=True)
+    again = evaluate.evaluate(small_artifact, digest, evaluation, use_cache=True)
+    assert (first.cached, again.cached) == (False, True) and len(runs) == len(evaluation.tasks)
+    victim = next(p for p in small_artifact.iterdir() if p.name != artifacts.MANIFEST and p.stat().st_size > 8)
+    data = bytearray(victim.read_bytes())
+    data[3] ^= 0xFF  # same size: only the sha256 tells
+    victim.write_bytes(bytes(data))
+    changed = evaluate.evaluate(small_artifact, digest, evaluation, use_cache=True)
+    assert not changed.cached and len(runs) == 2 * len(evaluation.tasks)

@@ -71,7 +71,7 @@ def test_build_is_cached(tiny_model_dir):
 
 
 def test_a_second_builder_waits_for_the_first_and_reuses_its_model(tmp_path, monkeypatch):
-    """`make test` prebuilds in the background while the suite starts: the suite must wait, not train again."""
+    """Two builders of one model (the demo beside the suite, two DAG runs) take turns: the second reuses."""
     import fcntl
     import threading
 

@@ -3,7 +3,8 @@
 Recovery per task is candidate / baseline with its uncertainty propagated from lm-eval's
 stderr on both sides; the gate decision is great-expectations' validation of the results
 table (`pipeline/stages/gx_suite.py`), so what a reviewer sees and what the gate decided are the
-same record. The baseline's results are cached by (model manifest hash, tasks, settings).
+same record. Results are cached by (model manifest hash, tasks, settings), reused only for bytes
+that verify against that manifest.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
+from pipeline.core import artifacts
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_json, atomic_write
 from pipeline.core.paths import CONFIGS_DIR, home
@@ -144,9 +146,13 @@ def evaluate(
     use_cache: bool = False,
     base_url: str | None = None,
 ) -> EvalResult:
-    """Run lm-eval's Python API on one model; with `use_cache`, reuse an identical earlier run."""
+    """Run lm-eval's Python API on one model; with `use_cache`, reuse an identical earlier run.
+
+    A hit is used only when the model's files verify (sha256) against a manifest of that hash:
+    the same bytes, tasks and settings give the same greedy scores, so measuring again proves nothing.
+    """
     cache = home() / "eval-cache" / f"{cache_key(model_hash, evaluation)}.json"
-    if use_cache and cache.exists():
+    if use_cache and cache.exists() and _same_bytes(model_path, model_hash):
         log.info("evaluate: reusing cached results for %s (%s)", model_path, cache.name)
         return EvalResult.model_validate_json(cache.read_text()).model_copy(update={"cached": True})
     scores: list[TaskScore] = []
@@ -181,6 +187,17 @@ def evaluate(
     cache.parent.mkdir(parents=True, exist_ok=True)
     atomic_json(cache, result.model_dump())
     return result
+
+
+def _same_bytes(model_path: Path, model_hash: str) -> bool:
+    """The directory's files match its manifest, and that manifest is the one the cache key names."""
+    if not artifacts.is_complete(model_path):
+        return True  # a source we do not own (hub, local dir): materialize hashed its files just now
+    try:
+        return artifacts.verify(model_path).content_hash() == model_hash
+    except artifacts.ArtifactError as exc:
+        log.warning("evaluate: not reusing cached results: %s", exc)
+        return False
 
 
 def _model_args(model_path: Path, evaluation: EvaluationSpec, base_url: str | None) -> tuple[str, dict[str, Any]]:

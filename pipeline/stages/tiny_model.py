@@ -54,7 +54,7 @@ class TinyConfig(BaseModel):
     num_experts: int = 16
     num_experts_per_tok: int = 4
     moe_intermediate_size: int = 128
-    steps: int = 1600
+    steps: int = 1100  # 0.98 / 1.00 held out; 1600 gave 0.995 / 1.00 in 45% more time, 900 gave 0.75
     batch_size: int = 96
     lr: float = 3e-3
     chat_fraction: float = 0.25
@@ -305,9 +305,9 @@ def cache_dir(cfg: TinyConfig) -> Path:
 def build(out: Path | None = None, cfg: TinyConfig | None = None) -> Path:
     """Return a finished tiny model directory, building it (atomically) if it is not cached.
 
-    Builders of the same directory take turns on a lock file beside it, so a second caller (the
-    suite while `make test` prebuilds in the background, two DAG runs, the demo beside the tests)
-    waits for the first build and reuses it instead of training the same bytes again.
+    Builders of the same directory take turns on a lock file beside it, so a second caller (two
+    DAG runs, the demo beside the tests) waits for the first build and reuses it instead of
+    training the same bytes again.
     """
     cfg = cfg or TinyConfig()
     final = Path(out) if out else cache_dir(cfg)
