@@ -220,3 +220,23 @@ def test_unknown_layout_and_missing_weights_are_user_errors(prod):
         manifests.render(prod, "tp2", RELEASE, NFS_ARTIFACT)
     with pytest.raises(ReleaseError, match="no nfs_path"):
         manifests.render(prod, "tp8-ep8", RELEASE, Artifact(manifest_hash=HASH))
+
+
+def test_the_readme_command_renders_a_preview_from_the_spec_alone(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "manifests", str(PROD_SPEC), "--layout", "tp4-ep4-x2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("# preview from qwen3-235b-a22b-fp8-mi325x.yaml's staging targets: artifact name")
+    assert "are placeholders" in out.stdout
+    objs = [o for o in yaml.safe_load_all(out.stdout) if o]
+    assert manifests.validate(objs) == []
+    kinds = sorted({o["kind"] for o in objs})
+    assert "Deployment" in kinds and "Service" in kinds
+    assert "/mnt/models/ARTIFACT" in out.stdout  # the spec's NFS share, where the staged weights would be

@@ -167,3 +167,40 @@ def test_every_problem_is_reported_at_once(spec_file):
 
     found = problems(spec_file(PROD_SPEC, edit))
     assert len(found) >= 2
+
+
+def test_a_local_source_that_does_not_exist_is_a_spec_error(spec_file, tmp_path):
+    found = problems(spec_file(PROD_SPEC, lambda d: d["model"].update(source=str(tmp_path / "nowhere"))))
+    spec = tmp_path / "releases" / "variant.yaml"
+    assert found == [f"{spec}: model.source: {tmp_path / 'nowhere'}: no such directory"]
+    empty = tmp_path / "releases" / "empty"  # a relative source is relative to the spec's directory
+    empty.mkdir()
+    found = problems(spec_file(PROD_SPEC, lambda d: d["model"].update(source="empty")))
+    assert found == [f"{spec}: model.source: {empty}: not a model directory (no config.json)"]
+    (empty / "config.json").write_text("{}")
+    assert load_spec(spec_file(PROD_SPEC, lambda d: d["model"].update(source="empty"))).spec.model.source == "empty"
+
+
+@pytest.mark.parametrize("schedule", ["every tuesday-ish", "@sometimes", "61 * * * *"])
+def test_a_schedule_that_is_neither_cron_nor_preset_is_a_spec_error(spec_file, schedule):
+    found = problems(spec_file(PROD_SPEC, lambda d: d["rebenchmark"].update(schedule=schedule)))
+    assert len(found) == 1 and found[0].endswith(
+        f"rebenchmark.schedule: {schedule!r} is neither a cron expression (e.g. '0 3 * * 2') nor an Airflow preset "
+        "(@hourly, @daily, @weekly, @monthly, @quarterly, @yearly)"
+    ), found
+
+
+@pytest.mark.parametrize("schedule", ["0 3 * * 2", "@quarterly", "*/30 * * * *"])
+def test_cron_expressions_and_presets_are_accepted(spec_file, schedule):
+    assert load_spec(spec_file(PROD_SPEC, lambda d: d["rebenchmark"].update(schedule=schedule))).spec.rebenchmark
+
+
+def test_the_run_copy_of_a_spec_keeps_its_relative_local_source(spec_file, tmp_path):
+    from pipeline.entry import flow
+
+    path = spec_file(PROD_SPEC, lambda d: d["model"].update(source="model"))
+    (path.parent / "model").mkdir()
+    (path.parent / "model" / "config.json").write_text("{}")
+    copy = flow.apply_overrides(path, {"p90_ttft_ms": 2000}, tmp_path / "run")
+    assert copy.parent != path.parent
+    assert load_spec(copy).spec.model.source == str((path.parent / "model").resolve())

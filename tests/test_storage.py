@@ -89,6 +89,22 @@ def test_restage_repairs_an_artifact_damaged_after_its_commit(s3, artifact):
     storage.verify_staged(staged.manifest_hash, staged.s3_uri, target=target)
 
 
+@pytest.mark.parametrize("victim", ["config.json", "model-00001-of-00002.safetensors"])  # single PUT, multipart
+def test_restage_repairs_bytes_overwritten_with_their_metadata_kept(s3, artifact, victim, tmp_path):
+    target = target_for(s3.url)
+    staged = storage.stage(artifact, StagingSpec(s3=target))
+    client = storage.s3_client(target)
+    key = f"releases/{artifact.name}/{victim}"
+    head = client.head_object(Bucket=target.bucket, Key=key)
+    data = bytearray((artifact / victim).read_bytes())
+    data[7] ^= 0xFF  # same size, same sha256 metadata: only the ETag can tell
+    client.put_object(Bucket=target.bucket, Key=key, Body=bytes(data), Metadata=head["Metadata"])
+    assert client.head_object(Bucket=target.bucket, Key=key)["Metadata"]["sha256"] == head["Metadata"]["sha256"]
+    repaired = storage.stage(artifact, StagingSpec(s3=target))
+    assert (repaired.files_sent, repaired.files_skipped) == (1, 3)
+    storage.fetch(staged.s3_uri, tmp_path / "pod", target)  # every byte checked against the manifest
+
+
 def test_interrupted_upload_resumes_without_resending_and_commits_last(s3, artifact, monkeypatch):
     monkeypatch.setattr(storage, "WORKERS", 1)  # parts in order, so the cut lands after two whole parts
     target = target_for(s3.url)
@@ -194,3 +210,15 @@ def test_nfs_stage_is_atomic_resumable_and_fetchable(artifact, tmp_path):
 def test_nfs_path_must_exist(artifact, tmp_path):
     with pytest.raises(ReleaseError, match=r"staging\.nfs\.path: .* is not a mounted directory"):
         storage.stage(artifact, StagingSpec(nfs=NfsTarget(path=str(tmp_path / "nope"))))
+
+
+def test_fetch_names_an_object_deleted_from_the_bucket_in_one_line(s3, artifact, tmp_path):
+    target = target_for(s3.url)
+    staged = storage.stage(artifact, StagingSpec(s3=target))
+    storage.s3_client(target).delete_object(Bucket=target.bucket, Key=f"releases/{artifact.name}/tokenizer.json")
+    with pytest.raises(ReleaseError) as exc:
+        storage.fetch(staged.s3_uri, tmp_path / "pod", target)
+    assert str(exc.value) == (
+        f"{staged.s3_uri}/tokenizer.json: NoSuchKey: no such object (not staged there, or deleted since)"
+    )
+    assert not (tmp_path / "pod" / "manifest.json").exists()

@@ -175,6 +175,8 @@ def _client_error(exc: Exception, what: str) -> ReleaseError:
 
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "?")
+        if code in ("404", "NotFound"):  # a HEAD (download_file's first call) has no body to name the code
+            code = "NoSuchKey"
         hint = {
             "NoSuchBucket": "the bucket does not exist (create it, or set staging.s3.create_bucket)",
             "NoSuchKey": "no such object (not staged there, or deleted since)",
@@ -241,7 +243,7 @@ def stage_s3(
         todo = []
         for entry in manifest.files:
             key = _key(target.prefix, name, entry.path)
-            if _object_matches(client, target.bucket, key, entry, existing):
+            if _object_matches(client, target.bucket, key, entry, existing, artifact / entry.path):
                 progress.add(entry.size)
             else:
                 todo.append((entry, key))
@@ -301,19 +303,41 @@ def fetch_manifest_or_none(client, bucket: str, prefix: str) -> artifacts.Manife
     return _remote_manifest(client, bucket, f"{prefix.rstrip('/')}/{artifacts.MANIFEST}")
 
 
-def _existing_objects(client, bucket: str, prefix: str) -> dict[str, int]:
-    sizes: dict[str, int] = {}
+def _existing_objects(client, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
+    """(size, ETag) of every object under `prefix`, from the listing (no extra request per object)."""
+    found: dict[str, tuple[int, str]] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            sizes[obj["Key"]] = obj["Size"]
-    return sizes
+            found[obj["Key"]] = (obj["Size"], obj.get("ETag", "").strip('"'))
+    return found
 
 
-def _object_matches(client, bucket: str, key: str, entry: artifacts.FileEntry, existing: dict[str, int]) -> bool:
-    if existing.get(key) != entry.size:
+def _object_matches(
+    client, bucket: str, key: str, entry: artifacts.FileEntry, existing: dict[str, tuple[int, str]], local: Path
+) -> bool:
+    """Skip re-sending only an object with the manifest's size and sha256 metadata whose ETag is that
+    of the local bytes: metadata survives an overwrite of the bytes, the ETag does not."""
+    size, etag = existing.get(key, (-1, ""))
+    if size != entry.size:
         return False
     head = client.head_object(Bucket=bucket, Key=key)
-    return head.get("Metadata", {}).get("sha256") == entry.sha256
+    if head.get("Metadata", {}).get("sha256") != entry.sha256:
+        return False
+    if etag != expected_etag(local):
+        log.warning("stage: s3://%s/%s: ETag %s is not that of the local bytes; sending it again", bucket, key, etag)
+        return False
+    return True
+
+
+def expected_etag(path: Path) -> str:
+    """The ETag S3 gives this file as this module uploads it: the MD5 of a single PUT, or for a
+    multipart upload the MD5 of the parts' MD5s with the part count ("…-N")."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        if size < MULTIPART_THRESHOLD:
+            return hashlib.md5(handle.read()).hexdigest()
+        digests = [hashlib.md5(chunk).digest() for chunk in iter(lambda: handle.read(PART_SIZE), b"")]
+    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
 
 
 def _check_object(client, bucket: str, key: str, entry: artifacts.FileEntry) -> None:
@@ -500,12 +524,13 @@ def fetch(uri: str, dest: Path, target: S3Target | None = None) -> FetchResult:
         def get(entry: artifacts.FileEntry, tmp: Path) -> None:
             from boto3.s3.transfer import TransferConfig
 
-            client.download_file(
-                bucket,
-                f"{prefix.rstrip('/')}/{entry.path}",
-                str(tmp),
-                Config=TransferConfig(multipart_chunksize=PART_SIZE, max_concurrency=4),
-            )
+            with s3_errors(f"{uri.rstrip('/')}/{entry.path}"):
+                client.download_file(
+                    bucket,
+                    f"{prefix.rstrip('/')}/{entry.path}",
+                    str(tmp),
+                    Config=TransferConfig(multipart_chunksize=PART_SIZE, max_concurrency=4),
+                )
     else:
         src = Path(uri.removeprefix("file://"))
         manifest = artifacts.read_manifest(src)

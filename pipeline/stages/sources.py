@@ -17,7 +17,7 @@ from pipeline.core import artifacts
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_json
 from pipeline.core.paths import home, models_dir
-from pipeline.core.spec import ReleaseSpec
+from pipeline.core.spec import ReleaseSpec, local_source
 from pipeline.stages import tiny_model
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def materialize(spec: ReleaseSpec, spec_dir: Path | None = None) -> ModelSource:
             f"model.source: {uri}: s3:// sources are fetched by the storage stage, which is not built yet"
         )
     else:
-        path = Path(uri) if Path(uri).is_absolute() else (spec_dir or Path.cwd()) / uri
+        path = local_source(uri, spec_dir or Path.cwd()) or Path(uri)
         if not (path / "config.json").is_file():
             raise ReleaseError(f"model.source: {path}: not a model directory (no config.json)")
         manifest = artifacts.verify(path) if artifacts.is_complete(path) else _manifest_of(path)
