@@ -49,8 +49,8 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     from pipeline.core import artifacts
     from pipeline.stages import tiny_model
 
-    # a killed build (`make test` stops its background prebuild on exit) exits through Python, so the
-    # half-trained temporary directory is removed rather than left beside the cache
+    # a build stopped with SIGTERM exits through Python, so its half-trained temporary directory is
+    # removed rather than left beside the cache
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     cfg = tiny_model.TinyConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     path = tiny_model.build(Path(args.out) if args.out else None, cfg)
@@ -151,7 +151,7 @@ def _remeasure(args: argparse.Namespace) -> int:
     result says why, and the judge task alerts with it)."""
     from pipeline.entry import pod_steps
 
-    staged = {"artifact_uri": args.artifact_uri, "nfs_path": args.nfs_path, "manifest_hash": args.manifest_hash}
+    staged = {"s3_uri": args.s3_uri, "nfs_path": args.nfs_path, "manifest_hash": args.manifest_hash}
     emit(
         json.dumps(
             pod_steps.remeasure(
@@ -173,12 +173,92 @@ def _manifests(args: argparse.Namespace) -> int:
     from pipeline.k8s import manifests
 
     loaded = load_spec(args.spec)
-    artifact = manifests.Artifact(s3_uri=args.s3_uri, nfs_path=args.nfs_path, manifest_hash=args.manifest_hash)
+    staging = loaded.spec.staging
+    s3_uri, nfs_path, preview = args.s3_uri, args.nfs_path, ""
+    if not (s3_uri or nfs_path):
+        # a preview from the spec's own staging targets: where a staged artifact would be
+        from pipeline.core import storage
+
+        name = "ARTIFACT"
+        nfs_path = str(Path(staging.nfs.path) / name) if staging.nfs else None
+        s3_uri = storage.s3_uri(staging.s3, name) if staging.s3 else None
+        preview = (
+            f"# preview from {loaded.path.name}'s staging targets: artifact name {name!r} and manifest hash "
+            f"{args.manifest_hash[:12]}… are placeholders; a promotion renders the staged artifact's "
+            "(or pass --nfs-path / --s3-uri / --manifest-hash)\n"
+        )
+    artifact = manifests.Artifact(s3_uri=s3_uri, nfs_path=nfs_path, manifest_hash=args.manifest_hash)
     objs = manifests.render(loaded, args.layout, args.release_id, artifact)
     problems = manifests.validate(objs)
     if problems:
         raise ReleaseError("rendered manifests fail schema validation:\n" + "\n".join(problems))
-    emit(manifests.to_yaml(objs))
+    emit(preview + manifests.to_yaml(objs))
+    return 0
+
+
+def _given_rates(values: list[str], layouts: list[str], default: str | None) -> dict[str, float]:
+    """`R` (for --layout or the spec's first layout) or `LAYOUT=R`, each a positive req/s per server."""
+    rates: dict[str, float] = {}
+    for value in values:
+        name, _, number = value.rpartition("=")
+        name = name or default or layouts[0]
+        if name not in layouts:
+            raise ReleaseError(
+                f"--rate-per-server {value}: no layout {name!r} in the spec (known: {', '.join(layouts)})"
+            )
+        try:
+            rate = float(number)
+        except ValueError:
+            raise ReleaseError(f"--rate-per-server {value}: expected R or LAYOUT=R with R in req/s") from None
+        if not rate > 0:
+            raise ReleaseError(f"--rate-per-server {value}: must be a positive req/s")
+        rates[name] = rate
+    return rates
+
+
+def _capacity(args: argparse.Namespace) -> int:
+    """Fleet and cost for planning, from a given rate or the newest measured one; no benchmark runs."""
+    from pipeline.core.spec import load_spec
+    from pipeline.release import registry
+    from pipeline.stages import capacity
+
+    loaded = load_spec(args.spec)
+    spec = loaded.spec
+    if spec.capacity is None:
+        raise ReleaseError(f"{loaded.path}: capacity: missing; give peak_rps and mean_rps (see configs/releases/)")
+    reg = registry.Registry()
+    live = reg.live(spec.name, spec.promotion.target)
+    live_rate = capacity.recorded_rate(live.data) if live else None
+    versus = None
+    if live is not None and live_rate is not None:
+        versus = (
+            f"live release {live.id}",
+            live.data.get("layout"),
+            live_rate,
+            capacity.recorded_price(live.data, loaded.hardware),
+        )
+    if args.rate_per_server:
+        rates = _given_rates(args.rate_per_server, [layout.name for layout in spec.layouts], args.layout)
+        best = max(rates, key=lambda name: rates[name])  # what the SLO selection would choose
+        plan = capacity.plan(loaded, rates, best, versus, source="given")
+        given = ", ".join(f"{name} {rate:g}" for name, rate in rates.items())
+        origin = f"rates per server given on the command line ({given} req/s); candidate: {best}"
+    else:
+        measured = next((r for r in reg.releases(name=spec.name) if capacity.recorded_rate(r.data)), None)
+        if measured is None:
+            raise ReleaseError(
+                f"{spec.name}: no release in {reg.safe_url} has a measured rate per server; give --rate-per-server R"
+            )
+        layout = measured.data.get("layout") or "?"
+        rate = capacity.recorded_rate(measured.data) or 0.0
+        same = live is not None and measured.id == live.id
+        plan = capacity.plan(loaded, {layout: rate}, layout, None if same else versus, source="recorded")
+        origin = f"rate per server {rate:.4g} req/s measured by release {measured.id} ({measured.status}, {layout})"
+    assert plan is not None  # the spec has capacity:
+    emit(f"{spec.name}: {origin}")
+    emit(capacity.table(plan))
+    if args.json:
+        emit(plan.model_dump_json(indent=2))
     return 0
 
 
@@ -319,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec")
     p.add_argument("--release", type=int, required=True, help="registry id of the release")
     p.add_argument("--layout", required=True)
-    p.add_argument("--artifact-uri", help="s3:// URI the release was staged to")
+    p.add_argument("--s3-uri", help="s3:// URI the release was staged to")
     p.add_argument("--nfs-path", help="NFS path the release was staged to")
     p.add_argument("--manifest-hash", required=True)
     p.add_argument("--promoted-rate", type=float, required=True, help="req/s the release was promoted at")
@@ -359,6 +439,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-uri")
     p.add_argument("--nfs-path")
     p.set_defaults(func=_manifests)
+
+    p = sub.add_parser(
+        "capacity", help="servers the spec's peak needs and $/M tokens, from a given or recorded rate (no benchmark)"
+    )
+    p.add_argument("spec", help="release spec YAML with a capacity: section")
+    p.add_argument(
+        "--rate-per-server",
+        action="append",
+        metavar="[LAYOUT=]R",
+        help="max SLO req/s per server of a layout; repeat to compare layouts (default: the newest measured rate)",
+    )
+    p.add_argument("--layout", help="the layout a bare R is for (default: the spec's first)")
+    p.add_argument("--json", action="store_true", help="also print the plan as JSON")
+    p.set_defaults(func=_capacity)
 
     p = sub.add_parser("releases", help="the release registry: list, show a release's audit trail, roll back")
     rs = p.add_subparsers(dest="action", required=True, metavar="ACTION")

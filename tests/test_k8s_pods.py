@@ -320,7 +320,7 @@ def test_light_tasks_select_a_layout_from_the_pods_stored_results(spec_file, tmp
     run = pods.run_uri(pods.base_uri(loaded), RUN_ID)
     assert run.endswith("/" + flow.run_dir(RUN_ID).name)  # same directory name as a local run
     refs = []
-    for name, tp, per_server in (("tp8-ep8", 8, 1.5), ("tp4-ep4-x2", 4, 2.2)):
+    for name, tp, per_server in (("tp8-ep8", 8, 12.5), ("tp4-ep4-x2", 4, 18.1)):  # the fleet fits max_servers
         layout = benchmark.LayoutResult(
             layout=name,
             tp=tp,
@@ -506,7 +506,7 @@ def test_rebenchmark_pod_runs_the_release_own_layout_and_artifact_on_a_whole_nod
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
-    _, rel = live_prod_release(prod, {"artifact_uri": XCOMS["stage"]["s3_uri"]})
+    _, rel = live_prod_release(prod, {"s3_uri": XCOMS["stage"]["s3_uri"]})
     [arguments] = pod_steps.remeasure_arguments([rel.id], RUN_ID)
     op = KubernetesPodOperator(
         task_id="measure",
@@ -520,7 +520,7 @@ def test_rebenchmark_pod_runs_the_release_own_layout_and_artifact_on_a_whole_nod
     assert env_of(pod)["VLLM_ROCM_USE_AITER"] == "1"
     argv = cli_argv(pod)
     args = cli.build_parser().parse_args(argv)
-    assert (args.release, args.layout, args.artifact_uri, args.manifest_hash, args.promoted_rate, args.run_id) == (
+    assert (args.release, args.layout, args.s3_uri, args.manifest_hash, args.promoted_rate, args.run_id) == (
         rel.id,
         "tp4-ep4-x2",
         XCOMS["stage"]["s3_uri"],

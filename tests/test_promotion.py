@@ -41,9 +41,7 @@ def candidate(reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, ap
     loaded = load_spec(spec_path)
     rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), "local")
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
-    reg.record(
-        rel.id, "staged", "pipeline", data={"artifact_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash}
-    )
+    reg.record(rel.id, "staged", "pipeline", data={"s3_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash})
     if accuracy is not None:
         reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy})
     if slo is not None:
@@ -306,3 +304,20 @@ def test_cli_releases_show_prints_the_audit_trail(tiny_spec, small_artifact, cap
     assert cli.main(["releases", "list"]) == 0
     assert "rejected" in capsys.readouterr().out
     assert cli.main(["releases", "show", "999"]) == 1  # unknown id: one clear line, exit 1
+
+
+def test_the_registry_refuses_data_outside_its_schema_and_reads_old_names(tmp_path):
+    from pipeline.core.errors import ReleaseError
+
+    reg = Registry(f"sqlite:///{tmp_path / 'r.db'}")
+    rel = reg.open_release("run-s", "x", "x.yaml", "", "local")
+    with pytest.raises(ReleaseError, match=r"release \d+: data\.artifact_url: Extra inputs are not permitted"):
+        reg.record(rel.id, "staged", "pipeline", data={"artifact_url": "s3://b/k"})
+    with pytest.raises(ReleaseError, match=r"data\.rate_per_server: Input should be a valid number"):
+        reg.record(rel.id, "slo_gate", "gate", data={"rate_per_server": "fast"})
+    assert reg.get(rel.id).data == {} and [e.kind for e in reg.events(rel.id)] == ["created"]  # nothing written
+    reg.record(rel.id, "slo_gate", "gate", data={"layout": "single", "rate_per_server": 12.5})
+    assert reg.get(rel.id).facts.rate_per_server == 12.5
+    with reg._session() as s:  # a registry written before the one-name rule
+        s.execute(sqlalchemy.text("UPDATE releases SET data = :d"), {"d": json.dumps({"artifact_uri": "s3://b/k"})})
+    assert reg.get(rel.id).data == {"s3_uri": "s3://b/k"} and reg.get(rel.id).facts.s3_uri == "s3://b/k"

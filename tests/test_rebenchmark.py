@@ -114,7 +114,7 @@ def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promo
         "pipeline",
         status="live",
         data={
-            "artifact_uri": staged.s3_uri,
+            "s3_uri": staged.s3_uri,
             "manifest_hash": staged.manifest_hash,
             "layout": "single",
             "max_slo_rate": max_slo_rate,
@@ -199,7 +199,7 @@ def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path
     spec = quick_spec(spec_file, s3)
     rel = live_release(reg, spec, small_artifact, 10.0)
     client = storage.s3_client(load_spec(spec).spec.staging.s3)
-    bucket, prefix = storage.parse_s3_uri(rel.data["artifact_uri"])
+    bucket, prefix = storage.parse_s3_uri(rel.data["s3_uri"])
     client.delete_object(Bucket=bucket, Key=f"{prefix}/model.safetensors")
     verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "out")
     assert verdict.status == "error" and "model.safetensors" in verdict.reasons[0]

@@ -18,6 +18,7 @@ from airflow.sdk.definitions.param import ParamsDict
 
 from pipeline.core import platform
 from pipeline.core.spec import duration_seconds
+from pipeline.stages import capacity
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,37 @@ PLUGIN_PATH = "/model-releases"
 
 def _fmt(value: Any, fmt: str = ".3g") -> str:
     return "—" if value is None else format(value, fmt)
+
+
+def fleet_phrase(data: dict[str, Any]) -> str:
+    """'; 3 -> 2 servers, -33% $/M output tokens' (or the fleet alone when nothing is live)."""
+    if not data.get("capacity"):
+        return ""
+    plan = capacity.CapacityPlan.model_validate(data["capacity"])
+    if plan.change:
+        return f"; {plan.change.summary()}"
+    return f"; {plan.candidate.servers} servers at peak" if plan.candidate else ""
+
+
+def fleet_lines(data: dict[str, Any]) -> str:
+    """The fleet and cost table in markdown, live first."""
+    if not data.get("capacity"):
+        return ""
+    plan = capacity.CapacityPlan.model_validate(data["capacity"])
+    money = capacity.money
+    rows = "\n".join(
+        f"| {r.label} ({r.layout}) | {_fmt(r.rate_per_server)} | {r.servers} | {money(r.usd_per_hour)} | "
+        f"{money(r.usd_per_m_input_at_slo)} | {money(r.usd_per_m_output_at_slo)} |"
+        for r in (plan.live, plan.candidate)
+        if r is not None
+    )
+    price = f"${plan.price_per_server_hour:g}/server-hour" if plan.price_per_server_hour else "no price"
+    change = f" **{plan.change.summary()}**." if plan.change else ""
+    return (
+        f"Fleet for a peak of {plan.peak_rps:g} req/s + {plan.headroom:.0%} headroom at {price}:{change}\n\n"
+        f"| | req/s per server | servers | $/hour | $/M input @SLO | $/M output @SLO |\n|---|---|---|---|---|---|\n"
+        f"{rows}\n\n"
+    )
 
 
 def body(rel, live, loaded, base_url: str) -> str:
@@ -53,7 +85,8 @@ def body(rel, live, loaded, base_url: str) -> str:
         f"({_fmt(d.get('per_device'))} per {loaded.hardware.kind.upper()}) within the SLO; {vs_live}.\n\n"
         f"At that rate: p90 TTFT {_fmt(d.get('p90_ttft_ms'), '.0f')} ms (limit {slo.p90_ttft_ms:g}), "
         f"p90 TPOT {_fmt(d.get('p90_tpot_ms'), '.1f')} ms (limit {slo.p90_tpot_ms:g}).\n\n"
-        f"Artifact `{d.get('artifact_uri') or d.get('nfs_path')}` (manifest {str(d.get('manifest_hash'))[:16]}…)\n\n"
+        f"{fleet_lines(d)}"
+        f"Artifact `{d.get('s3_uri') or d.get('nfs_path')}` (manifest {str(d.get('manifest_hash'))[:16]}…)\n\n"
         f"[Full report and audit trail]({link})"
     )
 
@@ -110,7 +143,7 @@ class ReleaseApproval(ApprovalOperator):
         self.assigned_users = [{"id": name, "name": name} for name in promotion.reviewers]
         self.subject = (
             f"Promote {loaded.spec.model.name} FP8 as layout {rel.data.get('layout')} at "
-            f"{_fmt(rel.data.get('rate_per_server'))} req/s per server?"
+            f"{_fmt(rel.data.get('rate_per_server'))} req/s per server{fleet_phrase(rel.data)}?"
         )
         self.body = body(rel, live, loaded, platform.current().base_url())
         from datetime import timedelta

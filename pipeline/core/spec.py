@@ -262,14 +262,50 @@ class NotifySpec(Strict):
         return self
 
 
+# Airflow's cron presets (a CronTriggerTimetable takes these or a cron expression)
+SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
+
+
 class RebenchmarkSpec(Strict):
-    schedule: str = "@daily"
+    schedule: str = Field("@daily", description="a cron expression or an Airflow preset (@daily, ...)")
     tolerance: Annotated[float, Field(gt=0, lt=1, description="allowed drop of the max SLO rate")] = 0.10
     auto_rollback: bool = False
     max_probes: Annotated[
         int, Field(ge=3, description="runs of the short search, which starts at the promoted rate and steps by 1.25x")
     ] = 8
     notify: NotifySpec = Field(default_factory=NotifySpec)
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        from croniter import croniter
+
+        if value in SCHEDULE_PRESETS or (not value.startswith("@") and croniter.is_valid(value)):
+            return value
+        raise ValueError(
+            f"{value!r} is neither a cron expression (e.g. '0 3 * * 2') nor an Airflow preset "
+            f"({', '.join(SCHEDULE_PRESETS)})"
+        )
+
+
+class CapacitySpec(Strict):
+    """The traffic the fleet must carry: sizes the fleet from the measured max SLO rate per server."""
+
+    peak_rps: Annotated[float, Field(gt=0, description="requests/s the fleet must serve at its busiest")]
+    mean_rps: Annotated[float, Field(gt=0, description="expected average requests/s (what a day costs)")]
+    headroom: Annotated[float, Field(ge=0, le=4, description="spare capacity above the peak, as a fraction of it")] = (
+        0.2
+    )
+    min_servers: Annotated[int, Field(ge=1)] = 1
+    max_servers: Annotated[int | None, Field(ge=1, description="a candidate needing more fails the SLO gate")] = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CapacitySpec:
+        if self.mean_rps > self.peak_rps:
+            raise ValueError(f"mean_rps {self.mean_rps:g} is above peak_rps {self.peak_rps:g}")
+        if self.max_servers is not None and self.max_servers < self.min_servers:
+            raise ValueError(f"max_servers {self.max_servers} is below min_servers {self.min_servers}")
+        return self
 
 
 class HardwareProfile(Strict):
@@ -285,6 +321,10 @@ class HardwareProfile(Strict):
     node_labels: dict[str, str] = Field(default_factory=dict)
     taints: list[dict[str, str]] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    price_per_server_hour: Annotated[
+        float | None, Field(gt=0, description="the operator's price of one server for an hour, in USD")
+    ] = None
+    price_note: str = Field("", description="where the price comes from (a contract, a list price, an example)")
 
 
 class ReleaseSpec(Strict):
@@ -301,6 +341,7 @@ class ReleaseSpec(Strict):
     hardware: str = Field(description="profile name in configs/hardware/")
     promotion: PromotionSpec = Field(default_factory=PromotionSpec)
     rebenchmark: RebenchmarkSpec = Field(default_factory=RebenchmarkSpec)
+    capacity: CapacitySpec | None = Field(None, description="the fleet to size and price; needs the hardware's price")
     execution: Literal["local", "kubernetes"] = "local"
 
 
@@ -376,11 +417,28 @@ def load_spec(path: str | Path) -> LoadedSpec:
     spec = _validate(ReleaseSpec, _read_yaml(path), path)
     hardware = load_hardware(spec.hardware, path)
     problems = [f"{path}: {field}: {msg}" for field, msg in feasibility_problems(spec, hardware)]
+    local = local_source(spec.model.source, path.parent)
+    if local is not None and not (local / "config.json").is_file():
+        what = "not a model directory (no config.json)" if local.is_dir() else "no such directory"
+        problems.append(f"{path}: model.source: {local}: {what}")
+    if spec.capacity is not None and hardware.price_per_server_hour is None:
+        problems.append(
+            f"{hardware_path(spec.hardware, path)}: price_per_server_hour: missing, and {path.name} asks for a cost "
+            "(capacity:); set the operator's price of one server-hour in USD"
+        )
     if problems:
         raise SpecError(problems)
     if spec.evaluation.tensor_parallel_size is None:  # the weights fit where the widest layout fits them
         spec.evaluation.tensor_parallel_size = max(layout.tp for layout in spec.layouts)
     return LoadedSpec(path=path.resolve(), spec=spec, hardware=hardware)
+
+
+def local_source(source: str, spec_dir: Path) -> Path | None:
+    """A local model source as a path (relative ones from the spec's directory); None for a URI."""
+    if "://" in source:
+        return None
+    path = Path(source).expanduser()
+    return path if path.is_absolute() else spec_dir / path
 
 
 def weights_per_device_gb(spec: ReleaseSpec, layout: Layout) -> float:

@@ -21,7 +21,7 @@ from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
 from pipeline.release import local_target
 from pipeline.release.registry import cached
-from pipeline.stages import tiny_model
+from pipeline.stages import capacity, tiny_model
 
 log = logging.getLogger("demo")
 
@@ -96,6 +96,9 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
         rel = cached().by_run(run_id)
         log.info("run %s is waiting for approval after %.1f min (trigger -> approval request)", run_id, waited / 60)
         log.info("  report:  %s", rel.data.get("report") if rel else "?")
+        if rel and rel.data.get("capacity"):
+            plan = capacity.CapacityPlan.model_validate(rel.data["capacity"])
+            log.info("  fleet and cost (spec capacity:):\n%s", capacity.table(plan))
         log.info(
             "  UI:      %s  (Browse > Required actions, or Model releases) login %s, password in %s",
             airflow.url,

@@ -16,13 +16,13 @@ from pipeline.core import storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import PROJECT_ROOT, run_dir
-from pipeline.core.spec import load_spec
+from pipeline.core.spec import LoadedSpec, load_spec, local_source
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
 from pipeline.release.promote import release_spec
 from pipeline.release.registry import cached
-from pipeline.stages import benchmark, serving, sources
+from pipeline.stages import benchmark, capacity, serving, sources
 from pipeline.stages import evaluate as evaluate_stage
 from pipeline.stages import quantize as quantize_stage
 from pipeline.stages.quantize import QuantizedArtifact
@@ -115,6 +115,11 @@ def apply_overrides(spec_path: Path, overrides: dict[str, Any], out_dir: Path) -
     for key in ("p90_ttft_ms", "p90_tpot_ms"):
         if overrides.get(key):
             data["slo"][key] = float(overrides[key])
+    # the copy lives in the run's directory: a relative local model source stays the original's
+    source = (data.get("model") or {}).get("source")
+    local = local_source(source, spec_path.parent) if isinstance(source, str) and source else None
+    if local is not None:
+        data["model"]["source"] = str(local.resolve())
     out = out_dir / "spec.yaml"
     atomic_write(out, f"# {spec_path} with trigger overrides {overrides}\n" + yaml.safe_dump(data, sort_keys=False))
     return out
@@ -151,7 +156,7 @@ def record_staged(release_id: int, staged: dict[str, Any]) -> dict[str, Any]:
         "pipeline",
         {k: staged.get(k) for k in ("s3_uri", "nfs_path", "manifest_hash", "bytes_sent")},
         data={
-            "artifact_uri": staged.get("s3_uri"),
+            "s3_uri": staged.get("s3_uri"),
             "nfs_path": staged.get("nfs_path"),
             "manifest_hash": staged["manifest_hash"],
             "quantized_path": staged.get("quantized_path"),
@@ -165,11 +170,14 @@ class GateFailed(ReleaseError):
 
 
 def evaluate(spec_path: str, model: dict[str, Any], *, baseline: bool) -> dict[str, Any]:
-    """lm-eval on one side; the baseline is cached by (manifest hash, tasks, settings)."""
+    """lm-eval on one side, cached by (manifest hash, tasks, settings): a re-run or a second release of
+    the same bytes (the quantize step reuses a finished output) is not measured again."""
     loaded = load_spec(spec_path)
+    side = "baseline" if baseline else "candidate"
     result = evaluate_stage.evaluate(
-        Path(model["path"]), model["manifest_hash"], loaded.spec.evaluation, use_cache=baseline
+        Path(model["path"]), model["manifest_hash"], loaded.spec.evaluation, use_cache=True
     )
+    log.info("evaluate %s: %s", side, "cached result (same bytes, tasks, settings)" if result.cached else "measured")
     return result.model_dump()
 
 
@@ -224,14 +232,37 @@ def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) ->
     loaded = load_spec(spec_path)
     layouts = [benchmark.LayoutResult(**r) for r in results]
     selection = benchmark.select(layouts, loaded.spec.slo)
+    fleet = capacity_plan(loaded, layouts, selection.best)
+    refusal = fleet.refusal() if fleet else None
+    if selection.passed and refusal:
+        selection = selection.model_copy(update={"passed": False, "reason": refusal})
     files = benchmark.write_outputs(layouts, loaded.spec.slo, run_dir(run_id) / "benchmark", selection)
     log.info("layouts measured:\n%s\nselection: %s\nfiles: %s", benchmark.table(layouts), selection.reason, files)
+    if fleet:
+        log.info("fleet and cost:\n%s", capacity.table(fleet))
     return {
         **json.loads(selection.model_dump_json(exclude={"layouts"})),
         "files": files,
         "layouts": [json.loads(r.model_dump_json(exclude={"probes"})) for r in layouts],
         "chosen": chosen_figures(next((r for r in layouts if r.layout == selection.best), None)),
+        "capacity": fleet.model_dump(mode="json") if fleet else None,
     }
+
+
+def capacity_plan(
+    loaded: LoadedSpec, layouts: list[benchmark.LayoutResult], best: str | None
+) -> capacity.CapacityPlan | None:
+    """Fleet and cost of every measured layout, the chosen one against what is live (spec `capacity:`)."""
+    if loaded.spec.capacity is None:
+        return None
+    rates = {r.layout: r.per_server for r in layouts if r.status == "ok" and r.per_server}
+    live = registry().live(loaded.spec.name, loaded.spec.promotion.target)
+    live_rate = capacity.recorded_rate(live.data) if live else None
+    versus = None
+    if live is not None and live_rate is not None:
+        price = capacity.recorded_price(live.data, loaded.hardware)
+        versus = (f"live release {live.id}", live.data.get("layout"), live_rate, price)
+    return capacity.plan(loaded, rates, best, versus)
 
 
 def chosen_figures(best) -> dict[str, Any]:
@@ -252,20 +283,27 @@ def chosen_figures(best) -> dict[str, Any]:
 
 
 def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[str, Any]:
+    fleet = capacity.CapacityPlan.model_validate(selection["capacity"]) if selection.get("capacity") else None
     if release_id is not None:
         chosen = selection.get("chosen") or {}
+        sizing: dict[str, Any] = {}
+        if fleet and fleet.candidate:
+            sizing = {"servers": fleet.candidate.servers, "usd_per_hour": fleet.candidate.usd_per_hour}
+            if fleet.change:
+                sizing["vs_live"] = fleet.change.summary()
         registry().record(
             release_id,
             "slo_gate",
             "gate",
-            {"passed": selection["passed"], "reason": selection["reason"], **chosen},
+            {"passed": selection["passed"], "reason": selection["reason"], **chosen, **sizing},
             status="candidate" if selection["passed"] else "gate_failed",
             only_from=("candidate", "gate_failed"),
-            data={**chosen, "benchmark_files": selection.get("files", {})},
+            data={**chosen, "benchmark_files": selection.get("files", {}), "capacity": selection.get("capacity")},
         )
     if not selection["passed"]:
         layouts = [benchmark.LayoutResult(**r) for r in selection["layouts"]]
-        raise GateFailed(f"SLO gate failed: {selection['reason']}\n{benchmark.table(layouts)}")
+        fleet_table = f"\n{capacity.table(fleet)}" if fleet else ""
+        raise GateFailed(f"SLO gate failed: {selection['reason']}\n{benchmark.table(layouts)}{fleet_table}")
     return selection
 
 

@@ -146,7 +146,7 @@ def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
                     "rebenchmark",
                     release=rel.id,
                     layout=data["layout"],
-                    artifact_uri=data.get("artifact_uri"),
+                    s3_uri=data.get("s3_uri"),
                     nfs_path=data.get("nfs_path"),
                     manifest_hash=data["manifest_hash"],
                     promoted_rate=data["max_slo_rate"],

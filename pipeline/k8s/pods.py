@@ -140,7 +140,7 @@ def cli_args(
     model: str | None = None,
     run_id: str = RUN_ID,
     release: int | None = None,
-    artifact_uri: str | None = None,
+    s3_uri: str | None = None,
     nfs_path: str | None = None,
     manifest_hash: str | None = None,
     promoted_rate: float | None = None,
@@ -176,11 +176,9 @@ def cli_args(
             base_uri(loaded),
         ]
     if step == "rebenchmark":  # a live release: its figures come from the registry (pod_steps.remeasure_arguments)
-        if release is None or not manifest_hash or promoted_rate is None or not (artifact_uri or nfs_path):
-            raise ValueError(
-                "rebenchmark: release, manifest_hash, promoted_rate and artifact_uri or nfs_path are required"
-            )
-        staged = ["--artifact-uri", artifact_uri] if artifact_uri else ["--nfs-path", nfs_path]
+        if release is None or not manifest_hash or promoted_rate is None or not (s3_uri or nfs_path):
+            raise ValueError("rebenchmark: release, manifest_hash, promoted_rate and s3_uri or nfs_path are required")
+        staged = ["--s3-uri", s3_uri] if s3_uri else ["--nfs-path", nfs_path]
         return [
             "remeasure",
             spec,

@@ -86,7 +86,7 @@ def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
     else:
         try:
             storage.verify_staged(
-                data["manifest_hash"], data.get("artifact_uri"), data.get("nfs_path"), loaded.spec.staging.s3
+                data["manifest_hash"], data.get("s3_uri"), data.get("nfs_path"), loaded.spec.staging.s3
             )
         except ReleaseError as exc:
             problems.append(f"artifact: {exc}")
@@ -131,7 +131,7 @@ def promote(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
 def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
     """What the local engines load: the staged artifact, fetched and verified (BF16 copy on CPU)."""
     staged = {
-        "s3_uri": data.get("artifact_uri"),
+        "s3_uri": data.get("s3_uri"),
         "nfs_path": data.get("nfs_path"),
         "manifest_hash": data["manifest_hash"],
     }
@@ -176,7 +176,7 @@ def _deploy_kubernetes(
     reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str, client: Any
 ) -> None:
     artifact = manifests.Artifact(
-        s3_uri=rel.data.get("artifact_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
+        s3_uri=rel.data.get("s3_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
     )
     objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact)
     problems = manifests.validate(objs)

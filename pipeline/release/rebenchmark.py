@@ -91,9 +91,7 @@ def measure(
     search plus a probe at the promoted rate. Raises ReleaseError when it cannot measure. This is
     what runs beside Airflow (local) or in a pod on the GPU node (`model-release remeasure`)."""
     layout = loaded.layout(layout_name)
-    storage.verify_staged(
-        staged["manifest_hash"], staged.get("artifact_uri"), staged.get("nfs_path"), loaded.spec.staging.s3
-    )
+    storage.verify_staged(staged["manifest_hash"], staged.get("s3_uri"), staged.get("nfs_path"), loaded.spec.staging.s3)
     model = promote.serving_dir(loaded, staged)
     # the search starts at the promoted rate (its first probe is the check) and steps by 1.25x, so a
     # short search still ends bisected rather than as a bound

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -25,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
+from pipeline.stages import capacity
 
 CONN_ID = "model_release_registry"
 Status = Literal[
@@ -76,6 +77,54 @@ class EventRow(Base):
     detail: Mapped[dict] = mapped_column(JSON, default=dict)
 
 
+class ReleaseData(BaseModel):
+    """What the registry keeps about a release (its `data`): one name per fact, each written by one step.
+
+    `Registry.record` checks every write against this (an unknown or misspelt key, or a wrong type,
+    is refused naming it); `Release.facts` reads it typed.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # stage: where the weights are, by manifest hash (what promotion re-verifies and deploys)
+    s3_uri: str | None = Field(None, description="the staged FP8 artifact on S3 / Spaces")
+    nfs_path: str | None = Field(None, description="the staged FP8 artifact on the NFS share")
+    manifest_hash: str | None = None
+    quantized_path: str | None = Field(None, description="the local FP8 output that was staged")
+    # accuracy gate
+    accuracy: dict[str, Any] | None = Field(None, description="the GateDecision (tasks, recovery, failures)")
+    source_hash: str | None = None
+    source_path: str | None = None
+    # SLO gate: the chosen layout's figures (flow.ChosenFigures) and the fleet
+    layout: str | None = None
+    rate_per_server: float | None = None
+    per_device: float | None = None
+    max_slo_rate: float | None = None
+    p90_ttft_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    load_seconds: list[float] | None = None
+    benchmark_files: dict[str, str] | None = None
+    capacity: dict[str, Any] | None = Field(None, description="the CapacityPlan (stages/capacity.py)")
+    # report and promotion
+    report: str | None = None
+    endpoint: str | None = None
+    deployment: dict[str, Any] | None = Field(None, description="local target: the running instance")
+    manifests: list[dict[str, Any]] | None = Field(None, description="kubernetes target: the applied objects")
+    manifests_file: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def legacy_names(cls, data: Any) -> Any:
+        return _one_name(data) if isinstance(data, dict) else data
+
+
+def _one_name(data: dict[str, Any]) -> dict[str, Any]:
+    """Registries written before the one-name rule called the staged S3 URI `artifact_uri`."""
+    if "artifact_uri" not in data:
+        return data
+    return {k: v for k, v in data.items() if k != "artifact_uri"} | {"s3_uri": data["artifact_uri"]}
+
+
 class Release(BaseModel):
     id: int
     run_key: str
@@ -87,6 +136,16 @@ class Release(BaseModel):
     data: dict[str, Any]
     created_at: datetime
     updated_at: datetime
+
+    @field_validator("data")
+    @classmethod
+    def legacy_names(cls, data: dict[str, Any]) -> dict[str, Any]:
+        return _one_name(data)
+
+    @property
+    def facts(self) -> ReleaseData:
+        """The data, typed (keys this version does not know are left out)."""
+        return ReleaseData.model_validate({k: v for k, v in self.data.items() if k in ReleaseData.model_fields})
 
 
 class Event(BaseModel):
@@ -159,7 +218,7 @@ class Registry:
                     spec_yaml=spec_yaml,
                     target=target,
                     status="candidate",
-                    data=data or {},
+                    data=_json_safe(checked_data(f"of run {run_key}", data or {})),
                     created_at=now,
                     updated_at=now,
                 )
@@ -205,7 +264,7 @@ class Registry:
             if status is not None:
                 row.status = status
             if data:
-                row.data = {**row.data, **_json_safe(data)}
+                row.data = {**row.data, **_json_safe(checked_data(release_id, data))}
             row.updated_at = now
             ev = EventRow(
                 release_id=release_id,
@@ -300,8 +359,7 @@ def audit_trail(reg: Registry, release_id: int) -> str:
         f"  created:   {rel.created_at:%Y-%m-%d %H:%M:%S}  updated: {rel.updated_at:%Y-%m-%d %H:%M:%S}",
     ]
     for key in (
-        "model_uri",
-        "artifact_uri",
+        "s3_uri",
         "nfs_path",
         "manifest_hash",
         "layout",
@@ -311,6 +369,10 @@ def audit_trail(reg: Registry, release_id: int) -> str:
     ):
         if d.get(key) not in (None, ""):
             lines.append(f"  {key + ':':<16}{d[key]}")
+    if d.get("capacity"):
+        lines.append("fleet and cost:")
+        table = capacity.table(capacity.CapacityPlan.model_validate(d["capacity"]))
+        lines += [f"  {line}" for line in table.splitlines()]
     lines.append("events:")
     for ev in reg.events(release_id):
         status = f" -> {ev.status_after}" if ev.status_after else ""
@@ -319,6 +381,16 @@ def audit_trail(reg: Registry, release_id: int) -> str:
             f"  {ev.at:%Y-%m-%d %H:%M:%S}  {ev.kind:<18} by {ev.actor}{status}" + (f"  ({detail})" if detail else "")
         )
     return "\n".join(lines)
+
+
+def checked_data(release: int | str, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` if every key is a ReleaseData field of the right type; else a ReleaseError naming them."""
+    try:
+        ReleaseData.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"data.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ReleaseError(f"release {release}: {problems}") from None
+    return data
 
 
 def _json_safe(value: Any) -> Any:

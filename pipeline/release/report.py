@@ -20,6 +20,7 @@ from typing import Any
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import LoadedSpec
 from pipeline.release.registry import Registry, Release
+from pipeline.stages import capacity
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#1d2330}
@@ -227,6 +228,66 @@ def _section_measurement(bench: dict[str, Any] | None) -> str:
     )
 
 
+def _section_capacity(data: dict[str, Any]) -> str:
+    """Fleet at the spec's peak and token cost, live vs candidate (spec `capacity:`)."""
+    import tempfile
+
+    if not data.get("capacity"):
+        return ""
+    plan = capacity.CapacityPlan.model_validate(data["capacity"])
+    price = f"${plan.price_per_server_hour:g} per server-hour" if plan.price_per_server_hour else "no price"
+    out = [
+        "<h2>Fleet and cost</h2>",
+        f"<p>Peak {plan.peak_rps:g} req/s + {plan.headroom:.0%} headroom, mean {plan.mean_rps:g} req/s, "
+        f"{plan.input_len} input / {plan.output_len} output tokens per request; {_e(plan.hardware)} at {_e(price)}"
+        + (f" <span class='muted'>({_e(plan.price_note)})</span>" if plan.price_note else "")
+        + (f"; at most {plan.max_servers} servers" if plan.max_servers else "")
+        + ".</p>",
+    ]
+    if plan.change:
+        c = plan.change
+        out.append(
+            f"<div class='verdict'>vs live: <b>{_e(c.summary())}</b>; $/hour {_pct(c.usd_per_hour_pct)}, "
+            f"$/M input tokens {_pct(c.usd_per_m_input_pct)}</div>"
+        )
+    refusal = plan.refusal()
+    if refusal:
+        out.append(f"<div class='verdict fail'>{_e(refusal)}</div>")
+    rows = [
+        "<tr><th>release / layout</th><th>req/s per server</th><th>servers</th><th>$/hour</th>"
+        "<th>$/M input @SLO</th><th>$/M output @SLO</th><th>$/M input @mean</th><th>$/M output @mean</th></tr>"
+    ]
+    for r in capacity.rows(plan):
+        name = r.label if r.label == r.layout else f"{r.label} ({r.layout})" if r.layout else r.label
+        servers = f"{r.servers}" + ("" if r.within_max else " <span class='fail'>&gt; max</span>")
+        rows.append(
+            f"<tr><td>{_e(name)}</td><td>{_num(r.rate_per_server)}</td><td>{servers}</td>"
+            f"<td>{capacity.money(r.usd_per_hour)}</td><td>{capacity.money(r.usd_per_m_input_at_slo)}</td>"
+            f"<td>{capacity.money(r.usd_per_m_output_at_slo)}</td><td>{capacity.money(r.usd_per_m_input_at_mean)}</td>"
+            f"<td>{capacity.money(r.usd_per_m_output_at_mean)}</td></tr>"
+        )
+    out.append("<table>" + "".join(rows) + "</table>")
+    with tempfile.TemporaryDirectory() as tmp:
+        png = capacity.chart(plan, Path(tmp) / "capacity.png")
+        if png:
+            encoded = base64.b64encode(png.read_bytes()).decode()
+            out.append(
+                f"<p><img alt='servers, $/hour and $/M output tokens: live vs candidate' "
+                f"src='data:image/png;base64,{encoded}'></p>"
+            )
+    out.append(
+        "<p class='muted'>servers = max(min, ceil(peak x (1 + headroom) / req/s per server)); "
+        "$/hour = servers x price; "
+        "$/M tokens of a kind charges the whole server-hour to that kind (input and output do not add up): "
+        "@SLO one server at its max SLO rate, @mean the peak-sized fleet over the mean traffic.</p>"
+    )
+    return "".join(out)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.1f}%"
+
+
 def _section_trend(reg: Registry, release_id: int) -> str:
     """Re-benchmarks since promotion (issue: drift after an engine or image upgrade)."""
     import tempfile
@@ -260,7 +321,7 @@ def _section_artifacts(data: dict[str, Any]) -> str:
             "source_hash",
             "quantized_path",
             "manifest_hash",
-            "artifact_uri",
+            "s3_uri",
             "nfs_path",
             "endpoint",
         )
@@ -300,6 +361,7 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
         + _section_spec(loaded)
         + _section_accuracy(data.get("accuracy"))
         + _section_performance(bench, data, live, loaded, png)
+        + _section_capacity(data)
         + _section_measurement(bench)
         + _section_trend(reg, rel.id)
         + _section_artifacts(data)

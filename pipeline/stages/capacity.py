@@ -1,0 +1,283 @@
+"""Fleet size and token cost from a measured max SLO rate per server, next to what is live.
+
+Reviewers decide on a fleet, not on one server: how many servers the peak needs and what a million
+tokens cost is what "2x requests/s per server" means in money. The arithmetic, stated once here and
+in the report's footnote:
+
+- servers = max(min_servers, ceil(peak_rps x (1 + headroom) / rate_per_server))
+- $/hour = servers x price_per_server_hour (the operator's price; none is invented or fetched)
+- $/M tokens of a kind charges the whole server-hour to that kind:
+  price / (rate x tokens per request x 3600) x 1e6. Input and output figures are each the full
+  cost per token of that kind, so they are not additive.
+  At the SLO rate: one server busy at its max SLO rate (the best a server can do within the SLO).
+  At the mean rate: the peak-sized fleet's $/hour over the mean traffic (what a day really costs).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pipeline.core.spec import CapacitySpec, HardwareProfile, LoadedSpec, WorkloadSpec
+
+Source = Literal["measured", "given", "recorded"]
+
+
+class FleetCost(BaseModel):
+    """One release's (or layout's) fleet at the spec's peak and what its tokens cost."""
+
+    label: str = Field(description="candidate, live release N, or a layout's name")
+    layout: str | None = None
+    rate_per_server: float = Field(description="max SLO req/s per server it is sized from")
+    rate_source: Source = "measured"
+    servers_exact: float = Field(description="peak x (1 + headroom) / rate, before rounding up")
+    servers: int
+    fleet_rps: float = Field(description="what the fleet holds within the SLO: servers x rate")
+    within_max: bool = Field(True, description="needs no more than capacity.max_servers")
+    usd_per_hour: float | None = None
+    usd_per_m_input_at_slo: float | None = None
+    usd_per_m_output_at_slo: float | None = None
+    usd_per_m_input_at_mean: float | None = None
+    usd_per_m_output_at_mean: float | None = None
+
+
+class CostChange(BaseModel):
+    """Candidate vs live: what the reviewer is asked to buy."""
+
+    servers_from: int
+    servers_to: int
+    usd_per_hour_pct: float | None
+    usd_per_m_input_pct: float | None = Field(description="change of $/M input tokens at the SLO rate, %")
+    usd_per_m_output_pct: float | None = Field(description="change of $/M output tokens at the SLO rate, %")
+
+    def summary(self) -> str:
+        """The approval subject's phrase, e.g. '3 -> 2 servers, -33% $/M output tokens'."""
+        out = f"{self.servers_from} -> {self.servers_to} servers"
+        if self.usd_per_m_output_pct is not None:
+            out += f", {self.usd_per_m_output_pct:+.0f}% $/M output tokens"
+        return out
+
+
+class CapacityPlan(BaseModel):
+    """Everything the report, the approval, the registry and the CLI show about fleet and cost."""
+
+    peak_rps: float
+    mean_rps: float
+    headroom: float
+    min_servers: int
+    max_servers: int | None
+    input_len: int
+    output_len: int
+    hardware: str
+    price_per_server_hour: float | None
+    price_note: str = ""
+    candidate: FleetCost | None = None
+    layouts: list[FleetCost] = Field(default_factory=list, description="every layout that has a rate")
+    live: FleetCost | None = None
+    change: CostChange | None = None
+
+    def refusal(self) -> str | None:
+        """Why the SLO gate must refuse the candidate on fleet size, or None."""
+        c = self.candidate
+        if c is None or c.within_max:
+            return None
+        return (
+            f"layout {c.layout} needs {c.servers} servers for the peak ({self.peak_rps:g} req/s + "
+            f"{self.headroom:.0%} headroom at {c.rate_per_server:.3g} req/s per server); "
+            f"capacity.max_servers is {self.max_servers}"
+        )
+
+
+def _usd_per_m(usd_per_hour: float | None, rps: float, tokens_per_request: int) -> float | None:
+    if usd_per_hour is None or rps <= 0:
+        return None
+    return usd_per_hour / (rps * tokens_per_request * 3600) * 1e6
+
+
+def fleet(
+    label: str,
+    rate_per_server: float,
+    capacity: CapacitySpec,
+    workload: WorkloadSpec,
+    price: float | None,
+    *,
+    layout: str | None = None,
+    source: Source = "measured",
+) -> FleetCost:
+    """Size and price the fleet for one rate per server (the arithmetic in the module docstring)."""
+    if rate_per_server <= 0:
+        raise ValueError(f"{label}: rate per server must be positive, got {rate_per_server:g}")
+    exact = capacity.peak_rps * (1 + capacity.headroom) / rate_per_server
+    # 1e-9: a rate that divides the peak exactly must not round up to one more server
+    servers = max(capacity.min_servers, math.ceil(exact - 1e-9))
+    per_hour = servers * price if price is not None else None
+    return FleetCost(
+        label=label,
+        layout=layout,
+        rate_per_server=rate_per_server,
+        rate_source=source,
+        servers_exact=round(exact, 4),
+        servers=servers,
+        fleet_rps=round(servers * rate_per_server, 4),
+        within_max=capacity.max_servers is None or servers <= capacity.max_servers,
+        usd_per_hour=per_hour,
+        usd_per_m_input_at_slo=_usd_per_m(price, rate_per_server, workload.input_len),
+        usd_per_m_output_at_slo=_usd_per_m(price, rate_per_server, workload.output_len),
+        usd_per_m_input_at_mean=_usd_per_m(per_hour, capacity.mean_rps, workload.input_len),
+        usd_per_m_output_at_mean=_usd_per_m(per_hour, capacity.mean_rps, workload.output_len),
+    )
+
+
+def _pct(new: float | None, old: float | None) -> float | None:
+    if new is None or old is None or old == 0:
+        return None
+    return round((new / old - 1) * 100, 2)
+
+
+def change(candidate: FleetCost, live: FleetCost) -> CostChange:
+    return CostChange(
+        servers_from=live.servers,
+        servers_to=candidate.servers,
+        usd_per_hour_pct=_pct(candidate.usd_per_hour, live.usd_per_hour),
+        usd_per_m_input_pct=_pct(candidate.usd_per_m_input_at_slo, live.usd_per_m_input_at_slo),
+        usd_per_m_output_pct=_pct(candidate.usd_per_m_output_at_slo, live.usd_per_m_output_at_slo),
+    )
+
+
+def plan(
+    loaded: LoadedSpec,
+    layouts: dict[str, float],
+    chosen: str | None,
+    live: tuple[str, str | None, float, float | None] | None = None,
+    *,
+    source: Source = "measured",
+) -> CapacityPlan | None:
+    """The plan for a spec with `capacity:`; None without it.
+
+    `layouts`: max SLO req/s per server by layout name (those with a rate); `chosen`: the candidate
+    among them; `live`: (label, layout, rate per server, its recorded price or None for today's).
+    """
+    spec, hw = loaded.spec, loaded.hardware
+    if spec.capacity is None:
+        return None
+    cap, work, price = spec.capacity, spec.workload, hw.price_per_server_hour
+    rows = [fleet(name, rate, cap, work, price, layout=name, source=source) for name, rate in layouts.items()]
+    candidate = next((r.model_copy(update={"label": "candidate"}) for r in rows if r.layout == chosen), None)
+    live_cost = None
+    if live is not None:
+        label, live_layout, rate, live_price = live
+        live_cost = fleet(label, rate, cap, work, live_price or price, layout=live_layout, source="recorded")
+    return CapacityPlan(
+        peak_rps=cap.peak_rps,
+        mean_rps=cap.mean_rps,
+        headroom=cap.headroom,
+        min_servers=cap.min_servers,
+        max_servers=cap.max_servers,
+        input_len=work.input_len,
+        output_len=work.output_len,
+        hardware=hw.name,
+        price_per_server_hour=price,
+        price_note=hw.price_note,
+        candidate=candidate,
+        layouts=rows,
+        live=live_cost,
+        change=change(candidate, live_cost) if candidate and live_cost else None,
+    )
+
+
+def money(value: float | None) -> str:
+    """Dollars as every view prints them: cents above a dollar, three significant digits below."""
+    if value is None:
+        return "-"
+    return f"${value:,.2f}" if value >= 0.995 else f"${value:#.3g}"
+
+
+def rows(p: CapacityPlan) -> list[FleetCost]:
+    """Live first, then the candidate, then the other layouts: the order every view uses."""
+    out = [r for r in (p.live, p.candidate) if r is not None]
+    return out + [r for r in p.layouts if p.candidate is None or r.layout != p.candidate.layout]
+
+
+def table(p: CapacityPlan) -> str:
+    """Plain-text table: what `model-release capacity` and the task log print."""
+    price = f"${p.price_per_server_hour:g}/server-hour" if p.price_per_server_hour else "no price"
+    head = (
+        f"peak {p.peak_rps:g} req/s + {p.headroom:.0%} headroom, mean {p.mean_rps:g} req/s, "
+        f"{p.input_len} in / {p.output_len} out tokens, {p.hardware} at {price}"
+        + (f" ({p.price_note})" if p.price_note else "")
+        + (f"; max {p.max_servers} servers" if p.max_servers else "")
+    )
+    lines = [
+        head,
+        f"{'':28} {'req/s/server':>12} {'servers':>8} {'$/hour':>10} {'$/M in @SLO':>12} {'$/M out @SLO':>13} "
+        f"{'$/M in @mean':>13} {'$/M out @mean':>14}",
+    ]
+    for r in rows(p):
+        name = r.label if r.label == r.layout else f"{r.label} ({r.layout})" if r.layout else r.label
+        flag = "" if r.within_max else "  > max servers"
+        lines.append(
+            f"{name[:28]:28} {r.rate_per_server:>12.4g} {r.servers:>8d} {money(r.usd_per_hour):>10} "
+            f"{money(r.usd_per_m_input_at_slo):>12} {money(r.usd_per_m_output_at_slo):>13} "
+            f"{money(r.usd_per_m_input_at_mean):>13} {money(r.usd_per_m_output_at_mean):>14}{flag}"
+        )
+    if p.change:
+        c = p.change
+        lines.append(
+            f"vs live: {c.summary()}; $/hour {_signed(c.usd_per_hour_pct)}, $/M input tokens "
+            f"{_signed(c.usd_per_m_input_pct)}"
+        )
+    lines.append("$/M tokens of a kind charges the whole server-hour to that kind (input and output do not add up).")
+    return "\n".join(lines)
+
+
+def _signed(pct: float | None) -> str:
+    return "-" if pct is None else f"{pct:+.1f}%"
+
+
+def chart(p: CapacityPlan, path: Path) -> Path | None:
+    """Bars live vs candidate: servers at peak, $/hour, $/M output tokens at the mean rate."""
+    bars = [r for r in (p.live, p.candidate) if r is not None]
+    if not bars:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    candidates: list[tuple[str, list[float | None]]] = [
+        ("servers at peak", [float(r.servers) for r in bars]),
+        ("$ per hour", [r.usd_per_hour for r in bars]),
+        ("$ per M output tokens (mean rate)", [r.usd_per_m_output_at_mean for r in bars]),
+    ]
+    panels = [(title, [v for v in values if v is not None]) for title, values in candidates if None not in values]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.6))
+    axes = [axes] if len(panels) == 1 else list(axes)
+    names = [r.label.replace("live release", "live") for r in bars]
+    colors = ["#9e9e9e", "#1f77b4"][-len(bars) :] if p.live else ["#1f77b4"]
+    for ax, (title, values) in zip(axes, panels, strict=True):
+        ax.bar(names, values, color=colors)
+        ax.set_title(title, fontsize=9)
+        for i, value in enumerate(values):
+            ax.annotate(f"{value:.3g}", (i, value), ha="center", va="bottom", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.margins(y=0.2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def recorded_rate(data: dict) -> float | None:
+    """A release's measured max SLO rate per server from its registry data, if it has one."""
+    rate = data.get("rate_per_server")
+    return float(rate) if isinstance(rate, int | float) and rate > 0 else None
+
+
+def recorded_price(data: dict, hw: HardwareProfile) -> float | None:
+    """The price a release was sized with (its recorded plan), else the profile's today."""
+    cap = data.get("capacity") or {}
+    return cap.get("price_per_server_hour") or hw.price_per_server_hour

@@ -1,0 +1,172 @@
+"""Fleet size and token cost: the arithmetic against literal numbers, and where decisions are made."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.core.errors import SpecError
+from pipeline.core.paths import PROJECT_ROOT
+from pipeline.core.spec import CapacitySpec, WorkloadSpec, load_spec
+from pipeline.entry import flow
+from pipeline.release.registry import Registry
+from pipeline.stages import benchmark, capacity
+from tests.conftest import PROD_SPEC, TINY_SPEC
+
+WORK = WorkloadSpec(input_len=5600, output_len=140)
+
+
+def test_fleet_arithmetic_against_literal_numbers():
+    # 120 req/s peak + 20% = 144 req/s; at 12.5 req/s per server that is 11.52 -> 12 servers at $16 each
+    cap = CapacitySpec(peak_rps=120, mean_rps=70, headroom=0.2, min_servers=2, max_servers=16)
+    f = capacity.fleet("tp8", 12.5, cap, WORK, 16.0)
+    assert (f.servers_exact, f.servers, f.fleet_rps, f.within_max) == (11.52, 12, 150.0, True)
+    assert f.usd_per_hour == 192.0
+    # one server at its SLO rate: 12.5 x 5600 = 70,000 input tokens/s = 252 M/hour for $16
+    assert f.usd_per_m_input_at_slo == pytest.approx(16 / 252)  # $0.0635
+    assert f.usd_per_m_output_at_slo == pytest.approx(16 / 6.3)  # 12.5 x 140 x 3600 = 6.3 M/hour: $2.54
+    # the 12-server fleet ($192/h) over the mean: 70 x 5600 x 3600 = 1411.2 M input tokens/hour
+    assert f.usd_per_m_input_at_mean == pytest.approx(192 / 1411.2)  # $0.136
+    assert f.usd_per_m_output_at_mean == pytest.approx(192 / 35.28)  # $5.44
+
+
+def test_an_exact_fit_does_not_round_up_and_min_servers_holds():
+    cap = CapacitySpec(peak_rps=100, mean_rps=50, headroom=0.2)
+    assert capacity.fleet("x", 12.0, cap, WORK, 1.0).servers == 10  # 100 x 1.2 / 12 is 10, not 10.000000000000002
+    small = CapacitySpec(peak_rps=1, mean_rps=1, headroom=0, min_servers=3)
+    assert capacity.fleet("x", 50.0, small, WORK, None).servers == 3
+    assert capacity.fleet("x", 50.0, small, WORK, None).usd_per_hour is None  # no price: servers only
+    assert not capacity.fleet("x", 1.0, CapacitySpec(peak_rps=9, mean_rps=1, max_servers=8), WORK, 1.0).within_max
+
+
+def test_candidate_vs_live_change_and_the_approval_phrase(spec_file):
+    path = spec_file(TINY_SPEC, lambda d: d["capacity"].update(peak_rps=20, mean_rps=10, headroom=0.25))
+    loaded = load_spec(path)
+    plan = capacity.plan(loaded, {"single": 15.0, "two-replicas": 9.0}, "single", ("live release 7", "old", 10.0, None))
+    assert plan is not None and plan.candidate and plan.live and plan.change
+    # 25 req/s with headroom: live 2.5 -> 3 servers, candidate 1.67 -> 2; $/M output scales with 1/rate
+    assert (plan.live.servers, plan.candidate.servers) == (3, 2)
+    assert plan.change.usd_per_hour_pct == pytest.approx(-33.33)
+    assert plan.change.usd_per_m_output_pct == pytest.approx(-33.33)
+    assert plan.change.summary() == "3 -> 2 servers, -33% $/M output tokens"
+    assert [r.label for r in capacity.rows(plan)] == ["live release 7", "candidate", "two-replicas"]
+    text = capacity.table(plan)
+    assert "vs live: 3 -> 2 servers" in text and "$0.05/server-hour" in text
+
+
+def test_a_cost_without_a_price_names_the_hardware_field(tmp_path):
+    (tmp_path / "configs" / "releases").mkdir(parents=True)
+    (tmp_path / "configs" / "hardware").mkdir()
+    hw = (PROJECT_ROOT / "configs" / "hardware" / "cpu-local.yaml").read_text()
+    priceless = "\n".join(line for line in hw.splitlines() if not line.startswith("price"))
+    (tmp_path / "configs" / "hardware" / "cpu-local.yaml").write_text(priceless)
+    spec = tmp_path / "configs" / "releases" / "tiny.yaml"
+    spec.write_text(TINY_SPEC.read_text())
+    with pytest.raises(SpecError) as exc:
+        load_spec(spec)
+    assert f"{tmp_path / 'configs' / 'hardware' / 'cpu-local.yaml'}: price_per_server_hour: missing" in str(exc.value)
+    no_capacity = (
+        TINY_SPEC.read_text().split("capacity:")[0]
+        + "hardware: cpu-local\n"
+        + "".join(TINY_SPEC.read_text().split("hardware: cpu-local\n")[1:])
+    )
+    spec.write_text(no_capacity)
+    assert load_spec(spec).spec.capacity is None  # no cost asked for: no price needed
+
+
+def test_capacity_fields_are_checked(spec_file):
+    with pytest.raises(SpecError, match=r"capacity: .*mean_rps 500 is above peak_rps 400"):
+        load_spec(spec_file(TINY_SPEC, lambda d: d["capacity"].update(mean_rps=500)))
+    with pytest.raises(SpecError, match=r"capacity: .*max_servers 1 is below min_servers 2"):
+        load_spec(spec_file(TINY_SPEC, lambda d: d["capacity"].update(min_servers=2, max_servers=1)))
+
+
+def _result(name: str, per_server: float) -> dict:
+    r = benchmark.LayoutResult(
+        layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=per_server
+    )
+    r.per_server, r.per_device, r.capacity_rps = per_server, per_server / 2, per_server * 1.1
+    return r.model_dump(mode="json")
+
+
+def test_a_candidate_needing_more_than_max_servers_is_refused_at_the_slo_gate(
+    spec_file, release_env, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
+    path = spec_file(TINY_SPEC, lambda d: d["capacity"].update(max_servers=3))
+    loaded = load_spec(path)
+    reg = Registry()
+    live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
+    reg.record(live.id, "promoted", "pipeline", status="live", data={"layout": "single", "rate_per_server": 200.0})
+    rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
+    selection = flow.select_layout(str(path), [_result("single", 150.0), _result("two-replicas", 90.0)], "run-1")
+    # 400 req/s + 25% = 500 req/s: 500 / 150 = 3.33 -> 4 servers > 3
+    assert not selection["passed"]
+    assert selection["reason"] == (
+        "layout single needs 4 servers for the peak (400 req/s + 25% headroom at 150 req/s per server); "
+        "capacity.max_servers is 3"
+    )
+    with pytest.raises(flow.GateFailed, match="capacity.max_servers is 3") as exc:
+        flow.slo_gate(selection, rel.id)
+    assert "> max servers" in str(exc.value)  # the fleet table comes with the refusal
+    after = reg.get(rel.id)
+    assert after.status == "gate_failed"
+    plan = capacity.CapacityPlan.model_validate(after.data["capacity"])
+    assert plan.live and plan.live.servers == 3 and plan.candidate and plan.candidate.servers == 4
+    gate = [e for e in reg.events(rel.id) if e.kind == "slo_gate"][-1]
+    assert gate.detail["servers"] == 4 and gate.detail["vs_live"] == "3 -> 4 servers, +33% $/M output tokens"
+
+
+def test_the_fleet_reaches_the_report_the_approval_and_releases_show(spec_file, release_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
+    from pipeline.airflow import approval
+    from pipeline.release import registry, report
+
+    path = spec_file(TINY_SPEC)
+    loaded = load_spec(path)
+    reg = Registry()
+    live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
+    reg.record(live.id, "promoted", "pipeline", status="live", data={"layout": "single", "rate_per_server": 100.0})
+    rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
+    selection = flow.select_layout(str(path), [_result("single", 150.0), _result("two-replicas", 90.0)], "run-1")
+    assert selection["passed"]
+    flow.slo_gate(selection, rel.id)
+    data = reg.get(rel.id).data
+    # 500 req/s with headroom: live 5 servers at 100, candidate 3.33 -> 4 at 150; $/M output -33%
+    assert approval.fleet_phrase(data) == "; 5 -> 4 servers, -33% $/M output tokens"
+    assert "| candidate (single) | 150 | 4 | $0.200 | $0.00145 | $0.00579 |" in approval.fleet_lines(data)
+    page = report.render(reg, reg.get(rel.id), loaded, None, None)
+    assert "<h2>Fleet and cost</h2>" in page and "5 -&gt; 4 servers, -33% $/M output tokens" in page
+    assert "alt='servers, $/hour and $/M output tokens: live vs candidate'" in page
+    shown = registry.audit_trail(reg, rel.id)
+    assert "fleet and cost:" in shown and "candidate (single)" in shown and "live release 1 (single)" in shown
+
+
+def test_capacity_command_from_a_given_and_a_recorded_rate(spec_file, release_env, tmp_path):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "capacity", *args], capture_output=True, text=True, timeout=120
+        )
+
+    given = cli(str(PROD_SPEC), "--rate-per-server", "tp8-ep8=12.5", "--rate-per-server", "tp4-ep4-x2=18.1")
+    assert given.returncode == 0, given.stderr
+    assert "candidate: tp4-ep4-x2" in given.stdout
+    rows = {line.split()[0]: line.split()[-7:] for line in given.stdout.splitlines()[3:5]}
+    # rate, servers, $/hour, $/M in and out at the SLO rate, at the mean rate (literal: see the arithmetic test)
+    assert rows["candidate"] == ["18.1", "8", "$128.00", "$0.0438", "$1.75", "$0.0907", "$3.63"]
+    assert rows["tp8-ep8"] == ["12.5", "12", "$192.00", "$0.0635", "$2.54", "$0.136", "$5.44"]
+
+    path = spec_file(TINY_SPEC)
+    none = cli(str(path))
+    assert none.returncode != 0 and "give --rate-per-server R" in none.stderr
+    loaded = load_spec(path)
+    reg = Registry()
+    rel = reg.open_release("run-9", loaded.spec.name, str(path), path.read_text(), "local")
+    reg.record(rel.id, "slo_gate", "gate", data={"layout": "two-replicas", "rate_per_server": 120.0})
+    recorded = cli(str(path))
+    assert recorded.returncode == 0, recorded.stderr
+    assert f"measured by release {rel.id}" in recorded.stdout and "candidate (two-replicas)" in recorded.stdout
+    bad = cli(str(path), "--rate-per-server", "fast")
+    assert bad.returncode != 0 and "--rate-per-server fast: expected R or LAYOUT=R" in bad.stderr
