@@ -175,7 +175,9 @@ def test_plugin_page_in_a_real_browser(stack):
             page.click(f"a[href='releases/{live.id}']")
             page.wait_for_load_state()
             assert f"Release {live.id}" in page.content() and "Audit trail" in page.content()
-            assert page.locator("img[src^='data:image/png']").count() == 1
+            # latency vs rate per layout, and the fleet's bars (live vs candidate)
+            assert page.locator("img[src^='data:image/png']").count() == 2
+            assert page.locator("img[alt^='servers, $/hour']").count() == 1
             page.screenshot(path=str(ARTIFACTS / "plugin-report.png"), full_page=True)
         finally:
             browser.close()
