@@ -228,15 +228,7 @@ def _capacity(args: argparse.Namespace) -> int:
         raise ReleaseError(f"{loaded.path}: capacity: missing; give peak_rps and mean_rps (see configs/releases/)")
     reg = registry.Registry()
     live = reg.live(spec.name, spec.promotion.target)
-    live_rate = capacity.recorded_rate(live.data) if live else None
-    versus = None
-    if live is not None and live_rate is not None:
-        versus = (
-            f"live release {live.id}",
-            live.data.get("layout"),
-            live_rate,
-            capacity.recorded_price(live.data, loaded.hardware),
-        )
+    versus = capacity.versus_live(live.id, live.data, loaded.hardware) if live else None
     if args.rate_per_server:
         rates = _given_rates(args.rate_per_server, [layout.name for layout in spec.layouts], args.layout)
         best = max(rates, key=lambda name: rates[name])  # what the SLO selection would choose

@@ -91,17 +91,23 @@ def _result(name: str, per_server: float) -> dict:
     return r.model_dump(mode="json")
 
 
+def _measured_against_live(path, live_rate: float):
+    """A live release at `live_rate` req/s per server, and a run that measured single 150, two-replicas 90."""
+    loaded = load_spec(path)
+    reg = Registry()
+    live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
+    reg.record(live.id, "promoted", "pipeline", status="live", data={"layout": "single", "rate_per_server": live_rate})
+    rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
+    selection = flow.select_layout(str(path), [_result("single", 150.0), _result("two-replicas", 90.0)], "run-1")
+    return reg, rel, selection
+
+
 def test_a_candidate_needing_more_than_max_servers_is_refused_at_the_slo_gate(
     spec_file, release_env, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
     path = spec_file(TINY_SPEC, lambda d: d["capacity"].update(max_servers=3))
-    loaded = load_spec(path)
-    reg = Registry()
-    live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
-    reg.record(live.id, "promoted", "pipeline", status="live", data={"layout": "single", "rate_per_server": 200.0})
-    rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
-    selection = flow.select_layout(str(path), [_result("single", 150.0), _result("two-replicas", 90.0)], "run-1")
+    reg, rel, selection = _measured_against_live(path, live_rate=200.0)
     # 400 req/s + 25% = 500 req/s: 500 / 150 = 3.33 -> 4 servers > 3
     assert not selection["passed"]
     assert selection["reason"] == (
@@ -126,11 +132,7 @@ def test_the_fleet_reaches_the_report_the_approval_and_releases_show(spec_file, 
 
     path = spec_file(TINY_SPEC)
     loaded = load_spec(path)
-    reg = Registry()
-    live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
-    reg.record(live.id, "promoted", "pipeline", status="live", data={"layout": "single", "rate_per_server": 100.0})
-    rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
-    selection = flow.select_layout(str(path), [_result("single", 150.0), _result("two-replicas", 90.0)], "run-1")
+    reg, rel, selection = _measured_against_live(path, live_rate=100.0)
     assert selection["passed"]
     flow.slo_gate(selection, rel.id)
     data = reg.get(rel.id).data

@@ -46,7 +46,7 @@ def fleet_lines(data: dict[str, Any]) -> str:
     plan = capacity.CapacityPlan.model_validate(data["capacity"])
     money = capacity.money
     rows = "\n".join(
-        f"| {r.label} ({r.layout}) | {_fmt(r.rate_per_server)} | {r.servers} | {money(r.usd_per_hour)} | "
+        f"| {r.name} | {_fmt(r.rate_per_server)} | {r.servers} | {money(r.usd_per_hour)} | "
         f"{money(r.usd_per_m_input_at_slo)} | {money(r.usd_per_m_output_at_slo)} |"
         for r in (plan.live, plan.candidate)
         if r is not None

@@ -257,11 +257,7 @@ def capacity_plan(
         return None
     rates = {r.layout: r.per_server for r in layouts if r.status == "ok" and r.per_server}
     live = registry().live(loaded.spec.name, loaded.spec.promotion.target)
-    live_rate = capacity.recorded_rate(live.data) if live else None
-    versus = None
-    if live is not None and live_rate is not None:
-        price = capacity.recorded_price(live.data, loaded.hardware)
-        versus = (f"live release {live.id}", live.data.get("layout"), live_rate, price)
+    versus = capacity.versus_live(live.id, live.data, loaded.hardware) if live else None
     return capacity.plan(loaded, rates, best, versus)
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -112,14 +112,10 @@ class ReleaseData(BaseModel):
     manifests: list[dict[str, Any]] | None = Field(None, description="kubernetes target: the applied objects")
     manifests_file: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def legacy_names(cls, data: Any) -> Any:
-        return _one_name(data) if isinstance(data, dict) else data
-
 
 def _one_name(data: dict[str, Any]) -> dict[str, Any]:
-    """Registries written before the one-name rule called the staged S3 URI `artifact_uri`."""
+    """Registries written before the one-name rule called the staged S3 URI `artifact_uri`: read as
+    `s3_uri` (`Release.data`); writes must use the one name."""
     if "artifact_uri" not in data:
         return data
     return {k: v for k, v in data.items() if k != "artifact_uri"} | {"s3_uri": data["artifact_uri"]}

@@ -258,7 +258,7 @@ def _section_capacity(data: dict[str, Any]) -> str:
         "<th>$/M input @SLO</th><th>$/M output @SLO</th><th>$/M input @mean</th><th>$/M output @mean</th></tr>"
     ]
     for r in capacity.rows(plan):
-        name = r.label if r.label == r.layout else f"{r.label} ({r.layout})" if r.layout else r.label
+        name = r.name
         servers = f"{r.servers}" + ("" if r.within_max else " <span class='fail'>&gt; max</span>")
         rows.append(
             f"<tr><td>{_e(name)}</td><td>{_num(r.rate_per_server)}</td><td>{servers}</td>"

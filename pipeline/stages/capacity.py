@@ -43,6 +43,13 @@ class FleetCost(BaseModel):
     usd_per_m_input_at_mean: float | None = None
     usd_per_m_output_at_mean: float | None = None
 
+    @property
+    def name(self) -> str:
+        """How every view names the row: 'candidate (single)', 'live release 3 (single)', or the layout."""
+        if self.layout is None or self.label == self.layout:
+            return self.label
+        return f"{self.label} ({self.layout})"
+
 
 class CostChange(BaseModel):
     """Candidate vs live: what the reviewer is asked to buy."""
@@ -216,7 +223,7 @@ def table(p: CapacityPlan) -> str:
         f"{'$/M in @mean':>13} {'$/M out @mean':>14}",
     ]
     for r in rows(p):
-        name = r.label if r.label == r.layout else f"{r.label} ({r.layout})" if r.layout else r.label
+        name = r.name
         flag = "" if r.within_max else "  > max servers"
         lines.append(
             f"{name[:28]:28} {r.rate_per_server:>12.4g} {r.servers:>8d} {money(r.usd_per_hour):>10} "
@@ -269,6 +276,15 @@ def chart(p: CapacityPlan, path: Path) -> Path | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def versus_live(release_id: int, data: dict, hw: HardwareProfile) -> tuple[str, str | None, float, float | None] | None:
+    """What `plan` compares with: the live release's label, layout, recorded rate and price; None
+    when it has no measured rate."""
+    rate = recorded_rate(data)
+    if rate is None:
+        return None
+    return f"live release {release_id}", data.get("layout"), rate, recorded_price(data, hw)
 
 
 def recorded_rate(data: dict) -> float | None:
