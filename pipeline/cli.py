@@ -254,6 +254,24 @@ def _capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    """Predict every feasible layout's max SLO rate from datasheet figures; no engine starts."""
+    from pipeline.core.paths import home
+    from pipeline.core.spec import load_spec
+    from pipeline.planner import plan as planner
+
+    loaded = load_spec(args.spec)
+    result = planner.plan(loaded, args.input_len, args.output_len)
+    emit(planner.table(result, limit=None if args.all else 8))
+    for line in planner.comparisons(result):
+        emit(line)
+    png = Path(args.png) if args.png else home() / "plans" / f"{result.spec}-{result.input_len}-{result.output_len}.png"
+    emit(f"chart: {planner.chart(result, png)}")
+    if args.json:
+        emit(result.model_dump_json(indent=2))
+    return 0
+
+
 def _releases(args: argparse.Namespace) -> int:
     from pipeline.release import registry
 
@@ -445,6 +463,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", help="the layout a bare R is for (default: the spec's first)")
     p.add_argument("--json", action="store_true", help="also print the plan as JSON")
     p.set_defaults(func=_capacity)
+
+    p = sub.add_parser(
+        "plan", help="predict each feasible layout's max SLO rate per server (step-time model + scheduler simulation)"
+    )
+    p.add_argument("spec")
+    p.add_argument("--input-len", type=int, help="prompt tokens (default: the spec's workload)")
+    p.add_argument("--output-len", type=int, help="output tokens (default: the spec's workload)")
+    p.add_argument("--all", action="store_true", help="print every feasible layout, not the best 8")
+    p.add_argument("--png", help="where to write the chart (default: $MODEL_RELEASE_HOME/plans/SPEC-IN-OUT.png)")
+    p.add_argument("--json", action="store_true", help="also print the plan as JSON")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("releases", help="the release registry: list, show a release's audit trail, roll back")
     rs = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -55,6 +55,7 @@ class Architecture(Strict):
     num_experts: Annotated[int, Field(ge=0, description="0 for a dense model")] = 0
     num_experts_per_tok: Annotated[int, Field(ge=0)] = 0
     moe_intermediate_size: Annotated[int, Field(ge=0)] = 0
+    intermediate_size: Annotated[int, Field(ge=0, description="dense MLP width (dense models; the planner)")] = 0
     vocab_size: Annotated[int, Field(gt=0)]
     params_b: Annotated[float, Field(gt=0, description="total parameters, billions")]
     active_params_b: Annotated[float | None, Field(gt=0)] = None
@@ -308,6 +309,39 @@ class CapacitySpec(Strict):
         return self
 
 
+class Efficiency(Strict):
+    """Fractions of the datasheet peaks that real kernels reach; one set per hardware profile."""
+
+    compute: Annotated[float, Field(gt=0, le=1)] = 0.5
+    memory: Annotated[float, Field(gt=0, le=1)] = 0.75
+    link: Annotated[float, Field(gt=0, le=1)] = 0.7
+    gemm_half_rows: Annotated[
+        float, Field(ge=0, description="rows (tokens) at which a matmul reaches half its large-size efficiency")
+    ] = 32.0
+
+
+class DevicePerformance(Strict):
+    """What the planner's step-time model needs to know about one device and its links."""
+
+    peak_tflops: Annotated[dict[str, float], Field(description="dense matmul peak by weight dtype: fp8, bf16")]
+    memory_gb_s: Annotated[float, Field(gt=0, description="device memory (HBM) bandwidth")]
+    link_gb_s: Annotated[float, Field(ge=0, description="one direction of the link between two devices; 0: none")]
+    link_latency_us: Annotated[float, Field(ge=0)] = 5.0
+    step_overhead_ms: Annotated[float, Field(ge=0, description="fixed cost of one engine step (scheduling, launch)")]
+    efficiency: Efficiency = Field(default_factory=Efficiency)
+    sources: dict[str, str] = Field(default_factory=dict, description="where each figure was found")
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _dtypes(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = set(value) - {"fp8", "bf16"}
+        if unknown or "bf16" not in value or any(v <= 0 for v in value.values()):
+            raise ValueError(
+                "give positive peaks for bf16 (and fp8 where the device has it): {fp8: 2614.9, bf16: 1307.4}"
+            )
+        return value
+
+
 class HardwareProfile(Strict):
     """A node type: how many devices, how much memory each, how Kubernetes names and places them."""
 
@@ -325,6 +359,7 @@ class HardwareProfile(Strict):
         float | None, Field(gt=0, description="the operator's price of one server for an hour, in USD")
     ] = None
     price_note: str = Field("", description="where the price comes from (a contract, a list price, an example)")
+    performance: DevicePerformance | None = Field(None, description="datasheet figures for the planner")
 
 
 class ReleaseSpec(Strict):

@@ -1,0 +1,283 @@
+"""Rank every feasible layout of a spec by its predicted max SLO rate per server.
+
+The enumeration uses the same rules as `model-release validate` (heads split over tp, experts
+over ep, memory for weights + KV); each candidate's max rate comes from the scheduler simulation
+on the step-time model, with the hardware profile's one set of efficiency factors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec, feasibility_problems, hardware_path
+from pipeline.planner import simulate as sim
+from pipeline.planner import step_time
+
+log = logging.getLogger(__name__)
+
+MAX_SIMULATED_REQUESTS = 20000
+
+
+class Prediction(BaseModel):
+    """One layout's predicted max SLO rate and what holds it there."""
+
+    layout: Layout
+    in_spec: bool
+    devices: int
+    rate_per_replica: float
+    rate_per_server: float
+    rate_per_device: float
+    p90_ttft_ms: float | None
+    p90_tpot_ms: float | None
+    binding_slo: str  # which limit the rate stops at: p90 TTFT or p90 TPOT
+    bound: str  # what the replica spends its time on at that rate, or the scheduler limit it hits
+    time_shares: dict[str, float]
+    mean_step_ms: float | None
+    tokens_per_step: float | None
+    fixed_step_ms: float  # a step with no tokens: overhead, weight reads, all-reduce latency
+    engine_notes: list[str]
+    simulations: int
+
+
+class Plan(BaseModel):
+    spec: str
+    hardware: str
+    input_len: int
+    output_len: int
+    p90_ttft_ms: float
+    p90_tpot_ms: float
+    calibrated: bool
+    predictions: list[Prediction]  # best first
+
+
+def candidate_layouts(spec: ReleaseSpec, hw: HardwareProfile) -> list[Layout]:
+    """tp x ep x replicas that validate on this hardware (pp = dp = 1), the spec's own included."""
+    arch = spec.model.architecture
+    found: list[Layout] = []
+    tp = 1
+    while tp <= hw.devices:
+        for ep in sorted({1, tp} if arch.is_moe else {1}):
+            for replicas in range(1, hw.devices // tp + 1):
+                name = f"tp{tp}" + (f"-ep{ep}" if ep > 1 else "") + (f"-x{replicas}" if replicas > 1 else "")
+                found.append(Layout(name=name, tp=tp, ep=ep, replicas=replicas))
+        tp *= 2
+    feasible = []
+    for layout in found:
+        trial = spec.model_copy(update={"layouts": [layout]})
+        if not [p for p in feasibility_problems(trial, hw) if p[0].startswith("layouts")]:
+            feasible.append(layout)
+    return feasible
+
+
+def _requests(
+    rate: float, input_len: int, output_len: int, lifetime: float, seed: int
+) -> tuple[list[sim.Request], float]:
+    """Enough Poisson arrivals for a steady state: one request lifetime to warm up, three measured."""
+    warmup = lifetime
+    n = min(MAX_SIMULATED_REQUESTS, max(200, math.ceil(rate * 4 * lifetime)))
+    arrivals = sim.poisson_arrivals(rate, n, seed)
+    return [sim.Request(arrival=a, input_len=input_len, output_len=output_len) for a in arrivals], min(
+        warmup, arrivals[-1] / 4
+    )
+
+
+def predict(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, input_len: int, output_len: int, in_spec: bool = False
+) -> Prediction:
+    model = step_time.step_model(spec, layout, hw)
+    engine = step_time.engine_limits(spec, layout, hw, model)
+    limits = sim.Limits(**engine.model_dump(exclude={"notes"}))
+    slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
+    lifetime = slo.p90_ttft_s + (output_len - 1) * slo.p90_tpot_s
+    seed = spec.workload.seed
+
+    def run(rate: float) -> sim.SimResult:
+        requests, warmup = _requests(rate, input_len, output_len, lifetime, seed)
+        return sim.simulate(model, limits, requests, measure_from=warmup)
+
+    search = sim.max_slo_rate(run, slo)
+    shares: dict[str, float] = {}
+    ttft = tpot = step_ms = per_step = None
+    binding, bound = "-", "no rate meets the SLO"
+    if search.rate > 0:
+        requests, warmup = _requests(search.rate, input_len, output_len, lifetime, seed)
+        at = sim.simulate(model, limits, requests, breakdown=model.cost, measure_from=warmup)
+        total = sum(at.seconds_by_bound.values()) or 1.0
+        shares = {k: round(v / total, 3) for k, v in sorted(at.seconds_by_bound.items(), key=lambda kv: -kv[1])}
+        ttft, tpot = at.p("ttft_s", 90) * 1e3, at.p("tpot_s", 90) * 1e3
+        step_ms = round(at.busy_s / at.steps * 1e3, 2) if at.steps else None
+        per_step = round(at.tokens / at.steps, 1) if at.steps else None
+        binding = "p90 TTFT" if ttft / spec.slo.p90_ttft_ms >= tpot / spec.slo.p90_tpot_ms else "p90 TPOT"
+        if at.blocked_by_seqs > 0.2:
+            bound = f"batch limit (max-num-seqs {limits.max_num_seqs})"
+        elif at.blocked_by_kv > 0.2:
+            bound = f"KV capacity ({limits.kv_capacity_tokens} tokens)"
+        else:
+            bound = {"compute": "compute", "memory": "HBM", "link": "interconnect", "overhead": "step overhead"}[
+                next(iter(shares))
+            ]
+    per_server = search.rate * layout.replicas
+    return Prediction(
+        layout=layout,
+        in_spec=in_spec,
+        devices=layout.devices,
+        rate_per_replica=round(search.rate, 4),
+        rate_per_server=round(per_server, 4),
+        rate_per_device=round(per_server / layout.devices, 4),
+        p90_ttft_ms=None if ttft is None else round(ttft, 1),
+        p90_tpot_ms=None if tpot is None else round(tpot, 2),
+        binding_slo=binding,
+        bound=bound,
+        time_shares=shares,
+        mean_step_ms=step_ms,
+        tokens_per_step=per_step,
+        fixed_step_ms=round(model.seconds(step_time.Batch(tokens=1, pairs=1, context=0, sampled=1)) * 1e3, 2),
+        engine_notes=engine.notes,
+        simulations=search.runs + 1,
+    )
+
+
+def plan(
+    loaded: LoadedSpec, input_len: int | None = None, output_len: int | None = None, every_layout: bool = True
+) -> Plan:
+    """Predict the spec's layouts and (with `every_layout`) every other feasible one, best first."""
+    spec, hw = loaded.spec, loaded.hardware
+    if hw.performance is None:
+        raise ReleaseError(
+            f"{hardware_path(spec.hardware, loaded.path)}: performance: missing; the planner needs peak_tflops,"
+            " memory_gb_s, link_gb_s and step_overhead_ms (see configs/hardware/mi325x-8.yaml)"
+        )
+    input_len = input_len or spec.workload.input_len
+    output_len = output_len or spec.workload.output_len
+    own = {(layout.tp, layout.ep, layout.replicas, layout.dp, layout.pp): layout for layout in spec.layouts}
+    layouts: list[tuple[Layout, bool]] = [(layout, True) for layout in spec.layouts]
+    if every_layout:
+        layouts += [(c, False) for c in candidate_layouts(spec, hw) if (c.tp, c.ep, c.replicas, 1, 1) not in own]
+    predictions = []
+    for i, (layout, in_spec) in enumerate(layouts, 1):
+        prediction = predict(spec, hw, layout, input_len, output_len, in_spec)
+        log.info(
+            "plan: %d/%d %s: %.4g req/s per server (%s)",
+            i,
+            len(layouts),
+            layout.name,
+            prediction.rate_per_server,
+            prediction.bound,
+        )
+        predictions.append(prediction)
+    predictions.sort(key=lambda p: (-p.rate_per_server, p.devices))
+    return Plan(
+        spec=spec.name,
+        hardware=hw.name,
+        input_len=input_len,
+        output_len=output_len,
+        p90_ttft_ms=spec.slo.p90_ttft_ms,
+        p90_tpot_ms=spec.slo.p90_tpot_ms,
+        calibrated=False,
+        predictions=predictions,
+    )
+
+
+def margin(plan: Plan, better: str, worse: str) -> float | None:
+    """How much more per server `better` is predicted to hold than `worse`, as a fraction."""
+    rates = {p.layout.name: p.rate_per_server for p in plan.predictions}
+    if not rates.get(worse) or better not in rates:
+        return None
+    return rates[better] / rates[worse] - 1
+
+
+def table(plan: Plan, limit: int | None = None) -> str:
+    rows = plan.predictions[:limit] if limit else plan.predictions
+    lines = [
+        f"{plan.spec} on {plan.hardware}: {plan.input_len} in / {plan.output_len} out, SLO p90 TTFT "
+        f"{plan.p90_ttft_ms:g} ms and p90 TPOT {plan.p90_tpot_ms:g} ms",
+        "predicted, not measured: datasheet figures with the profile's efficiency factors"
+        + ("" if plan.calibrated else " (uncalibrated)"),
+        f"{'#':>2}  {'layout':16} {'devices':>7} {'req/s/server':>12} {'req/s/device':>12} "
+        f"{'p90 TTFT ms':>11} {'p90 TPOT ms':>11}  {'stops at':9} bound",
+    ]
+    for i, p in enumerate(rows, 1):
+        name = p.layout.name + (" *" if p.in_spec else "")
+        ttft = "-" if p.p90_ttft_ms is None else f"{p.p90_ttft_ms:.0f}"
+        tpot = "-" if p.p90_tpot_ms is None else f"{p.p90_tpot_ms:.1f}"
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in p.time_shares.items())
+        lines.append(
+            f"{i:>2}  {name:16} {p.devices:>7} {p.rate_per_server:>12.4g} {p.rate_per_device:>12.4g} "
+            f"{ttft:>11} {tpot:>11}  {p.binding_slo:9} {p.bound}" + (f" ({shares})" if shares else "")
+        )
+    if len(rows) < len(plan.predictions):
+        lines.append(f"... {len(plan.predictions) - len(rows)} more (--all)")
+    lines.append("* in the spec's layouts; time shares are of the replica's step time at that rate")
+    return "\n".join(lines)
+
+
+def chart(plan: Plan, path: Path, limit: int = 12) -> Path:
+    """Horizontal bars of predicted req/s per server, coloured by what bounds each layout."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = plan.predictions[:limit][::-1]
+    palette = {"compute": "#1f77b4", "HBM": "#2ca02c", "interconnect": "#d62728", "step overhead": "#9467bd"}
+    colors = [palette.get(p.bound, "#7f7f7f") for p in rows]
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.4))
+    ax.barh(
+        [p.layout.name + (" *" if p.in_spec else "") for p in rows], [p.rate_per_server for p in rows], color=colors
+    )
+    for i, p in enumerate(rows):
+        ax.annotate(f" {p.rate_per_server:.3g} ({p.bound})", (p.rate_per_server, i), va="center", fontsize=8)
+    ax.set_xlabel("predicted max req/s per server within the SLO")
+    ax.set_title(f"{plan.spec}: {plan.input_len} in / {plan.output_len} out on {plan.hardware} (predicted)", fontsize=9)
+    ax.margins(x=0.35)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def comparisons(plan: Plan) -> list[str]:
+    """The best of the spec's layouts against each other one: the margin, and the part of a step whose
+    milliseconds differ most between them at their max rates (why one holds more than the other)."""
+    own = [p for p in plan.predictions if p.in_spec]
+    if len(own) < 2 or not own[0].rate_per_server:
+        return []
+    best, lines = own[0], []
+    for other in own[1:]:
+        if not other.rate_per_server:
+            lines.append(f"{best.layout.name} meets the SLO; {other.layout.name} meets it at no rate")
+            continue
+        gain = best.rate_per_server / other.rate_per_server - 1
+        stops = (
+            f"both stop at {best.binding_slo}"
+            if best.binding_slo == other.binding_slo
+            else f"{best.layout.name} stops at {best.binding_slo}, {other.layout.name} at {other.binding_slo}"
+        )
+        line = (
+            f"{best.layout.name} is predicted to hold {gain:+.0%} req/s per server over {other.layout.name}"
+            f" ({best.rate_per_server:.4g} vs {other.rate_per_server:.4g}; {stops})"
+        )
+        if best.mean_step_ms and other.mean_step_ms and best.tokens_per_step and other.tokens_per_step:
+            line += (
+                f". Why: a one-token step costs {other.fixed_step_ms:.1f} ms on {other.layout.name} and"
+                f" {best.fixed_step_ms:.1f} ms on {best.layout.name} (overhead, weight reads, all-reduce latency);"
+                f" at those rates their steps take {other.mean_step_ms:.1f} and {best.mean_step_ms:.1f} ms carrying"
+                f" {other.tokens_per_step:.0f} and {best.tokens_per_step:.0f} tokens, i.e."
+                f" {_us_per_token(other):.1f} and {_us_per_token(best):.1f} us of a server per token"
+            )
+        lines.append(line)
+    return lines
+
+
+def _us_per_token(p: Prediction) -> float:
+    """Server time per token: a step's time over the tokens all replicas of a server carry in it."""
+    assert p.mean_step_ms and p.tokens_per_step
+    return p.mean_step_ms * 1e3 / (p.tokens_per_step * p.layout.replicas)

@@ -1,0 +1,242 @@
+"""Time of one vLLM engine step for a batch under a layout: a roofline per part of the model.
+
+Each part of a layer (attention projections and router, the experts or dense MLP, attention over
+the KV cache) takes the longer of its matmul time and its memory time on one device; tensor
+parallel all-reduces are priced with the ring alpha-beta model over the device's links; a fixed
+overhead covers scheduling and launches. Every device of a replica works in lockstep, so one
+device's time is the step's time. Efficiency factors come from the hardware profile, one set for
+all layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.spec import (
+    Architecture,
+    DevicePerformance,
+    HardwareProfile,
+    Layout,
+    ReleaseSpec,
+    arg_number,
+    weights_per_device_gb,
+)
+
+ACTIVATION_BYTES = 2  # bf16 activations cross the links
+UNQUANTIZED_BYTES = 2  # lm_head, embeddings and router gates stay bf16 (the quantization's ignore list)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one step processes. `pairs` counts query-key pairs (the attention's work)."""
+
+    tokens: int  # new tokens: prefill chunk tokens + one per decoding sequence
+    pairs: float  # sum over new tokens of the context each attends to
+    context: int  # KV tokens read: decoding sequences' contexts + prefill chunks' earlier tokens
+    sampled: int  # sequences whose logits are computed this step
+
+
+class Part(BaseModel):
+    """One part of a step on one device: its work, its bytes and which of the two took longer."""
+
+    name: str
+    flops: float
+    bytes: float
+    seconds: float
+    bound: str  # compute | memory | link | overhead
+
+
+class StepCost(BaseModel):
+    parts: list[Part]
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.parts)
+
+
+def gemm_efficiency(rows: float, half_rows: float) -> float:
+    """A matmul with few rows (tokens) cannot fill the device: rows / (rows + half_rows)."""
+    return rows / (rows + half_rows) if rows > 0 else 1.0
+
+
+def roofline(name: str, flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float) -> Part:
+    compute, memory = flops / flops_per_s, nbytes / bytes_per_s
+    return Part(
+        name=name,
+        flops=flops,
+        bytes=nbytes,
+        seconds=max(compute, memory),
+        bound="compute" if compute >= memory else "memory",
+    )
+
+
+def ring_all_reduce_seconds(nbytes: float, devices: int, link_bytes_per_s: float, latency_s: float) -> float:
+    """NCCL/RCCL's ring model: 2(n-1)/n of the data over (n-1) links in use at once, 2(n-1) hops."""
+    if devices <= 1:
+        return 0.0
+    n = devices
+    return 2 * (n - 1) / n * nbytes / ((n - 1) * link_bytes_per_s) + 2 * (n - 1) * latency_s
+
+
+class StepModel:
+    """The per-device constants of one replica of a layout, so a step costs a few multiplications."""
+
+    def __init__(
+        self, arch: Architecture, layout: Layout, perf: DevicePerformance, weight_bytes: float, kv_bytes: float
+    ) -> None:
+        if layout.pp != 1:
+            raise ReleaseError(f"layout {layout.name!r}: the planner models pp=1 only (got pp={layout.pp})")
+        self.arch, self.layout, self.perf = arch, layout, perf
+        tp = layout.tp
+        self.heads = arch.num_attention_heads / tp
+        self.kv_heads = max(1.0, arch.num_kv_heads / tp)  # tp beyond the KV heads replicates them
+        hd, h = arch.head_dim, arch.hidden_size
+        self.attn_params = h * (self.heads + 2 * self.kv_heads) * hd + self.heads * hd * h
+        self.router_params = h * arch.num_experts
+        if arch.is_moe:
+            self.expert_params = 3 * h * arch.moe_intermediate_size
+            self.expert_shard = layout.ep if layout.ep > 1 else tp  # EP holds whole experts, TP slices each
+        else:
+            self.expert_params = 3 * h * arch.intermediate_size
+            self.expert_shard = tp
+        self.weight_bytes, self.kv_bytes = weight_bytes, kv_bytes
+        dtype = "fp8" if weight_bytes == 1 and "fp8" in perf.peak_tflops else "bf16"
+        eff = perf.efficiency
+        self.peak = perf.peak_tflops[dtype] * 1e12 * eff.compute
+        self.peak_bf16 = perf.peak_tflops["bf16"] * 1e12 * eff.compute
+        self.bandwidth = perf.memory_gb_s * 1e9 * eff.memory
+        self.link = perf.link_gb_s * 1e9 * eff.link
+        self.latency = perf.link_latency_us * 1e-6
+        self.half_rows = eff.gemm_half_rows
+        self.kv_bytes_per_token = arch.num_layers * 2 * self.kv_heads * hd * kv_bytes  # on each device
+
+    def experts_touched(self, tokens: int) -> float:
+        """Expected distinct experts a batch routes to (uniform top-k routing): their weights are read."""
+        arch = self.arch
+        if not arch.is_moe:
+            return 1.0
+        return arch.num_experts * (1 - (1 - arch.num_experts_per_tok / arch.num_experts) ** tokens)
+
+    def _terms(self, batch: Batch) -> list[tuple[str, float, float, float, float]]:
+        """(part, flops, bytes, flop/s, byte/s) of one step on one device, every layer counted."""
+        arch, t, n = self.arch, batch.tokens, self.arch.num_layers
+        if arch.is_moe:
+            k = arch.num_experts_per_tok
+            rows = t * k / arch.num_experts  # tokens per expert
+            mlp_flops = 2 * t * k * self.expert_params / self.expert_shard
+            mlp_bytes = self.experts_touched(t) * self.expert_params * self.weight_bytes / self.expert_shard
+        else:
+            rows = t
+            mlp_flops = 2 * t * self.expert_params / self.expert_shard
+            mlp_bytes = self.expert_params * self.weight_bytes / self.expert_shard
+        head_params = arch.vocab_size * arch.hidden_size / self.layout.tp
+        return [
+            (
+                "attention projections + router",
+                n * 2 * t * (self.attn_params + self.router_params),
+                n * (self.attn_params * self.weight_bytes + self.router_params * UNQUANTIZED_BYTES),
+                self.peak * gemm_efficiency(t, self.half_rows),
+                self.bandwidth,
+            ),
+            (
+                "experts" if arch.is_moe else "mlp",
+                n * mlp_flops,
+                n * mlp_bytes,
+                self.peak * gemm_efficiency(rows, self.half_rows),
+                self.bandwidth,
+            ),
+            (
+                "attention",
+                n * 4 * self.heads * arch.head_dim * batch.pairs,
+                n * 2 * self.kv_heads * arch.head_dim * self.kv_bytes * (batch.context + t),
+                self.peak_bf16,
+                self.bandwidth,
+            ),
+            (
+                "lm_head",
+                2 * batch.sampled * head_params,
+                head_params * UNQUANTIZED_BYTES,
+                self.peak_bf16 * gemm_efficiency(batch.sampled, self.half_rows),
+                self.bandwidth,
+            ),
+        ]
+
+    def link_seconds(self, tokens: int) -> float:
+        """Two all-reduces of the hidden states per layer (after attention and after the MLP)."""
+        nbytes = tokens * self.arch.hidden_size * ACTIVATION_BYTES
+        return self.arch.num_layers * 2 * ring_all_reduce_seconds(nbytes, self.layout.tp, self.link, self.latency)
+
+    def seconds(self, batch: Batch) -> float:
+        """The step's time; the simulation calls this once per step, so it builds no records."""
+        total = self.perf.step_overhead_ms / 1e3 + self.link_seconds(batch.tokens)
+        for _, flops, nbytes, flops_per_s, bytes_per_s in self._terms(batch):
+            total += max(flops / flops_per_s, nbytes / bytes_per_s)
+        return total
+
+    def cost(self, batch: Batch) -> StepCost:
+        """The same step, part by part, for the plan's explanation and the tests."""
+        parts = [roofline(*term) for term in self._terms(batch)]
+        nbytes = batch.tokens * self.arch.hidden_size * ACTIVATION_BYTES * 2 * self.arch.num_layers
+        parts.append(
+            Part(
+                name="all-reduce",
+                flops=0.0,
+                bytes=nbytes if self.layout.tp > 1 else 0.0,
+                seconds=self.link_seconds(batch.tokens),
+                bound="link",
+            )
+        )
+        parts.append(
+            Part(name="step overhead", flops=0.0, bytes=0.0, seconds=self.perf.step_overhead_ms / 1e3, bound="overhead")
+        )
+        return StepCost(parts=parts)
+
+
+class Engine(BaseModel):
+    """The scheduler limits of one replica: vLLM's engine args or their defaults for the hardware."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_capacity_tokens: int
+    notes: list[str]
+
+
+def weight_bytes_per_param(spec: ReleaseSpec) -> float:
+    return 1.0 if spec.quantization.scheme.startswith("FP8") else 2.0
+
+
+def engine_limits(spec: ReleaseSpec, layout: Layout, hw: HardwareProfile, model: StepModel) -> Engine:
+    """vLLM's V1 defaults for an OpenAI server (1024 seqs / 8192 tokens on devices of 70 GiB or more,
+    256 / 2048 below), unless the spec sets them; KV capacity from device memory left by the weights."""
+    args = {**spec.serving.engine_args, **layout.engine_args}
+    big = hw.kind == "gpu" and hw.device_memory_gb >= 70
+    notes = []
+    seqs = arg_number(args, "max-num-seqs")
+    tokens = arg_number(args, "max-num-batched-tokens")
+    if seqs is None:
+        notes.append(f"max-num-seqs: vLLM default {1024 if big else 256}")
+    if tokens is None:
+        notes.append(f"max-num-batched-tokens: vLLM default {8192 if big else 2048}")
+    util = arg_number(args, "gpu-memory-utilization", 0.9) or 0.9
+    free_gb = hw.device_memory_gb * util - weights_per_device_gb(spec, layout)
+    kv_tokens = int(max(0.0, free_gb) * 1e9 / model.kv_bytes_per_token)
+    max_len = arg_number(args, "max-model-len")
+    if max_len is not None:
+        kv_tokens = max(kv_tokens, int(max_len))
+    return Engine(
+        max_num_seqs=int(seqs or (1024 if big else 256)),
+        max_num_batched_tokens=int(tokens or (8192 if big else 2048)),
+        kv_capacity_tokens=kv_tokens,
+        notes=notes,
+    )
+
+
+def step_model(spec: ReleaseSpec, layout: Layout, hw: HardwareProfile) -> StepModel:
+    if hw.performance is None:
+        raise ReleaseError(f"hardware {hw.name!r}: no performance: section (peak_tflops, memory_gb_s, ...)")
+    args = {**spec.serving.engine_args, **layout.engine_args}
+    kv_bytes = 1.0 if str(args.get("kv-cache-dtype", "auto")).startswith("fp8") else 2.0
+    return StepModel(spec.model.architecture, layout, hw.performance, weight_bytes_per_param(spec), kv_bytes)

@@ -1,0 +1,194 @@
+"""The planner: the step-time model against hand-computed rooflines, the simulation against
+queueing theory, and the plan's ranking of the production spec's layouts."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.core.spec import Architecture, DevicePerformance, Efficiency, Layout, load_spec
+from pipeline.planner import plan as planner
+from pipeline.planner import simulate as sim
+from pipeline.planner.step_time import Batch, StepModel
+from tests.conftest import PROD_SPEC, TINY_SPEC
+
+PERF = DevicePerformance(
+    peak_tflops={"bf16": 100, "fp8": 200},
+    memory_gb_s=1000,
+    link_gb_s=64,
+    link_latency_us=5,
+    step_overhead_ms=2,
+    efficiency=Efficiency(compute=0.5, memory=0.8, link=0.7, gemm_half_rows=32),
+)
+# usable: bf16 50 TFLOP/s, fp8 100 TFLOP/s, memory 800 GB/s, link 44.8 GB/s per direction
+
+
+def parts(model: StepModel, batch: Batch) -> dict[str, tuple[float, float, float, str]]:
+    return {p.name: (p.flops, p.bytes, p.seconds, p.bound) for p in model.cost(batch).parts}
+
+
+def test_a_dense_layer_against_a_hand_computed_roofline():
+    arch = Architecture(
+        num_layers=1,
+        hidden_size=1024,
+        num_attention_heads=8,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=4096,
+        vocab_size=1000,
+        params_b=0.02,
+    )
+    model = StepModel(arch, Layout(name="tp1"), PERF, weight_bytes=2, kv_bytes=2)
+    got = parts(model, Batch(tokens=32, pairs=32 * 1000, context=32 * 999, sampled=32))
+    # q, k, v, o: 1024 x (8 + 2 x 8) x 128 + 8 x 128 x 1024 = 4,194,304 bf16 weights; 32 tokens x 2 FLOPs each;
+    # 32 rows reach 32 / (32 + 32) of the usable 50 TFLOP/s: 268,435,456 / 25e12 = 10.74 us > 8,388,608 B / 800 GB/s
+    assert got["attention projections + router"] == pytest.approx((268_435_456, 8_388_608, 1.073741824e-05, "compute"))
+    # gate, up, down: 3 x 1024 x 4096 = 12,582,912 weights: 805,306,368 FLOPs / 25e12 = 32.2 us > 31.5 us of reads
+    assert got["mlp"] == pytest.approx((805_306_368, 25_165_824, 3.221225472e-05, "compute"))
+    # 4 x 8 heads x 128 x 32,000 pairs = 131,072,000 FLOPs (2.6 us) vs K and V of 32,000 tokens:
+    # 2 x 8 x 128 x 2 B x 32,000 = 131,072,000 B / 800 GB/s = 163.84 us: memory bound
+    assert got["attention"] == pytest.approx((131_072_000, 131_072_000, 1.6384e-04, "memory"))
+    # logits of 32 sequences: 2 x 32 x 1000 x 1024 FLOPs at half of 50 TFLOP/s = 2.62 us > 2,048,000 B / 800 GB/s
+    assert got["lm_head"] == pytest.approx((65_536_000, 2_048_000, 2.62144e-06, "compute"))
+    assert got["all-reduce"][2] == 0  # one device: nothing to reduce
+    total = 1.073741824e-05 + 3.221225472e-05 + 1.6384e-04 + 2.62144e-06 + 2e-3
+    assert model.seconds(Batch(tokens=32, pairs=32 * 1000, context=32 * 999, sampled=32)) == pytest.approx(total)
+
+
+def test_a_moe_layer_over_two_devices_against_a_hand_computed_roofline():
+    arch = Architecture(
+        num_layers=1,
+        hidden_size=1024,
+        num_attention_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        num_experts=16,
+        num_experts_per_tok=2,
+        moe_intermediate_size=512,
+        vocab_size=1000,
+        params_b=0.03,
+    )
+    model = StepModel(arch, Layout(name="tp2-ep2", tp=2, ep=2), PERF, weight_bytes=1, kv_bytes=1)
+    got = parts(model, Batch(tokens=64, pairs=64 * 500, context=64 * 499, sampled=64))
+    # per device 4 query heads and 1 KV head: 1024 x (4 + 2) x 128 + 4 x 128 x 1024 = 1,310,720 fp8 weights,
+    # plus the bf16 router 1024 x 16: 2 x 64 x 1,327,104 FLOPs at 64/96 of 100 TFLOP/s = 2.55 us > 1.68 us of reads
+    assert got["attention projections + router"] == pytest.approx((169_869_312, 1_343_488, 2.54803968e-06, "compute"))
+    # 64 tokens x 2 experts x 3 x 1024 x 512 x 2 FLOPs / 2 devices = 201,326,592 at 8 rows per expert (8/40 of
+    # 100 TFLOP/s: 10.07 us); the batch touches 16 x (1 - (14/16)^64) = 15.99689 experts, half on this device:
+    # 15.99689 x 1,572,864 / 2 = 12,580,467 B / 800 GB/s = 15.73 us: memory bound
+    assert got["experts"][:3] == pytest.approx((201_326_592, 12_580_467, 1.5725584e-05), rel=1e-6)
+    assert got["experts"][3] == "memory"
+    # 4 x 4 heads x 128 x 32,000 pairs; KV: 2 x 1 head x 128 x 1 B x 32,000 tokens = 8,192,000 B: 10.24 us
+    assert got["attention"] == pytest.approx((65_536_000, 8_192_000, 1.024e-05, "memory"))
+    # two ring all-reduces of 64 x 1024 x 2 B = 131,072 B over 2 devices: 131,072 / 44.8e9 + 2 x 5 us each
+    assert got["all-reduce"][2] == pytest.approx(2 * (131_072 / 44.8e9 + 10e-6))
+
+
+def test_tensor_parallel_beyond_the_kv_heads_replicates_them():
+    arch = Architecture(
+        num_layers=2,
+        hidden_size=1024,
+        num_attention_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        num_experts=16,
+        num_experts_per_tok=2,
+        moe_intermediate_size=512,
+        vocab_size=1000,
+        params_b=0.03,
+    )
+    two = StepModel(arch, Layout(name="a", tp=2), PERF, weight_bytes=1, kv_bytes=1)
+    eight = StepModel(arch, Layout(name="b", tp=8), PERF, weight_bytes=1, kv_bytes=1)
+    # each device of both keeps one whole KV head per token: 2 layers x K and V x 128 x 1 B
+    assert two.kv_bytes_per_token == eight.kv_bytes_per_token == 2 * 2 * 128
+
+
+class ConstantStep:
+    def __init__(self, seconds: float) -> None:
+        self.step = seconds
+
+    def seconds(self, batch: Batch) -> float:
+        return self.step
+
+
+def test_one_sequence_at_a_time_with_geometric_outputs_is_an_mm1_queue():
+    """max-num-seqs 1 and a geometric number of equal steps per request: M/M/1, whose sojourn time is
+    exponential with mean 1/(mu - lambda). Here mu = 1 / (10 x 10 ms) = 10/s and lambda = 5/s: 0.2 s."""
+    step, mean_steps, rate, n = 0.01, 10, 5.0, 30000
+    rng = random.Random(7)
+    arrivals = sim.poisson_arrivals(rate, n, seed=3)
+    requests = [
+        sim.Request(arrival=a, input_len=1, output_len=max(1, math.ceil(math.log(1 - rng.random()) / math.log(0.9))))
+        for a in arrivals
+    ]
+    assert sum(r.output_len for r in requests) / n == pytest.approx(mean_steps, rel=0.03)
+    result = sim.simulate(
+        ConstantStep(step), sim.Limits(max_num_seqs=1, max_num_batched_tokens=8, kv_capacity_tokens=10**6), requests
+    )
+    mean = sum(result.latency_s) / len(result.latency_s)
+    assert mean == pytest.approx(1 / (10 - 5), rel=0.06)
+    assert result.p("latency_s", 90) == pytest.approx(math.log(10) / (10 - 5), rel=0.08)
+    assert result.achieved_rate == pytest.approx(rate, rel=0.03)
+
+
+def test_the_rate_search_finds_the_knee_of_a_known_queue():
+    """A replica that serves one 100 ms request at a time keeps p90 TTFT under 1 s up to a rate the
+    simulation's own M/D/1 curve decides; the search must land where that curve crosses the SLO."""
+    limits = sim.Limits(max_num_seqs=1, max_num_batched_tokens=8, kv_capacity_tokens=10**6)
+    slo = sim.Slo(p90_ttft_s=1.0, p90_tpot_s=1.0)
+
+    def run(rate: float) -> sim.SimResult:
+        arrivals = sim.poisson_arrivals(rate, 3000, seed=1)
+        return sim.simulate(
+            ConstantStep(0.1), limits, [sim.Request(arrival=a, input_len=1, output_len=1) for a in arrivals]
+        )
+
+    found = sim.max_slo_rate(run, slo, start=1.0, resolution=0.01)
+    assert 0 < found.rate < 10  # never past the replica's capacity of 10 req/s
+    assert sim.within(run(found.rate), slo) and not sim.within(run(found.rate * 1.05), slo)
+
+
+def test_the_plan_ranks_two_tp4_replicas_above_one_tp8_and_the_margin_grows_for_decode():
+    loaded = load_spec(PROD_SPEC)
+    chat = planner.plan(loaded, every_layout=False)
+    names = [p.layout.name for p in chat.predictions]
+    assert names == ["tp4-ep4-x2", "tp8-ep8"]
+    assert chat.predictions[0].bound and chat.predictions[0].time_shares
+    decode = planner.plan(loaded, 500, 2000, every_layout=False)
+    assert [p.layout.name for p in decode.predictions] == names
+    chat_margin = planner.margin(chat, "tp4-ep4-x2", "tp8-ep8")
+    decode_margin = planner.margin(decode, "tp4-ep4-x2", "tp8-ep8")
+    assert chat_margin is not None and decode_margin is not None and 0 < chat_margin < decode_margin
+    assert "tp4-ep4-x2 is predicted to hold +" in planner.comparisons(chat)[0]
+
+
+def test_plan_command_prints_the_table_writes_the_chart_and_names_a_profile_without_figures(spec_file, tmp_path):
+    png = tmp_path / "plan.png"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "plan", str(TINY_SPEC), "--png", str(png), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "predicted, not measured" in done.stdout and "(uncalibrated)" in done.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = planner.Plan.model_validate_json(done.stdout[done.stdout.index("{") :])
+    assert {p.layout.name for p in result.predictions if p.in_spec} == {"single", "two-replicas"}
+    assert all(p.rate_per_server > 0 for p in result.predictions)
+
+    hardware = tmp_path / "hardware" / "bare.yaml"
+    hardware.parent.mkdir()
+    profile = {"name": "bare", "kind": "cpu", "devices": 2, "device_memory_gb": 8, "price_per_server_hour": 0.05}
+    hardware.write_text(json.dumps(profile))
+    path = spec_file(TINY_SPEC, lambda d: d.update(hardware="bare"))
+    bare = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "plan", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert bare.returncode != 0
+    assert f"{hardware}: performance: missing" in bare.stderr and "Traceback" not in bare.stderr
