@@ -192,3 +192,30 @@ def test_plan_command_prints_the_table_writes_the_chart_and_names_a_profile_with
     )
     assert bare.returncode != 0
     assert f"{hardware}: performance: missing" in bare.stderr and "Traceback" not in bare.stderr
+
+
+def test_a_layout_the_model_does_not_cover_is_named_and_the_rest_are_planned(spec_file):
+    def add_pp(data):
+        data["layouts"].append({"name": "tp4-pp2", "tp": 4, "pp": 2})
+
+    result = planner.plan(load_spec(spec_file(PROD_SPEC, add_pp)), every_layout=False)
+    by_name = {p.layout.name: p for p in result.predictions}
+    assert by_name["tp4-pp2"].rate_per_server == 0 and "not modeled" in by_name["tp4-pp2"].bound
+    assert by_name["tp4-ep4-x2"].rate_per_server > 0 and result.predictions[-1].layout.name == "tp4-pp2"
+
+
+def test_a_hardware_profile_with_bad_performance_figures_is_a_spec_error(spec_file, tmp_path):
+    import yaml
+
+    from pipeline.core.errors import SpecError
+    from pipeline.core.paths import CONFIGS_DIR
+
+    profile = yaml.safe_load((CONFIGS_DIR / "hardware" / "mi325x-8.yaml").read_text())
+    profile["name"] = "odd"
+    profile["performance"]["peak_tflops"] = {"fp4": 9000}
+    hardware = tmp_path / "hardware" / "odd.yaml"
+    hardware.parent.mkdir()
+    hardware.write_text(yaml.safe_dump(profile))
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file(PROD_SPEC, lambda d: d.update(hardware="odd")))
+    assert "performance.peak_tflops" in str(err.value) and str(hardware) in str(err.value)

@@ -89,6 +89,14 @@ def _requests(
 def predict(
     spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, input_len: int, output_len: int, in_spec: bool = False
 ) -> Prediction:
+    if layout.pp > 1 or layout.dp > 1:
+        return Prediction(
+            layout=layout, in_spec=in_spec, devices=layout.devices, rate_per_replica=0.0, rate_per_server=0.0,
+            rate_per_device=0.0, p90_ttft_ms=None, p90_tpot_ms=None, binding_slo="-",
+            bound=f"not modeled: the planner models tp x ep replicas (pp={layout.pp}, dp={layout.dp})",
+            time_shares={}, mean_step_ms=None, tokens_per_step=None, fixed_step_ms=0.0, engine_notes=[],
+            simulations=0,
+        )  # fmt: skip
     model = step_time.step_model(spec, layout, hw)
     engine = step_time.engine_limits(spec, layout, hw, model)
     limits = sim.Limits(**engine.model_dump(exclude={"notes"}))
