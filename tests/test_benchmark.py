@@ -402,3 +402,33 @@ def test_keeping_up_allows_for_poisson_sampling_noise():
     spans = [sum(rng.expovariate(42.4) for _ in range(43)) for _ in range(2000)]
     false_fails = sum(43 / s < benchmark.keep_up_share(43) * 42.4 for s in spans) / len(spans)
     assert false_fails < 0.05
+
+
+def test_an_engine_stopped_from_outside_is_a_cancellation_and_a_killed_one_a_failure(tmp_path):
+    """SIGTERM/SIGINT from outside (a shutdown, a cancelled task) cancel a measurement; SIGKILL (the
+    OOM killer) or a crash fail it. A stand-in process plays the replica that never gets healthy."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    from pipeline.stages import serving
+
+    for sig, kind, words in (
+        (signal.SIGTERM, serving.EngineStopped, "was stopped by SIGTERM before it was healthy"),
+        (signal.SIGKILL, serving.EngineFailed, "exited with -9 before it was healthy"),
+    ):
+        cmd = serving.EngineCommand(
+            replica=0, devices=[], port=serving.free_port(), argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+            env={},
+        )  # fmt: skip
+        engine = serving.LocalEngine([cmd], tmp_path / sig.name, startup_timeout=60)
+        timer = threading.Timer(1.5, lambda: os.kill(engine.procs[0].pid, sig))  # noqa: B023 - started at once
+        timer.start()
+        try:
+            with pytest.raises(serving.EngineFailed) as err:
+                engine.start()
+        finally:
+            timer.cancel()
+            engine.stop()
+        assert type(err.value) is kind and words in str(err.value)

@@ -247,3 +247,29 @@ def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file,
     trend = report.trend(reg, rel.id)
     assert [p["verdict"] for p in trend] == ["promoted", "ok", "degraded"]
     assert report.plot_trend(reg, rel.id, tmp_path / "trend.png").stat().st_size > 5000
+
+
+def test_a_rebenchmark_whose_engine_is_stopped_is_a_cancellation_without_alert(
+    spec_file, s3, tmp_path, mailbox, small_artifact, monkeypatch
+):
+    """make demo's stop SIGTERMs the engines of a re-benchmark the live-release Asset started: that is
+    a cancellation (recorded, no alert, nothing failed), not a re-benchmark failure."""
+    reg = Registry()
+    spec = quick_spec(spec_file, s3)
+    rel = live_release(reg, spec, small_artifact, 10.0)
+
+    def stopped(spec, hw, layout, model, out_dir, **kwargs):
+        return benchmark.LayoutResult(
+            layout=layout.name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="cancelled",
+            error="engine replica 0 was stopped by SIGTERM before it was healthy (cancelled, not failed)",
+        )  # fmt: skip
+
+    monkeypatch.setattr(benchmark, "benchmark_layout", stopped)
+    monkeypatch.setattr(rebenchmark.promote, "serving_dir", lambda loaded, staged: tmp_path)  # verified, not loaded
+    verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "out")
+    assert verdict.status == "cancelled" and "stopped by SIGTERM" in verdict.reasons[0]
+    kinds = [e.kind for e in reg.events(rel.id)]
+    assert "rebenchmark_cancelled" in kinds
+    assert not {"rebenchmark_failed", "alert", "trend_point"} & set(kinds)
+    assert mailbox.messages == [] and reg.get(rel.id).status == "live"
+    assert rebenchmark.settle(reg, verdict)["status"] == "cancelled"  # the task ends without failing

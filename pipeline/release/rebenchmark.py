@@ -30,9 +30,13 @@ from pipeline.stages import benchmark
 log = logging.getLogger(__name__)
 
 
+class MeasurementCancelled(ReleaseError):
+    """The re-benchmark's engine was stopped from outside: record a cancellation, alert nobody."""
+
+
 class Verdict(BaseModel):
     release_id: int
-    status: str  # ok | degraded | error
+    status: str  # ok | degraded | error | cancelled
     reasons: list[str]
     expected: dict[str, Any]
     measured: dict[str, Any]
@@ -106,6 +110,8 @@ def measure(
     )
     benchmark.finish(result, loaded.hardware)
     benchmark.write_outputs([result], loaded.spec.slo, out_dir)
+    if result.status == "cancelled":
+        raise MeasurementCancelled(f"re-benchmark cancelled: {result.error}")
     if result.status != "ok":
         raise ReleaseError(f"engine failed during the re-benchmark: {result.error}")
     return result
@@ -123,9 +129,21 @@ def rebenchmark(
     loaded = loaded or promote.release_spec(rel)
     try:
         result, error = measure(loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir), None
+    except MeasurementCancelled as exc:
+        return cancelled(reg, rel, str(exc), versions(loaded))
     except ReleaseError as exc:
         result, error = None, str(exc)
     return conclude(reg, rel, loaded, result, error, versions(loaded), out_dir, context)
+
+
+def cancelled(reg: Registry, rel: Release, reason: str, found: dict[str, str]) -> Verdict:
+    """A measurement stopped on purpose (shutdown, cancelled task): recorded as such, no alert, no trend
+    point, the release's status untouched."""
+    verdict = Verdict(release_id=rel.id, status="cancelled", reasons=[reason[:1500]], expected={}, measured={},
+                      versions=found)  # fmt: skip
+    reg.record(rel.id, "rebenchmark_cancelled", "rebenchmark", verdict.model_dump())
+    log.warning("release %d: %s", rel.id, reason)
+    return verdict
 
 
 def settle(reg: Registry, verdict: Verdict) -> dict[str, Any]:

@@ -92,7 +92,10 @@ class LayoutResult(BaseModel):
     pp: int
     replicas: int
     devices: int
-    status: str = Field(description="ok, or failed (engine did not start, died, client errors)")
+    status: str = Field(
+        description="ok; failed (engine did not start, died, client errors); cancelled (an engine was stopped "
+        "from outside by SIGTERM/SIGINT: a shutdown or a cancelled task)"
+    )
     error: str | None = None
     load_seconds: list[float] = Field(default_factory=list, description="per replica, process start to healthy")
     capacity_rps: float | None = None
@@ -746,7 +749,7 @@ class Prober:
 
     def __call__(self, rate: float, n: int, seed: int) -> Probe:
         if not self.engine.alive():
-            raise serving.EngineFailed("engine died during the benchmark:\n" + self.engine.tail(0))
+            raise self.engine.exit_error("during the benchmark")
         name = f"probe-{next(self.numbers):02d}.json"
         cmd = bench_command(
             self.client,
@@ -849,7 +852,7 @@ def benchmark_layout(
             result.unclean_rates = outcome.unclean_rates
     except (ReleaseError, subprocess.TimeoutExpired) as exc:
         result.probes = result.probes or (prober.done if prober else [])
-        result.status = "failed"
+        result.status = "cancelled" if isinstance(exc, serving.EngineStopped) else "failed"
         result.error = str(exc)
         log.error("layout %s failed: %s", layout.name, exc)
     result.seconds = round(time.monotonic() - started, 1)

@@ -478,6 +478,23 @@ class EngineFailed(ReleaseError):
     """The engine did not come up (bad flag, OOM, crash); carries the last log lines."""
 
 
+class EngineStopped(EngineFailed):
+    """An engine process was asked to stop from outside (SIGTERM or SIGINT: a shutdown, a cancelled
+    task): the measurement was cancelled, which is not evidence that anything is broken. SIGKILL is
+    not among them: the OOM killer sends it."""
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_error(replica: int, returncode: int | None, when: str, tail: str) -> EngineFailed:
+    """How a replica's exit reads: stopped on purpose (EngineStopped) or failed, with its log tail."""
+    if returncode is not None and returncode < 0 and -returncode in STOP_SIGNALS:
+        name = signal.Signals(-returncode).name
+        return EngineStopped(f"engine replica {replica} was stopped by {name} {when} (cancelled, not failed)")
+    return EngineFailed(f"engine replica {replica} exited with {returncode} {when}:\n" + tail)
+
+
 def nginx_binary() -> str:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(nginx).exists():
@@ -597,10 +614,7 @@ class LocalEngine:
         while pending:
             for i, cmd in list(pending.items()):
                 if self.procs[i].poll() is not None:
-                    raise EngineFailed(
-                        f"engine replica {i} exited with {self.procs[i].returncode} before it was healthy:\n"
-                        + self.tail(i)
-                    )
+                    raise exit_error(i, self.procs[i].returncode, "before it was healthy", self.tail(i))
                 if healthy(f"http://127.0.0.1:{cmd.port}"):
                     self._place_engine(i)
                     self.load_seconds.append(round(time.monotonic() - started, 1))
@@ -632,6 +646,11 @@ class LocalEngine:
 
     def _record(self, pgid: int) -> None:
         (_registry() / f"{pgid}.json").write_text(json.dumps({"pgid": pgid, "owner": os.getpid()}))
+
+    def exit_error(self, when: str) -> EngineFailed:
+        """The first replica that exited, as `exit_error` reads it."""
+        i = next((i for i, p in enumerate(self.procs) if p.poll() is not None), 0)
+        return exit_error(i, self.procs[i].poll() if self.procs else None, when, self.tail(i))
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
