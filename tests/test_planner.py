@@ -26,6 +26,18 @@ PERF = DevicePerformance(
     efficiency=Efficiency(compute=0.5, memory=0.8, link=0.7, gemm_half_rows=32),
 )
 # usable: bf16 50 TFLOP/s, fp8 100 TFLOP/s, memory 800 GB/s, link 44.8 GB/s per direction
+MOE = Architecture(
+    num_layers=1,
+    hidden_size=1024,
+    num_attention_heads=8,
+    num_kv_heads=2,
+    head_dim=128,
+    num_experts=16,
+    num_experts_per_tok=2,
+    moe_intermediate_size=512,
+    vocab_size=1000,
+    params_b=0.03,
+)
 
 
 def parts(model: StepModel, batch: Batch) -> dict[str, tuple[float, float, float, str]]:
@@ -61,19 +73,7 @@ def test_a_dense_layer_against_a_hand_computed_roofline():
 
 
 def test_a_moe_layer_over_two_devices_against_a_hand_computed_roofline():
-    arch = Architecture(
-        num_layers=1,
-        hidden_size=1024,
-        num_attention_heads=8,
-        num_kv_heads=2,
-        head_dim=128,
-        num_experts=16,
-        num_experts_per_tok=2,
-        moe_intermediate_size=512,
-        vocab_size=1000,
-        params_b=0.03,
-    )
-    model = StepModel(arch, Layout(name="tp2-ep2", tp=2, ep=2), PERF, weight_bytes=1, kv_bytes=1)
+    model = StepModel(MOE, Layout(name="tp2-ep2", tp=2, ep=2), PERF, weight_bytes=1, kv_bytes=1)
     got = parts(model, Batch(tokens=64, pairs=64 * 500, context=64 * 499, sampled=64))
     # per device 4 query heads and 1 KV head: 1024 x (4 + 2) x 128 + 4 x 128 x 1024 = 1,310,720 fp8 weights,
     # plus the bf16 router 1024 x 16: 2 x 64 x 1,327,104 FLOPs at 64/96 of 100 TFLOP/s = 2.55 us > 1.68 us of reads
@@ -90,18 +90,7 @@ def test_a_moe_layer_over_two_devices_against_a_hand_computed_roofline():
 
 
 def test_tensor_parallel_beyond_the_kv_heads_replicates_them():
-    arch = Architecture(
-        num_layers=2,
-        hidden_size=1024,
-        num_attention_heads=8,
-        num_kv_heads=2,
-        head_dim=128,
-        num_experts=16,
-        num_experts_per_tok=2,
-        moe_intermediate_size=512,
-        vocab_size=1000,
-        params_b=0.03,
-    )
+    arch = MOE.model_copy(update={"num_layers": 2})
     two = StepModel(arch, Layout(name="a", tp=2), PERF, weight_bytes=1, kv_bytes=1)
     eight = StepModel(arch, Layout(name="b", tp=8), PERF, weight_bytes=1, kv_bytes=1)
     # each device of both keeps one whole KV head per token: 2 layers x K and V x 128 x 1 B

@@ -7,6 +7,7 @@ on the step-time model, with the hardware profile's one set of efficiency factor
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from pipeline.core.errors import ReleaseError
+from pipeline.core.files import atomic_write
 from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec, feasibility_problems, hardware_path
 from pipeline.planner import simulate as sim
 from pipeline.planner import step_time
@@ -98,8 +100,7 @@ def predict(
             simulations=0,
         )  # fmt: skip
     model = step_time.step_model(spec, layout, hw)
-    engine = step_time.engine_limits(spec, layout, hw, model)
-    limits = sim.Limits(**engine.model_dump(exclude={"notes"}))
+    limits = step_time.engine_limits(spec, layout, hw, model)
     slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
     lifetime = slo.p90_ttft_s + (output_len - 1) * slo.p90_tpot_s
     seed = spec.workload.seed
@@ -145,7 +146,7 @@ def predict(
         mean_step_ms=step_ms,
         tokens_per_step=per_step,
         fixed_step_ms=round(model.seconds(step_time.Batch(tokens=1, pairs=1, context=0, sampled=1)) * 1e3, 2),
-        engine_notes=engine.notes,
+        engine_notes=limits.notes,
         simulations=search.runs + 1,
     )
 
@@ -162,7 +163,7 @@ def plan(
         )
     input_len = input_len or spec.workload.input_len
     output_len = output_len or spec.workload.output_len
-    own = {(layout.tp, layout.ep, layout.replicas, layout.dp, layout.pp): layout for layout in spec.layouts}
+    own = {(layout.tp, layout.ep, layout.replicas, layout.dp, layout.pp) for layout in spec.layouts}
     layouts: list[tuple[Layout, bool]] = [(layout, True) for layout in spec.layouts]
     if every_layout:
         layouts += [(c, False) for c in candidate_layouts(spec, hw) if (c.tp, c.ep, c.replicas, 1, 1) not in own]
@@ -244,12 +245,10 @@ def chart(plan: Plan, path: Path, limit: int = 12) -> Path:
     ax.set_title(f"{plan.spec}: {plan.input_len} in / {plan.output_len} out on {plan.hardware} (predicted)", fontsize=9)
     ax.margins(x=0.35)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
-    tmp.replace(path)
-    return path
+    return atomic_write(path, png.getvalue())
 
 
 def comparisons(plan: Plan) -> list[str]:

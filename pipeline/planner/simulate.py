@@ -18,17 +18,13 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from pipeline.planner.step_time import Batch, StepCost
+from pipeline.planner.step_time import Batch, Limits, StepCost
+
+__all__ = ["Limits", "Request", "SimResult", "Slo", "max_slo_rate", "poisson_arrivals", "simulate", "within"]
 
 
 class StepTimer(Protocol):
     def seconds(self, batch: Batch) -> float: ...
-
-
-class Limits(BaseModel):
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    kv_capacity_tokens: int
 
 
 class Request(BaseModel):
@@ -205,10 +201,9 @@ def within(result: SimResult, slo: Slo) -> bool:
 
 
 class RateSearch(BaseModel):
-    """The highest per-replica rate whose simulated p90s meet the SLO, and the runs that found it."""
+    """The highest per-replica rate whose simulated p90s meet the SLO, and how many runs found it."""
 
     rate: float
-    at_rate: SimResult | None
     runs: int
 
 
@@ -222,36 +217,24 @@ def max_slo_rate(
     """Bracket by doubling or halving from `start`, then bisect to `resolution` (relative)."""
     runs = 0
 
-    def ok(rate: float) -> SimResult | None:
+    def ok(rate: float) -> bool:
         nonlocal runs
         runs += 1
-        result = run(rate)
-        return result if within(result, slo) else None
+        return within(run(rate), slo)
 
     lo, hi = 0.0, start
-    best = ok(start)
-    if best is not None:
+    if ok(start):
         lo = start
-        while True:
-            hi = lo * 2
-            found = ok(hi)
-            if found is None:
-                break
-            lo, best = hi, found
+        while ok(lo * 2):
+            lo *= 2
+        hi = lo * 2
     else:
-        while hi > floor:
+        while hi > floor and not ok(hi / 2):
             hi /= 2
-            best = ok(hi)
-            if best is not None:
-                lo, hi = hi, hi * 2
-                break
-        if best is None:
-            return RateSearch(rate=0.0, at_rate=None, runs=runs)
+        if hi <= floor:
+            return RateSearch(rate=0.0, runs=runs)
+        lo = hi / 2
     while (hi - lo) / hi > resolution:
         mid = (lo + hi) / 2
-        found = ok(mid)
-        if found is None:
-            hi = mid
-        else:
-            lo, best = mid, found
-    return RateSearch(rate=lo, at_rate=best, runs=runs)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return RateSearch(rate=lo, runs=runs)

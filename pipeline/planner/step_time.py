@@ -195,12 +195,17 @@ class StepModel:
         return StepCost(parts=parts)
 
 
-class Engine(BaseModel):
-    """The scheduler limits of one replica: vLLM's engine args or their defaults for the hardware."""
+class Limits(BaseModel):
+    """The scheduler limits of one replica, what the simulation admits requests under."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_capacity_tokens: int
+
+
+class Engine(Limits):
+    """A replica's limits from vLLM's engine args or their defaults for the hardware, and which were defaults."""
+
     notes: list[str]
 
 
