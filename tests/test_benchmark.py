@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -98,6 +97,19 @@ def test_cpu_commands_use_the_engine_venv_and_pin_replicas_to_cores():
     assert two_plan.engine_cores == [[0], [1]] and two_plan.frontend_cores == [0, 1] and two_plan.shared == [0, 1]
     assert [c.env["VLLM_CPU_OMP_THREADS_BIND"] for c in two] == ["0", "1"]
     assert all(c.env["VLLM_TARGET_DEVICE"] == "cpu" and c.env["VLLM_CPU_KVCACHE_SPACE"] == "1" for c in two)
+
+
+def test_compile_cache_is_vllms_own_variable_else_under_our_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    env = serving.cpu_engine_env()
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "home" / "vllm-cache")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "home" / "vllm-cache" / "inductor")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "shared"))
+    env = serving.cpu_engine_env()
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "shared")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "shared" / "inductor")
 
 
 def test_quantile_interval_covers_the_true_p90():
@@ -279,55 +291,6 @@ def engine_processes() -> list[str]:
         for line in out.splitlines()
         if not line.lstrip().startswith("Z") and re.search(r"vllm_cli\.py serve|VLLM::|nginx: (master|worker)", line)
     ]
-
-
-@pytest.mark.slow
-def test_two_real_vllm_cpu_layouts(tiny_model_dir, tmp_path, monkeypatch):
-    from pipeline.core import artifacts
-    from pipeline.stages import dequant, quantize
-    from pipeline.stages.sources import ModelSource
-
-    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
-    loaded = load_spec(TINY_SPEC)
-    spec = loaded.spec.model_copy(deep=True)
-    spec.workload.num_prompts = 40
-    spec.workload.min_probe_seconds = 2
-    spec.slo.resolution = 0.25  # a short search: this test proves the machinery, not the number
-    manifest = artifacts.read_manifest(tiny_model_dir)
-    fp8 = quantize.quantize(
-        spec,
-        ModelSource(
-            uri="t",
-            path=str(tiny_model_dir),
-            manifest_hash=manifest.content_hash(),
-            total_bytes=manifest.total_bytes,
-            files=len(manifest.files),
-        ),
-        "model_free",
-    )
-    model = dequant.bf16_copy(__import__("pathlib").Path(fp8.path))
-    results = [
-        benchmark.benchmark_layout(spec, loaded.hardware, layout, model, tmp_path / layout.name)
-        for layout in spec.layouts
-    ]
-    for r in results:
-        assert r.status == "ok", r.error
-        assert r.load_seconds and len(r.load_seconds) == r.replicas
-        assert r.capacity_rps and r.capacity_rps > 0
-        assert r.max_slo_rate is not None and r.per_server is not None
-        assert all(p.completed > 0 for p in r.probes)
-        # each probe's client (forked by the bench server) is accounted as the client, not as others
-        assert all(p.interference is not None and p.interference.client > 0 for p in r.probes)
-    assert engine_processes() == []
-    selection = benchmark.select(results, spec.slo)
-    files = benchmark.write_outputs(results, spec.slo, tmp_path / "out", selection)
-    data = json.loads(open(files["json"]).read())
-    assert [layout["layout"] for layout in data["layouts"]] == ["single", "two-replicas"]
-    assert data["selection"]["best"] in ("single", "two-replicas")
-    rows = open(files["csv"]).read().splitlines()
-    assert rows[0].startswith("layout,rate,") and len(rows) == 1 + sum(len(r.probes) for r in results)
-    assert open(files["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    print(benchmark.table(results))
 
 
 @pytest.mark.slow

