@@ -254,6 +254,34 @@ def _capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout_plan(args: argparse.Namespace) -> int:
+    """What a rollout would run at each step, from the registry or given rates; changes nothing."""
+    from pipeline.core.spec import load_spec
+    from pipeline.release import registry, rollout_plan
+
+    loaded = load_spec(args.spec)
+    spec = loaded.spec
+    if args.release is not None:
+        reg = registry.Registry()
+        plan = rollout_plan.for_release(loaded, reg.get(args.release), reg.live(spec.name, spec.promotion.target))
+    else:
+        if args.rate_per_server is None:
+            raise ReleaseError("give --release ID (a release in the registry) or --rate-per-server R")
+        layout = args.layout or spec.layouts[0].name
+        loaded.layout(layout)  # an unknown name fails here, naming the spec's layouts
+        new = rollout_plan.Side(layout=layout, rate_per_server=args.rate_per_server, load_seconds=args.load_seconds)
+        old = (
+            rollout_plan.Side(layout=args.live_layout, rate_per_server=args.live_rate_per_server)
+            if args.live_rate_per_server
+            else None
+        )
+        plan = rollout_plan.plan(loaded, new, old)
+    emit(rollout_plan.table(plan))
+    if args.json:
+        emit(plan.model_dump_json(indent=2))
+    return 0 if plan.feasible else 1
+
+
 def _plan(args: argparse.Namespace) -> int:
     """Predict every feasible layout's max SLO rate from datasheet figures; no engine starts."""
     from pipeline.core.paths import home
@@ -474,6 +502,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", help="where to write the chart (default: $MODEL_RELEASE_HOME/plans/SPEC-IN-OUT.png)")
     p.add_argument("--json", action="store_true", help="also print the plan as JSON")
     p.set_defaults(func=_plan)
+
+    p = sub.add_parser(
+        "rollout-plan", help="a progressive rollout's steps: servers old/new, capacity vs peak, expected duration"
+    )
+    p.add_argument("spec")
+    p.add_argument("--release", type=int, help="the release to roll out (registry); else give its rate")
+    p.add_argument("--rate-per-server", type=float, help="the new release's max SLO req/s per server")
+    p.add_argument("--layout", help="the new release's layout (default: the spec's first)")
+    p.add_argument("--load-seconds", type=float, help="its replicas' load time, process start to healthy")
+    p.add_argument("--live-rate-per-server", type=float, help="the live release's rate (none: nothing live)")
+    p.add_argument("--live-layout", help="the live release's layout")
+    p.add_argument("--json", action="store_true", help="also print the plan as JSON")
+    p.set_defaults(func=_rollout_plan)
 
     p = sub.add_parser("releases", help="the release registry: list, show a release's audit trail, roll back")
     rs = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -43,6 +43,11 @@ setup_system() {
     echo "setup: installing nginx (apt)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
   fi
+  # the local target's rollouts read the engines' live p90s through a real Prometheus server
+  if ! command -v prometheus >/dev/null && [[ ! -x /usr/bin/prometheus ]]; then
+    echo "setup: installing prometheus (apt)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
   # the end-to-end test opens the plugin page in Debian's headless Chromium (Playwright drives it)
   if [[ ! -x /usr/bin/chromium ]]; then
     echo "setup: installing chromium (apt)"

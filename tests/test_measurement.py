@@ -124,26 +124,17 @@ vllm:e2e_request_latency_seconds_sum{engine="0",model_name="model"} %(s)s
 @pytest.fixture
 def metrics_server():
     """A real HTTP server whose /metrics text changes between two scrapes."""
-    import http.server
-    import threading
+    from tests import metrics_http
 
     pages = [METRICS % dict(a=0, b=0, c=0, s=0, q=0), METRICS % dict(a=50, b=80, c=100, s=1.5, q=0.2)]
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = pages[0].encode()
-            if len(pages) > 1:
-                pages.pop(0)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body)
+    def render() -> bytes:
+        body = pages[0].encode()
+        if len(pages) > 1:
+            pages.pop(0)
+        return body
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = metrics_http.serve(render)
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 

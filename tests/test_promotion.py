@@ -13,6 +13,7 @@ from pipeline.core.spec import load_spec
 from pipeline.release import local_target, promote, report
 from pipeline.release.registry import Registry, audit_trail
 from tests.conftest import TINY_SPEC
+from tests.load import LoadClient
 from tests.s3server import free_port
 
 pytestmark = pytest.mark.usefixtures("release_env")
@@ -36,7 +37,9 @@ def tiny_spec(spec_file, s3):
     return make
 
 
-def candidate(reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, approver="reviewer", run="run-1"):
+def candidate(
+    reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, approver="reviewer", run="run-1", rate=50.0
+):
     """A release with the given evidence recorded, the way the DAG's tasks record it."""
     loaded = load_spec(spec_path)
     rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), "local")
@@ -45,7 +48,7 @@ def candidate(reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, ap
     if accuracy is not None:
         reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy})
     if slo is not None:
-        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data={"layout": "single", "rate_per_server": 50.0})
+        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data={"layout": "single", "rate_per_server": rate})
     if approver:
         reg.record(rel.id, "approved", approver, {"comment": "ok"}, status="approved")
     return rel, staged
@@ -247,7 +250,10 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
     name = load_spec(spec).spec.name
     artifact = fp8_artifact
     try:
-        first, _ = candidate(reg, spec, artifact, run="first")
+        # its recorded SLO rate sets the load below: 20 req/s, an eighth of what `single` holds with the
+        # whole machine (README); at half of that a rollout shares 2 cores with 80 req/s of load, and
+        # engines started beside a saturated one stall for minutes in their CPU binding (measured)
+        first, _ = candidate(reg, spec, artifact, run="first", rate=20.0)
         live = promote.promote(reg, first.id)
         url = local_target.endpoint(load_spec(spec).spec)
         assert live.status == "live" and live.data["endpoint"] == url
@@ -265,14 +271,50 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
         assert reg.get(bad.id).status == "rolled_back" and reg.get(first.id).status == "live"
         assert local_target.current(name).release_id == first.id and completion(url)
 
-        # a good second release replaces it; then a rollback puts the first back
-        second_spec = tiny_spec(own_name, name="second.yaml")
-        second, _ = candidate(reg, second_spec, artifact, run="second")
-        assert promote.promote(reg, second.id).status == "live"
-        assert reg.get(first.id).status == "superseded" and completion(url)
+        # from here on a client sends half the live release's SLO rate through the live endpoint
+        rate = reg.get(first.id).facts.rate_per_server / 2
+        with LoadClient(url, rate) as load:
+            # a good second release takes the traffic in the spec's steps, each judged on live p90s
+            second_spec = tiny_spec(own_name, name="second.yaml")
+            second, _ = candidate(reg, second_spec, artifact, run="second")
+            assert promote.promote(reg, second.id).status == "live"
+            assert reg.get(first.id).status == "superseded" and completion(url)
+            steps = [e.detail for e in reg.events(second.id) if e.kind == "rollout_step"]
+            assert [(s["fraction"], s["passed"], s["inconclusive"]) for s in steps] == [
+                (0.5, True, False),
+                (1.0, True, False),
+            ]
+            assert all(s["queries"]["new_requests"]["value"] >= 10 for s in steps), steps
+            assert steps[0]["queries"]["old_p90_ttft"]["value"] is not None  # the old release, same window
+
+            # a release that cannot hold its half of the load (one sequence at a time, a token budget of
+            # one token per step, no compiled graph: 0.21-0.25 s a request alone here, ~4.3 req/s) is
+            # aborted at its first step by the analysis; the second release never stops serving
+            slow_args = {"max-num-seqs": 1, "max-num-batched-tokens": 1, "enforce-eager": True}
+            slow_spec = tiny_spec(
+                lambda d: own_name(d, lambda d: d["layouts"][0]["engine_args"].update(slow_args)), name="slow.yaml"
+            )
+            slow, _ = candidate(reg, slow_spec, artifact, run="slow")
+            with pytest.raises(
+                promote.DeployFailed,
+                match=rf"release {second.id} still serving\n.*aborted at step 1 \(50% of traffic\): .*p90 TTFT",
+            ):
+                promote.promote(reg, slow.id)
+            assert reg.get(slow.id).status == "rolled_back" and reg.get(second.id).status == "live"
+            aborted = next(e.detail for e in reg.events(slow.id) if e.kind == "rollout_aborted")
+            assert aborted["steps"][0]["queries"]["new_p90_ttft"]["value"] > 0.5, aborted  # the query result kept
+            assert local_target.current(name).release_id == second.id and completion(url)
+        # nothing the client sent failed: not during a rollout, nor an abort and its drain
+        assert load.errors == [] and load.ok == load.sent, (load.sent, load.ok, load.errors[:5])
+        assert load.sent > 60 * rate, load.sent
+
+        # a rollback puts the first back through the same controller; with no traffic now, each step
+        # has nothing to be judged on and says so
         restored = promote.rollback(reg, name, "local", "sre-oncall", "p90 TPOT regression after release 2")
         assert restored.id == first.id and restored.status == "live"
         assert reg.get(second.id).status == "rolled_back" and completion(url)
+        rollback_steps = [e.detail for e in reg.events(first.id) if e.kind == "rollout_step"]
+        assert [(s["passed"], s["inconclusive"]) for s in rollback_steps] == [(True, True), (True, True)]
         trail = audit_trail(reg, first.id)
         assert "rollback_finished" in trail and "sre-oncall" in trail and "p90 TPOT regression" in trail
     finally:

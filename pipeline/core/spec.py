@@ -246,6 +246,42 @@ class PromotionSpec(Strict):
     rollout_timeout: Annotated[str, Field(pattern=DURATION_PATTERN.pattern)] = "45m"
 
 
+class RolloutSpec(Strict):
+    """How a new release takes traffic from the live one: in steps, each held for an analysis window
+    in which the new release's live p90s (from Prometheus) must meet the SLO, or traffic goes back."""
+
+    steps: Annotated[
+        list[Annotated[float, Field(gt=0, le=1)]],
+        Field(min_length=1, description="fractions of traffic on the new release, increasing, ending at 1.0"),
+    ] = Field(default_factory=lambda: [0.1, 0.5, 1.0])
+    analysis_window: Annotated[
+        str, Field(pattern=DURATION_PATTERN.pattern, description="how long each step is held and analysed")
+    ] = "5m"
+    min_requests: Annotated[
+        int, Field(ge=1, description="requests the new release must finish in a window for a verdict")
+    ] = 20
+    max_error_fraction: Annotated[float, Field(ge=0, lt=1, description="aborted or failed / finished requests")] = 0.01
+    max_vs_live: Annotated[
+        float | None,
+        Field(gt=1, description="new p90s may be at most this multiple of the old release's in the same window"),
+    ] = None
+    prometheus_url: str | None = Field(
+        None, description="the cluster's Prometheus (kubernetes target); the local target starts its own"
+    )
+    spare_servers: Annotated[
+        int, Field(ge=0, description="servers a step may run beyond the live fleet (old ones go as new are ready)")
+    ] = 1
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: list[float]) -> list[float]:
+        if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+            raise ValueError(f"{steps}: fractions must increase")
+        if steps[-1] != 1.0:
+            raise ValueError(f"{steps}: the last step must be 1.0 (all traffic on the new release)")
+        return steps
+
+
 class NotifySpec(Strict):
     """Where a re-benchmark verdict goes: the registry always; also e-mail or Slack via an Airflow connection."""
 
@@ -376,6 +412,7 @@ class ReleaseSpec(Strict):
     hardware: str = Field(description="profile name in configs/hardware/")
     promotion: PromotionSpec = Field(default_factory=PromotionSpec)
     rebenchmark: RebenchmarkSpec = Field(default_factory=RebenchmarkSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     capacity: CapacitySpec | None = Field(None, description="the fleet to size and price; needs the hardware's price")
     execution: Literal["local", "kubernetes"] = "local"
 

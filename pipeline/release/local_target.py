@@ -22,13 +22,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
-from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
-from pipeline.stages import serving
+from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, duration_seconds
+from pipeline.release import analysis, local_prometheus
+from pipeline.stages import engine_metrics, serving
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Deployment(BaseModel):
     ports: list[int]
     log_dir: str
     load_seconds: list[float] = []
+    cores: list[list[int]] = Field(default_factory=list, description="cpu: each replica's cores")
 
 
 class LocalDeployFailed(ReleaseError):
@@ -105,13 +107,37 @@ def is_healthy(dep: Deployment) -> bool:
     )
 
 
+def cores_beside(hw: HardwareProfile, layout: Layout, busy: list[list[int]]) -> list[list[int]] | None:
+    """Cores for a new release's replicas that the live release does not use, or None (the usual
+    ones) when too few are free. A vLLM CPU worker under load keeps its core saturated, and an
+    engine started onto that core stalls in its own CPU binding until the load stops (measured
+    here: 5 minutes at 25 req/s without progress); its replicas go elsewhere while both serve."""
+    if hw.kind != "cpu" or not busy:
+        return None
+    taken = {c for cores in busy for c in cores}
+    free = [c for c in serving.all_cores() if c not in taken]
+    need = layout.devices_per_replica
+    if len(free) < need * layout.replicas:
+        return None
+    return [free[i * need : (i + 1) * need] for i in range(layout.replicas)]
+
+
 def _start_engines(
-    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, release_id: int, timeout: float
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    layout: Layout,
+    model_dir: Path,
+    release_id: int,
+    timeout: float,
+    beside: Deployment | None = None,
 ) -> Deployment:
     log_dir = state_dir(spec.name) / f"release-{release_id}"
     log_dir.mkdir(parents=True, exist_ok=True)
     ports = [serving.free_port() for _ in range(layout.replicas)]
-    commands = serving.build_commands(spec, hw, layout, str(model_dir), ports[0])
+    devices = cores_beside(hw, layout, beside.cores) if beside else None
+    if beside and hw.kind == "cpu" and devices is None:
+        log.warning("release %d shares cores with live release %d (too few free cores)", release_id, beside.release_id)
+    commands = serving.build_commands(spec, hw, layout, str(model_dir), ports[0], devices)
     pgids: list[int] = []
     for cmd, port in zip(commands, ports, strict=True):
         argv = list(cmd.argv)
@@ -119,7 +145,9 @@ def _start_engines(
         with open(log_dir / f"engine-{cmd.replica}.log", "wb") as out:
             out.write((cmd.shell() + "\n").encode())
             out.flush()
-            # Detached on purpose: the live server must outlive the task that promoted it.
+            # Detached on purpose: the live server must outlive the task that promoted it. Beside a
+            # live release, it starts on its own cores (its processes inherit them), so none of
+            # them is ever moved onto a core that a loaded engine keeps busy.
             proc = subprocess.Popen(
                 argv,
                 env={**os.environ, **cmd.env},
@@ -127,6 +155,7 @@ def _start_engines(
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=(lambda cores=cmd.devices: os.sched_setaffinity(0, cores)) if devices else None,
             )
         pgids.append(proc.pid)
         (log_dir / f"engine-{cmd.replica}.pid").write_text(str(proc.pid))
@@ -137,12 +166,16 @@ def _start_engines(
         pgids=pgids,
         ports=ports,
         log_dir=str(log_dir),
+        cores=[c.devices for c in commands] if hw.kind == "cpu" else [],
     )
     try:
         _wait_healthy(dep, timeout)
     except BaseException:  # a failed start or a killed task must not leave detached engines behind
         _stop_groups(pgids)
         raise
+    if devices:  # the API servers may run anywhere again (a wider mask moves nothing)
+        for pgid in pgids:
+            serving.pin(pgid, serving.all_cores())
     return dep
 
 
@@ -184,11 +217,16 @@ def _tail(path: Path, lines: int = 20) -> str:
 # ---------------------------------------------------------------- the front (nginx on the spec's port)
 
 
-def _front_conf(name: str, port: int, backends: list[int], release_id: int) -> Path:
+def _front_conf(name: str, port: int, weights: dict[int, int], marker: str, shares: bool) -> Path:
     root = state_dir(name) / "front"
     root.mkdir(exist_ok=True)
     return serving.write_nginx_conf(
-        root, port, backends, f'location = /__release {{ return 200 "{release_id}"; }}', access_log=True
+        root,
+        port,
+        list(weights),
+        f'location = /__release {{ return 200 "{marker}"; }}',
+        access_log=True,
+        weights=weights if shares else None,  # one release's replicas: least connections
     )
 
 
@@ -208,14 +246,16 @@ def _front_release(spec: ReleaseSpec) -> str | None:
         return None
 
 
-def _point_front(spec: ReleaseSpec, backends: list[int], release_id: int) -> None:
+def _point_front(spec: ReleaseSpec, weights: dict[int, int], marker: str, shares: bool = False) -> None:
     """Start nginx on the spec's port, or reload it with new backends (old connections finish).
 
-    A reload is asynchronous and a bad config keeps the old workers answering, so the switch
-    counts only once the front itself says it serves `release_id`.
+    `weights`: backend port -> weight, a share of requests when `shares` (a rollout step: weighted
+    round robin), else least connections; `marker`: what /__release answers (a release id, or
+    `new@fraction` during a rollout step). A reload is asynchronous and a bad config keeps the old
+    workers answering, so the switch counts only once the front itself answers with `marker`.
     """
     nginx = serving.nginx_binary()
-    conf = _front_conf(spec.name, spec.serving.port, backends, release_id)
+    conf = _front_conf(spec.name, spec.serving.port, weights, marker, shares)
     check = subprocess.run([nginx, "-t", "-c", str(conf), "-p", str(conf.parent)], capture_output=True, text=True)
     if check.returncode:
         raise LocalDeployFailed(f"front config {conf} rejected by nginx -t: {check.stderr.strip()[-500:]}")
@@ -234,13 +274,101 @@ def _point_front(spec: ReleaseSpec, backends: list[int], release_id: int) -> Non
         (conf.parent / "front.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if _front_release(spec) == str(release_id):
+        if _front_release(spec) == marker:
             return
         time.sleep(0.3)
     raise LocalDeployFailed(
-        f"front (nginx) on port {spec.serving.port} does not serve release {release_id}: "
+        f"front (nginx) on port {spec.serving.port} does not serve {marker}: "
         f"{_tail(conf.parent / 'nginx-error.log', 5)}"
     )
+
+
+def _only(dep: Deployment) -> dict[int, int]:
+    return dict.fromkeys(dep.ports, 1)
+
+
+def split(old: Deployment, new: Deployment, fraction: float) -> dict[int, int]:
+    """nginx weights putting `fraction` of requests on the new release's replicas, the rest on the old's."""
+    if fraction >= 1:
+        return _only(new)
+    new_share = round(fraction * 100)
+    weights = dict.fromkeys(old.ports, max(1, round((100 - new_share) / len(old.ports))))
+    weights |= dict.fromkeys(new.ports, max(1, round(new_share / len(new.ports))))
+    return weights
+
+
+def drain(dep: Deployment, timeout: float = 120) -> None:
+    """Wait until the replicas hold no request (the front no longer sends them any), so stopping
+    them fails nobody; gives up after `timeout` (a stuck engine must not block a rollback)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [engine_metrics.in_flight(f"http://127.0.0.1:{p}") for p in dep.ports]
+        if all(n is None or n == 0 for n in left):
+            return
+        time.sleep(0.5)
+    log.warning("release %d still holds requests after %.0f s; stopping it anyway", dep.release_id, timeout)
+
+
+# ---------------------------------------------------------------- progressive rollout
+
+
+class RolloutAborted(LocalDeployFailed):
+    """A step's live analysis failed: traffic went back to the old release."""
+
+    def __init__(self, message: str, steps: list[analysis.StepAnalysis]):
+        super().__init__(message)
+        self.steps = steps
+
+
+def prometheus_root(name: str) -> Path:
+    return state_dir(name) / "prometheus"
+
+
+def _progressive(spec: ReleaseSpec, old: Deployment, new: Deployment) -> list[analysis.StepAnalysis]:
+    """Shift traffic to `new` step by step; after each step's window, the PromQL analysis decides.
+
+    Raises RolloutAborted at the first failed step (the caller sends all traffic back to `old`)."""
+    plan = spec.rollout
+    root = prometheus_root(spec.name)
+    base = plan.prometheus_url or local_prometheus.ensure(root)
+    for dep in (old, new):
+        local_prometheus.scrape(root, dep.release_id, dep.layout, dep.ports)
+        local_prometheus.wait_scraped(base, dep.release_id, len(dep.ports))
+    window = duration_seconds(plan.analysis_window)
+    steps: list[analysis.StepAnalysis] = []
+    for number, fraction in enumerate(plan.steps, 1):
+        _point_front(spec, split(old, new, fraction), f"{new.release_id}@{fraction:g}", shares=fraction < 1)
+        log.info(
+            "rollout of release %d, step %d/%d: %.0f%% of traffic on it, analysis in %d s",
+            new.release_id,
+            number,
+            len(plan.steps),
+            fraction * 100,
+            window,
+        )
+        started = time.monotonic()
+        while (left := window + 2 * local_prometheus.SCRAPE_SECONDS - (time.monotonic() - started)) > 0:
+            time.sleep(min(left, 15))
+            if left > 15:
+                log.info("step %d: %.0f s of the analysis window left", number, left - 15)
+        verdict = analysis.analyze(
+            base,
+            f'release="{new.release_id}"',
+            f'release="{old.release_id}"' if fraction < 1 else None,
+            number,
+            fraction,
+            window,
+            spec.slo,
+            plan,
+        )
+        steps.append(verdict)
+        if not verdict.passed:
+            raise RolloutAborted(
+                f"rollout of release {new.release_id} aborted at step {number} ({fraction:.0%} of traffic): "
+                + "; ".join(verdict.reasons),
+                steps,
+            )
+    return steps
 
 
 # ---------------------------------------------------------------- deploy / stop
@@ -248,33 +376,44 @@ def _point_front(spec: ReleaseSpec, backends: list[int], release_id: int) -> Non
 
 def deploy(
     spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, release_id: int, timeout: float = 900
-) -> tuple[Deployment, str]:
-    """Start the release beside the current one, smoke-test it, switch the front, stop the old one.
+) -> tuple[Deployment, str, list[analysis.StepAnalysis]]:
+    """Start the release beside the current one, smoke-test it, move traffic to it, stop the old one.
 
-    Returns the new deployment and the smoke completion's text. On failure the previous release
-    (if any) is still serving and LocalDeployFailed says why.
+    With a healthy release live, traffic moves in the spec's rollout steps, each judged on live
+    metrics; otherwise the front switches at once (nothing to compare with, nobody to protect).
+    The old release is drained before it stops: no request is dropped. Returns the new deployment,
+    the smoke completion's text and the step analyses. On failure the previous release (if any)
+    serves all traffic again and LocalDeployFailed (RolloutAborted, with the analyses) says why.
     """
     with switching(spec.name):
         previous = current(spec.name)
-        if previous and not is_healthy(previous):
+        fallback = previous if previous and is_healthy(previous) else None
+        if previous and not fallback:
             log.warning(
                 "previous live release %d is not healthy (engines gone?); it cannot be kept as a fallback",
                 previous.release_id,
             )
-        dep = _start_engines(spec, hw, layout, model_dir, release_id, timeout)
+        dep = _start_engines(spec, hw, layout, model_dir, release_id, timeout, beside=fallback)
+        steps: list[analysis.StepAnalysis] = []
         try:
             for port in dep.ports:
                 text = smoke(f"http://127.0.0.1:{port}")
-            _point_front(spec, dep.ports, release_id)
+            if fallback and fallback.release_id != release_id:
+                steps = _progressive(spec, fallback, dep)
+            _point_front(spec, _only(dep), str(release_id))
             text = smoke(endpoint(spec))
         except BaseException:
+            if fallback:  # undo a switch or a step made before the failure, then let the new one finish
+                _point_front(spec, _only(fallback), str(fallback.release_id))
+                drain(dep)
             _stop_groups(dep.pgids)
-            if previous and is_healthy(previous):
-                _point_front(spec, previous.ports, previous.release_id)  # undo a switch made before the failure
+            local_prometheus.forget(prometheus_root(spec.name), release_id)
             raise
         _write_current(spec.name, dep)
         if previous and previous.pgids != dep.pgids:
+            drain(previous)
             _stop_groups(previous.pgids)
+            local_prometheus.forget(prometheus_root(spec.name), previous.release_id)
     log.info(
         "release %d live at %s (layout %s, replicas on ports %s); smoke completion %r",
         release_id,
@@ -283,7 +422,7 @@ def deploy(
         dep.ports,
         text,
     )
-    return dep, text
+    return dep, text, steps
 
 
 def _write_current(name: str, dep: Deployment) -> None:
@@ -299,6 +438,7 @@ def stop(name: str) -> bool:
         if front:
             pids.append(front)
         _stop_groups(pids)
+        local_prometheus.stop(prometheus_root(name))
         (state_dir(name) / "current.json").unlink(missing_ok=True)
         (state_dir(name) / "front" / "front.pid").unlink(missing_ok=True)
         return bool(pids)

@@ -20,6 +20,7 @@ from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.release import local_target
+from pipeline.release.analysis import StepAnalysis
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import serving
 
@@ -141,8 +142,14 @@ def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
 def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str) -> None:
     layout = loaded.layout(rel.data["layout"])
     try:
-        dep, text = local_target.deploy(loaded.spec, loaded.hardware, layout, serving_dir(loaded, rel.data), rel.id)
+        dep, text, steps = local_target.deploy(
+            loaded.spec, loaded.hardware, layout, serving_dir(loaded, rel.data), rel.id
+        )
     except ReleaseError as exc:
+        if isinstance(exc, local_target.RolloutAborted):
+            _record_steps(reg, rel.id, exc.steps, actor)
+            detail = {"reason": str(exc), "steps": [s.model_dump() for s in exc.steps]}
+            reg.record(rel.id, "rollout_aborted", actor, detail)
         now = local_target.current(rel.name)
         restored = (
             previous is not None and now is not None and now.release_id == previous.id and local_target.is_healthy(now)
@@ -160,6 +167,7 @@ def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Rel
             + (f"release {previous.id} still serving" if restored and previous else "nothing serving")
             + f"\n{exc}"
         ) from None
+    _record_steps(reg, rel.id, steps, actor)
     url = local_target.endpoint(loaded.spec)
     reg.record(rel.id, "smoke_test", actor, {"ok": True, "url": url, "prompt": local_target.SMOKE_PROMPT, "text": text})
     reg.record(
@@ -170,6 +178,12 @@ def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Rel
         status="live",
         data={"endpoint": url, "deployment": dep.model_dump()},
     )
+
+
+def _record_steps(reg: Registry, release_id: int, steps: list[StepAnalysis], actor: str) -> None:
+    """One audit event per rollout step: its traffic share, verdict and every PromQL query's answer."""
+    for step in steps:
+        reg.record(release_id, "rollout_step", actor, step.model_dump())
 
 
 def _deploy_kubernetes(
@@ -275,9 +289,10 @@ def rollback(
     )
     try:
         if target == "local":
-            dep, text = local_target.deploy(
+            dep, text, steps = local_target.deploy(
                 loaded.spec, loaded.hardware, loaded.layout(rel.data["layout"]), serving_dir(loaded, rel.data), rel.id
             )
+            _record_steps(reg, rel.id, steps, actor)
             detail = {"endpoint": local_target.endpoint(loaded.spec), "smoke_text": text}
             data = {"deployment": dep.model_dump()}
         else:

@@ -83,10 +83,16 @@ def device_sets(layout: Layout, hw: HardwareProfile) -> list[list[int]]:
 
 
 def build_commands(
-    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model: str, base_port: int
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    layout: Layout,
+    model: str,
+    base_port: int,
+    replica_devices: list[list[int]] | None = None,
 ) -> list[EngineCommand]:
+    """One command per replica; `replica_devices`: each replica's devices when not `device_sets`'."""
     commands = []
-    for replica, devices in enumerate(device_sets(layout, hw)):
+    for replica, devices in enumerate(replica_devices or device_sets(layout, hw)):
         port = base_port + replica
         parallel: list[str] = []
         if layout.tp > 1:
@@ -507,18 +513,27 @@ def nginx_binary() -> str:
     return nginx
 
 
-def write_nginx_conf(root: Path, port: int, backends: list[int], locations: str = "", access_log: bool = False) -> Path:
+def write_nginx_conf(
+    root: Path,
+    port: int,
+    backends: list[int],
+    locations: str = "",
+    access_log: bool = False,
+    weights: dict[int, int] | None = None,
+) -> Path:
     """nginx on 127.0.0.1:`port`, least-connections over `backends`, its state under `root`;
-    `locations`: extra location blocks. Written to a temporary file and renamed: a reload must
-    never read half a config."""
+    `locations`: extra location blocks. With `weights` (port -> weight) the split is weighted
+    round robin instead: a share of requests, which least-connections would bend away from a slow
+    backend. Written to a temporary file and renamed: a reload must never read half a config."""
     conf = root / "nginx.conf"
-    upstreams = "".join(f"server 127.0.0.1:{p};" for p in backends)
+    balance = "" if weights else "least_conn;"
+    upstreams = "".join(f"server 127.0.0.1:{p}{f' weight={weights[p]}' if weights else ''};" for p in backends)
     atomic_write(
         conf,
         f"daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/nginx-error.log;\n"
         f"events {{ worker_connections 1024; }}\n"
         f"http {{ access_log {f'{root}/access.log' if access_log else 'off'};"
-        f" upstream engines {{ least_conn; {upstreams} keepalive 64; }}\n"
+        f" upstream engines {{ {balance} {upstreams} keepalive 64; }}\n"
         f"  client_body_temp_path {root}/nginx-body; proxy_temp_path {root}/nginx-proxy;\n"
         f"  server {{ listen 127.0.0.1:{port}; {locations}\n"
         f"    location / {{ proxy_pass http://engines; proxy_http_version 1.1;\n"

@@ -1,0 +1,155 @@
+"""Live SLO analysis of one rollout step, from vLLM's own Prometheus metrics.
+
+What a reviewer trusts in Argo Rollouts' analysis runs, with the release's SLO as the bar: the new
+release's p90 TTFT and p90 TPOT over the step's window (PromQL `histogram_quantile` over `rate()`
+of vLLM's histogram buckets), its aborted share, and whether every one of its engines was scraped,
+each beside the old release's figure for the same window. Every query and its answer goes into the
+verdict, so an abort shows its evidence.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import requests
+from pydantic import BaseModel, Field
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.spec import RolloutSpec, SloSpec
+
+log = logging.getLogger(__name__)
+
+TTFT = "vllm:time_to_first_token_seconds"
+# vLLM's per-request mean time per output token (decode time / (output tokens - 1))
+TPOT = "vllm:request_time_per_output_token_seconds"
+FINISHED = "vllm:request_success_total"  # label finished_reason: stop, length, abort, error, repetition
+
+
+class PrometheusError(ReleaseError):
+    pass
+
+
+class Query(BaseModel):
+    promql: str
+    value: float | None = Field(description="None: no data in the window (no samples, or no requests)")
+
+
+class StepAnalysis(BaseModel):
+    """One analysis window of one rollout step: the verdict and every query behind it."""
+
+    step: int
+    fraction: float
+    window_s: int
+    passed: bool
+    reasons: list[str] = Field(default_factory=list, description="why it failed; empty when it passed")
+    inconclusive: bool = Field(False, description="no live traffic on either release: nothing to judge, nobody hurt")
+    queries: dict[str, Query]
+
+    def summary(self) -> str:
+        q = {k: v.value for k, v in self.queries.items()}
+
+        def ms(key: str) -> str:
+            v = q.get(key)
+            return "-" if v is None else f"{v * 1000:.0f} ms"
+
+        verdict = "FAILED" if not self.passed else "inconclusive (no traffic)" if self.inconclusive else "passed"
+        return (
+            f"step {self.step} ({self.fraction:.0%} of traffic, {self.window_s} s): {verdict}; "
+            f"new p90 TTFT {ms('new_p90_ttft')} (old {ms('old_p90_ttft')}), "
+            f"p90 TPOT {ms('new_p90_tpot')} (old {ms('old_p90_tpot')}), "
+            f"{q.get('new_requests') or 0:.0f} requests" + (f"; {'; '.join(self.reasons)}" if self.reasons else "")
+        )
+
+
+def query(url: str, promql: str, timeout: float = 10) -> float | None:
+    """One instant query through Prometheus' HTTP API; a scalar or a one-series vector, else None."""
+    try:
+        response = requests.get(f"{url}/api/v1/query", params={"query": promql}, timeout=timeout)
+        body = response.json()
+    except (requests.RequestException, ValueError) as exc:
+        raise PrometheusError(f"Prometheus at {url}: {promql}: {exc}") from None
+    if body.get("status") != "success":
+        raise PrometheusError(f"Prometheus at {url} refused {promql}: {body.get('error', body)}")
+    result = body["data"]["result"]
+    if body["data"]["resultType"] == "scalar":
+        value = float(result[1])
+    elif not result:
+        return None
+    elif len(result) > 1:
+        raise PrometheusError(f"Prometheus at {url}: {promql} returned {len(result)} series, expected one")
+    else:
+        value = float(result[0]["value"][1])
+    return None if math.isnan(value) else value
+
+
+def queries(new: str, old: str | None, window_s: int) -> dict[str, str]:
+    """The step's PromQL; `new` / `old` are label matchers (e.g. `release="12"`) of each release's engines."""
+    w = f"{window_s}s"
+
+    def p90(metric: str, sel: str) -> str:
+        return f"histogram_quantile(0.9, sum by (le) (rate({metric}_bucket{{{sel}}}[{w}])))"
+
+    out = {
+        "new_p90_ttft": p90(TTFT, new),
+        "new_p90_tpot": p90(TPOT, new),
+        "new_requests": f"sum(increase({FINISHED}{{{new}}}[{w}]))",
+        "new_failed": f'sum(increase({FINISHED}{{{new},finished_reason=~"abort|error"}}[{w}])) or vector(0)',
+        "new_targets_down": f"count(up{{{new}}} == 0) or vector(0)",
+        "new_targets": f"count(up{{{new}}})",
+    }
+    if old:
+        out |= {
+            "old_p90_ttft": p90(TTFT, old),
+            "old_p90_tpot": p90(TPOT, old),
+            "old_requests": f"sum(increase({FINISHED}{{{old}}}[{w}]))",
+        }
+    return out
+
+
+def analyze(
+    url: str, new: str, old: str | None, step: int, fraction: float, window_s: int, slo: SloSpec, rollout: RolloutSpec
+) -> StepAnalysis:
+    """Judge the window that just ended: the SLO, errors, scrape health, and (if set) the old release."""
+    asked = queries(new, old, window_s)
+    results = {name: Query(promql=promql, value=query(url, promql)) for name, promql in asked.items()}
+    v = {name: q.value for name, q in results.items()}
+    reasons: list[str] = []
+    requests_done = v["new_requests"] or 0.0
+    if not v["new_targets"]:
+        reasons.append(f"no engine of the new release is scraped ({new})")
+    elif v["new_targets_down"]:
+        reasons.append(f"{v['new_targets_down']:.0f} of {v['new_targets']:.0f} engines of the new release are down")
+    idle = requests_done < rollout.min_requests and (v.get("old_requests") or 0.0) < rollout.min_requests
+    if idle:
+        pass  # no traffic at all (a quiet hour, a demo): a canary has nothing to be judged on
+    elif requests_done < rollout.min_requests:
+        reasons.append(f"{requests_done:.0f} requests finished in the window, fewer than {rollout.min_requests}")
+    else:
+        failed = (v["new_failed"] or 0.0) / requests_done
+        if failed > rollout.max_error_fraction:
+            reasons.append(f"{failed:.1%} of requests aborted or failed > {rollout.max_error_fraction:.1%}")
+        for key, limit, label in (("ttft", slo.p90_ttft_ms, "TTFT"), ("tpot", slo.p90_tpot_ms, "TPOT")):
+            value = v[f"new_p90_{key}"]
+            if value is None:
+                reasons.append(f"no p90 {label} samples for the new release")
+                continue
+            if value * 1000 > limit:
+                reasons.append(f"p90 {label} {value * 1000:.0f} ms > SLO {limit:g} ms")
+            live = v.get(f"old_p90_{key}")
+            if rollout.max_vs_live and live and value > live * rollout.max_vs_live:
+                reasons.append(
+                    f"p90 {label} {value * 1000:.0f} ms > {rollout.max_vs_live:g} x the old release's "
+                    f"{live * 1000:.0f} ms in the same window"
+                )
+    verdict = StepAnalysis(
+        step=step,
+        fraction=fraction,
+        window_s=window_s,
+        passed=not reasons,
+        reasons=reasons,
+        inconclusive=idle and not reasons,
+        queries=results,
+    )
+    log.info("rollout analysis: %s", verdict.summary())
+    return verdict

@@ -1,0 +1,57 @@
+"""A steady client for the live endpoint: Poisson arrivals at a fixed rate, every answer counted.
+
+What a rollout must not disturb: it runs in threads for as long as a test needs, and says how
+many requests it sent, how many failed, and why."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+
+class LoadClient:
+    def __init__(self, url: str, rate: float, max_tokens: int = 16, seed: int = 0):
+        self.url, self.rate, self.max_tokens = url, rate, max_tokens
+        self.random = random.Random(seed)
+        self.sent = self.ok = 0
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=256)
+        self.thread = threading.Thread(target=self._send, daemon=True)
+
+    def __enter__(self) -> LoadClient:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.thread.join()
+        self.pool.shutdown(wait=True)
+
+    def _send(self) -> None:
+        while not self.stopping.wait(self.random.expovariate(self.rate)):
+            a, b = self.random.randrange(10, 99), self.random.randrange(10, 99)
+            self.pool.submit(self._one, f"{a}+{b}=" * 8)
+            with self.lock:
+                self.sent += 1
+
+    def _one(self, prompt: str) -> None:
+        body = {"model": "model", "prompt": prompt, "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True}
+        request = urllib.request.Request(
+            f"{self.url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                ok = response.status == 200 and bool(json.loads(response.read())["choices"][0]["text"])
+                error = "" if ok else "empty answer"
+        except Exception as exc:  # noqa: BLE001 - every kind of failure is what is being counted
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        with self.lock:
+            if ok:
+                self.ok += 1
+            else:
+                self.errors.append(error)

@@ -1,0 +1,242 @@
+"""Live SLO analysis of rollout steps: the real Prometheus server (Debian's package) scraping
+exporters that publish vLLM's own metric names, judged with the PromQL the rollout runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from pipeline.core.spec import RolloutSpec, SloSpec, load_spec
+from pipeline.release import analysis, local_prometheus, local_target
+from tests import metrics_http
+from tests.conftest import TINY_SPEC
+
+BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class FakeEngine:
+    """An HTTP /metrics endpoint with vLLM's TTFT / TPOT histograms and finished-request counter,
+    fed `rate` requests a second at the latencies set on it (a thread), like a replica under load."""
+
+    def __init__(self, ttft: float, tpot: float, rate: float = 20):
+        self.ttft, self.tpot, self.rate, self.failed_share = ttft, tpot, rate, 0.0
+        self.registry = CollectorRegistry()
+        self.h_ttft = Histogram(analysis.TTFT, "ttft", buckets=BUCKETS, registry=self.registry)
+        self.h_tpot = Histogram(analysis.TPOT, "tpot", buckets=BUCKETS, registry=self.registry)
+        self.done = Counter(
+            analysis.FINISHED.removesuffix("_total"), "finished", ["finished_reason"], registry=self.registry
+        )
+        self.server = metrics_http.serve(lambda: generate_latest(self.registry))
+        self.port = self.server.server_address[1]
+        self.stopping = threading.Event()
+        threading.Thread(target=self._feed, daemon=True).start()
+
+    def _feed(self) -> None:
+        n = 0
+        while not self.stopping.wait(1 / self.rate if self.rate else 0.1):
+            if not self.rate:
+                continue
+            n += 1
+            self.h_ttft.observe(self.ttft)
+            self.h_tpot.observe(self.tpot)
+            failed = self.failed_share and n % round(1 / self.failed_share) == 0
+            self.done.labels("abort" if failed else "length").inc()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    root = tmp_path / "prometheus"
+    url = local_prometheus.ensure(root)
+    yield root, url
+    assert local_prometheus.stop(root)
+    assert local_prometheus.url(root) is None
+
+
+def test_a_step_passes_on_good_live_metrics_and_fails_with_its_evidence(prometheus):
+    root, url = prometheus
+    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=100)
+    plan = RolloutSpec(steps=[0.5, 1.0], analysis_window="3s", min_requests=10, max_vs_live=3)
+    old, new = FakeEngine(ttft=0.03, tpot=0.008), FakeEngine(ttft=0.04, tpot=0.009)
+    try:
+        local_prometheus.scrape(root, 1, "single", [old.port])
+        local_prometheus.scrape(root, 2, "single", [new.port])
+        local_prometheus.wait_scraped(url, 1, 1)
+        local_prometheus.wait_scraped(url, 2, 1)
+
+        def judge(step: int = 1) -> analysis.StepAnalysis:
+            time.sleep(3 + 2 * local_prometheus.SCRAPE_SECONDS)  # the window, and the scrapes closing it
+            return analysis.analyze(url, 'release="2"', 'release="1"', step, 0.5, 3, slo, plan)
+
+        good = judge()
+        assert good.passed and not good.inconclusive, good.summary()
+        q = good.queries
+        # the quantile of the bucket holding every observation, interpolated by Prometheus itself
+        assert 0.02 < q["new_p90_ttft"].value <= 0.05 and 0.005 < q["new_p90_tpot"].value <= 0.01
+        assert q["new_requests"].value >= 10 and q["new_failed"].value == 0
+        assert (
+            'histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{release="2"}[3s])))'
+            == (q["new_p90_ttft"].promql)
+        )
+
+        new.ttft, new.tpot = 0.8, 0.15  # a release that breaks the SLO under this load
+        slow = judge(2)
+        assert not slow.passed
+        assert any(r.startswith("p90 TTFT") and r.endswith("> SLO 500 ms") for r in slow.reasons), slow.reasons
+        assert any(r.startswith("p90 TPOT") and r.endswith("> SLO 100 ms") for r in slow.reasons), slow.reasons
+        assert any("x the old release's" in r for r in slow.reasons)  # and worse than the old one beside it
+        assert "FAILED" in slow.summary() and "new p90 TTFT" in slow.summary()
+
+        new.ttft, new.tpot, new.failed_share = 0.04, 0.009, 0.25
+        errors = judge(3)
+        assert not errors.passed and any("aborted or failed" in r for r in errors.reasons), errors.reasons
+
+        new.rate = old.rate = 0  # a quiet window: nothing to judge, nobody affected
+        quiet = judge(4)
+        assert quiet.passed and quiet.inconclusive, quiet.summary()
+
+        old.rate = 20  # traffic flows, but none reaches the new release: the split is broken
+        starved = judge(5)
+        assert not starved.passed and any("fewer than 10" in r for r in starved.reasons), starved.reasons
+
+        new.stop()  # its engine gone: scraped down
+        time.sleep(2 * local_prometheus.SCRAPE_SECONDS + 1)
+        down = analysis.analyze(url, 'release="2"', 'release="1"', 6, 0.5, 3, slo, plan)
+        assert not down.passed and any("engines of the new release are down" in r for r in down.reasons)
+    finally:
+        old.stop()
+        new.stop() if not new.stopping.is_set() else None
+
+
+def test_prometheus_refusing_a_query_names_it(prometheus):
+    _, url = prometheus
+    with pytest.raises(analysis.PrometheusError, match=r"refused sum\(rate\(x\[\]\)\)"):
+        analysis.query(url, "sum(rate(x[]))")
+
+
+def test_rollout_steps_are_validated_and_split_the_front_by_weight():
+    with pytest.raises(ValueError, match="fractions must increase"):
+        RolloutSpec(steps=[0.5, 0.2, 1.0])
+    with pytest.raises(ValueError, match="the last step must be 1.0"):
+        RolloutSpec(steps=[0.1, 0.5])
+    assert load_spec(TINY_SPEC).spec.rollout.steps == [0.5, 1.0]
+    old = local_target.Deployment(release_id=1, layout="single", model_dir="m", pgids=[1], ports=[9001], log_dir="l")
+    new = old.model_copy(update={"release_id": 2, "ports": [9002, 9003]})
+    assert local_target.split(old, new, 0.1) == {9001: 90, 9002: 5, 9003: 5}
+    assert local_target.split(old, new, 0.5) == {9001: 50, 9002: 25, 9003: 25}
+    assert local_target.split(old, new, 1.0) == {9002: 1, 9003: 1}
+
+
+def test_a_step_is_a_weighted_split_that_nginx_accepts(tmp_path):
+    import subprocess
+
+    from pipeline.stages import serving
+
+    conf = serving.write_nginx_conf(tmp_path, 18080, [9001, 9002], weights={9001: 90, 9002: 10})
+    text = conf.read_text()
+    assert "server 127.0.0.1:9001 weight=90;server 127.0.0.1:9002 weight=10;" in text and "least_conn" not in text
+    check = subprocess.run([serving.nginx_binary(), "-t", "-c", str(conf), "-p", str(tmp_path)], capture_output=True)
+    assert check.returncode == 0, check.stderr
+    assert "least_conn;" in serving.write_nginx_conf(tmp_path, 18080, [9001, 9002]).read_text()
+
+
+def test_a_new_release_starts_on_cores_the_live_one_leaves_free(monkeypatch):
+    from pipeline.stages import serving
+
+    loaded = load_spec(TINY_SPEC)
+    single, two = loaded.spec.layouts
+    monkeypatch.setattr(serving, "all_cores", lambda: [0, 1])
+    assert local_target.cores_beside(loaded.hardware, single, [[0]]) == [[1]]
+    assert local_target.cores_beside(loaded.hardware, single, [[1]]) == [[0]]
+    assert local_target.cores_beside(loaded.hardware, two, [[0]]) is None  # too few free: the usual cores
+    assert local_target.cores_beside(loaded.hardware, single, []) is None
+    commands = serving.build_commands(loaded.spec, loaded.hardware, single, "/m", 9000, [[1]])
+    assert commands[0].devices == [1] and commands[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(spec_file, capsys):
+    from pipeline import cli
+    from pipeline.release import rollout_plan
+    from tests.conftest import PROD_SPEC
+
+    loaded = load_spec(PROD_SPEC)  # peak 120 req/s + 20% headroom = 144; steps 10/50/100%, 5 min windows
+    new = rollout_plan.Side(layout="tp4-ep4-x2", rate_per_server=18.1, load_seconds=600)
+    old = rollout_plan.Side(layout="tp8-ep8", rate_per_server=12.5)
+    p = rollout_plan.plan(loaded, new, old)
+    assert (p.need_rps, p.live_servers, p.new_servers) == (144, 12, 8)  # ceil(144/12.5), ceil(144/18.1)
+    rows = [(s.fraction, s.old_servers, s.new_servers, s.at_once, s.waves) for s in p.steps]
+    # 10%: ceil(14.4/18.1)=1 new, ceil(129.6/12.5)=11 old; 50%: ceil(72/18.1)=4, ceil(72/12.5)=6
+    assert rows == [(0.1, 11, 1, 13, 1), (0.5, 6, 4, 12, 3), (1.0, 0, 8, 8, 4)]
+    assert all(s.old_holds_rps >= s.old_share_rps and s.new_holds_rps >= s.new_share_rps for s in p.steps)
+    assert max(s.at_once for s in p.steps) <= p.live_servers + p.spare_servers and p.feasible
+    assert [s.seconds for s in p.steps] == [900, 3 * 600 + 300, 4 * 600 + 300] and p.expected_seconds == 5700
+
+    tight = loaded.model_copy(deep=True)
+    tight.spec.rollout.spare_servers = 0
+    refused = rollout_plan.plan(tight, new, old)
+    assert not refused.feasible and "spare_servers is 0" in refused.steps[0].problem
+
+    first = rollout_plan.plan(loaded, new, None)  # nothing live: all at once, no analysis to wait for
+    assert [(s.fraction, s.new_servers, s.seconds) for s in first.steps] == [(1.0, 8, 600)]
+
+    args = ["rollout-plan", str(PROD_SPEC), "--layout", "tp4-ep4-x2", "--rate-per-server", "18.1"]
+    assert cli.main([*args, "--load-seconds", "600", "--live-rate-per-server", "12.5", "--live-layout", "tp8-ep8"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "replacing live release (given) (tp8-ep8, 12.5 req/s per server)" in out
+        and "expected duration: 95.0 min" in out
+    )
+    assert "   2     50%       6       4      12" in out
+    spare0 = spec_file(PROD_SPEC, lambda d: d.setdefault("rollout", {}).update({"spare_servers": 0}), name="s0.yaml")
+    assert cli.main(["rollout-plan", str(spare0), "--rate-per-server", "18.1", "--live-rate-per-server", "12.5"]) == 1
+    assert "NOT FEASIBLE" in capsys.readouterr().out
+    assert cli.main(["rollout-plan", str(PROD_SPEC)]) == 1  # neither a release nor a rate: one line, exit 1
+    assert "give --release ID" in capsys.readouterr().err
+
+
+def test_rollout_plan_of_a_registered_release_on_the_local_target(tmp_path, monkeypatch, capsys):
+    from pipeline import cli
+    from pipeline.release.registry import Registry
+
+    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'r.db'}")
+    reg = Registry()
+    loaded = load_spec(TINY_SPEC)
+    ids = []
+    for run, rate, load in (("a", 40.0, [30.0]), ("b", 55.0, [28.0])):
+        rel = reg.open_release(run, loaded.spec.name, str(TINY_SPEC), TINY_SPEC.read_text(), "local")
+        reg.record(rel.id, "slo_gate", "gate", data={"layout": "single", "rate_per_server": rate, "load_seconds": load})
+        ids.append(rel.id)
+    reg.record(ids[0], "deploy_finished", "pipeline", status="live")
+    assert cli.main(["rollout-plan", str(TINY_SPEC), "--release", str(ids[1])]) == 0
+    out = capsys.readouterr().out
+    assert f"rollout of release {ids[1]} (single, 55 req/s per server) on local, replacing live release {ids[0]}" in out
+    assert "   1     50%       1       1       2" in out and "   2    100%       0       1       1" in out
+    assert "expected duration: 40 s" in out  # one load (28 s) + two 6 s windows
+    assert "nginx's weight split" in out
+
+
+def test_a_restarted_prometheus_forgets_engines_that_are_gone(tmp_path):
+    """Release ids repeat across registries, and a server stopped before a target was removed keeps
+    its last `up`: a new server must not read a gone engine as a down engine of the new release."""
+    root = tmp_path / "prometheus"
+    url = local_prometheus.ensure(root)
+    engine = FakeEngine(ttft=0.03, tpot=0.008)
+    try:
+        local_prometheus.scrape(root, 3, "single", [engine.port])
+        local_prometheus.wait_scraped(url, 3, 1)
+    finally:
+        engine.stop()
+        local_prometheus.stop(root)
+    url = local_prometheus.ensure(root)
+    try:
+        assert analysis.query(url, 'count(up{release="3"})') is None
+        assert not list((root / "targets").glob("*.json"))
+    finally:
+        local_prometheus.stop(root)
