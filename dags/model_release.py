@@ -19,6 +19,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
+from pipeline.airflow import pools
 from pipeline.airflow.review_tasks import STAGED, review_and_promote
 
 DEFAULT_SPEC = "configs/releases/tiny-qwen3-moe-cpu.yaml"
@@ -127,7 +128,7 @@ def model_release():
 
     # One mapped task per candidate layout. They run one at a time: layouts are compared on the
     # same machine, and two engines at once would measure each other.
-    @task(max_active_tis_per_dagrun=1)
+    @task(max_active_tis_per_dagrun=1, pool=pools.BENCHMARK)
     def benchmark(spec: dict, staged: dict, layout: str, run_id: str | None = None) -> dict:
         """Serve the staged artifact with this layout; find its highest rate within the p90 SLO."""
         from pipeline.entry import flow
@@ -154,7 +155,7 @@ def model_release():
     gate = accuracy_gate(spec, evaluate_baseline(spec, source), evaluate_candidate(spec, fp8))
     staged = stage(spec, fp8, gate)
     results = benchmark.partial(spec=spec, staged=staged).expand(layout=layout_names(spec))
-    review_and_promote(spec, slo_gate(spec, select_layout(spec, results)))
+    review_and_promote(spec, slo_gate(spec, select_layout(spec, results)), pool=pools.BENCHMARK)
 
 
 model_release()

@@ -21,6 +21,7 @@ import pendulum
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
+from pipeline.airflow import pools
 from pipeline.airflow.review_tasks import ENGINE_IMAGE, LIVE
 from pipeline.core.spec import load_spec
 from pipeline.k8s import pods
@@ -60,7 +61,7 @@ def rebenchmark_dag(name: str, spec_path: str, cron: str, execution: str):
         releases = live_releases()
         if execution == "local":
 
-            @task(max_active_tis_per_dagrun=1, retries=0)
+            @task(max_active_tis_per_dagrun=1, retries=0, pool=pools.BENCHMARK)
             def measure(release_id: int, run_id: str | None = None, **context) -> dict:
                 """Fresh instance, short search + check at the promoted rate, verdict, trend point, alert."""
                 from pipeline.entry import flow

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from pipeline.airflow import pools
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import airflow, airflow_env, ensure_db
@@ -53,6 +54,9 @@ print(json.dumps({
     "params": sorted(dag.params.keys()),
     "retries": {t.task_id: t.retries for t in dag.tasks},
     "rebench_schedule": repr(bag.get_dag("rebenchmark__qwen3_235b_a22b_fp8").timetable),
+    "pools": {t.task_id: t.pool for t in dag.tasks},
+    "rebench_pool": bag.get_dag("rebenchmark__tiny_qwen3_moe_fp8").get_task("measure").pool,
+    "k8s_pools": {t.task_id: t.pool for t in bag.get_dag("model_release_k8s__qwen3_235b_a22b_fp8").tasks},
 }))
 """
 
@@ -67,6 +71,12 @@ def test_release_dag_runs_gates_then_review_then_promotion(af_env):
     assert info["params"] == ["layouts", "p90_tpot_ms", "p90_ttft_ms", "spec"]
     assert info["retries"]["accuracy_gate"] == 0 and info["retries"]["slo_gate"] == 0 and info["retries"]["stage"] == 2
     assert info["retries"]["promote"] == 0
+    # everything that runs engines on this machine takes the one slot of the benchmark pool, across
+    # DAGs (a re-benchmark woken by a promotion waits for the run's verify); the pod DAG does not
+    engine_work = {"benchmark", "promote", "verify"}
+    assert {t for t, pool in info["pools"].items() if pool == pools.BENCHMARK} == engine_work
+    assert info["rebench_pool"] == pools.BENCHMARK
+    assert pools.BENCHMARK not in info["k8s_pools"].values()
     # re-benchmarks: the spec's cron, or a new staged artifact / serving image
     assert "0 3 * * *" in info["rebench_schedule"] and "live-release" in info["rebench_schedule"]
 

@@ -163,6 +163,15 @@ def check_benchmark_outputs(files: dict[str, str], layouts: list[str]) -> str:
     return data["selection"]["best"]
 
 
+def test_engine_work_shares_one_pool_slot(stack):
+    from pipeline.airflow import pools
+
+    admin = stack["airflow"].client("admin")
+    pool = admin._call("GET", f"/pools/{pools.BENCHMARK}")  # created by Standalone.start, before any run
+    assert pool["slots"] == 1 and "benchmarks, rollouts, re-benchmarks" in pool["description"]
+    assert pools.ensure(admin) is False  # idempotent: a second start keeps it
+
+
 def test_plugin_refuses_anonymous_requests_and_serves_reviewers(stack):
     base = stack["airflow"].url
     anonymous = requests.get(f"{base}/model-releases/", timeout=30)

@@ -50,8 +50,12 @@ def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
     return flow.verify(spec["release_id"], run_id)
 
 
-def review_and_promote(spec, gate):
-    """Wire report >> approve >> promote >> verify after the SLO gate; returns verify's output."""
+def review_and_promote(spec, gate, pool: str | None = None):
+    """Wire report >> approve >> promote >> verify after the SLO gate; returns verify's output.
+
+    `pool`: where promote and verify take a slot (pools.BENCHMARK on the embedded default, whose
+    rollout serves and measures on the machine the benchmarks use)."""
+    slot = {"pool": pool} if pool else {}
     approve = ReleaseApproval(
         task_id="approve",
         release=spec,
@@ -59,6 +63,6 @@ def review_and_promote(spec, gate):
         "in this UI (Required actions) or over the REST API; no answer in time means Reject.",
     )
     report(spec, gate) >> approve
-    promoted = promote(spec)
+    promoted = promote.override(**slot)(spec)
     approve >> promoted
-    return verify(spec, promoted)
+    return verify.override(**slot)(spec, promoted)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.airflow import pools
 from pipeline.airflow.rest import AirflowClient, AirflowError
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.embedded import local_s3
@@ -119,6 +120,7 @@ class Standalone:
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=3) as response:
                     if response.status == 200 and self._dag_ready():
+                        pools.ensure(self.client())
                         return
             except OSError:
                 pass

@@ -330,7 +330,7 @@ def _progressive(spec: ReleaseSpec, old: Deployment, new: Deployment) -> list[an
     Raises RolloutAborted at the first failed step (the caller sends all traffic back to `old`)."""
     plan = spec.rollout
     root = prometheus_root(spec.name)
-    base = plan.prometheus_url or local_prometheus.ensure(root)
+    base = local_prometheus.ensure(root)  # its own: `prometheus_url` is the cluster's, for Kubernetes
     for dep in (old, new):
         local_prometheus.scrape(root, dep.release_id, dep.layout, dep.ports)
         local_prometheus.wait_scraped(base, dep.release_id, len(dep.ports))
