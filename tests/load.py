@@ -46,8 +46,11 @@ class LoadClient:
         )
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
-                ok = response.status == 200 and bool(json.loads(response.read())["choices"][0]["text"])
-                error = "" if ok else "empty answer"
+                answer = json.loads(response.read())
+            # every token asked for (ignore_eos); the text itself may decode to "" (special tokens)
+            produced = answer["usage"]["completion_tokens"]
+            ok = len(answer["choices"]) == 1 and produced == self.max_tokens
+            error = "" if ok else f"{produced} of {self.max_tokens} tokens"
         except Exception as exc:  # noqa: BLE001 - every kind of failure is what is being counted
             ok, error = False, f"{type(exc).__name__}: {exc}"
         with self.lock:
