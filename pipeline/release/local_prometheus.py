@@ -21,6 +21,7 @@ import requests
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
+from pipeline.release import analysis
 from pipeline.stages import serving
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,9 @@ def wait_scraped(base: str, release_id: int, count: int, timeout: float = 30) ->
     promql = f'count(up{{release="{release_id}"}} == 1)'
     while time.monotonic() < deadline:
         try:
-            result = requests.get(f"{base}/api/v1/query", params={"query": promql}, timeout=5).json()["data"]["result"]
-            if result and int(float(result[0]["value"][1])) >= count:
+            if (analysis.query(base, promql, timeout=5) or 0) >= count:
                 return
-        except (requests.RequestException, ValueError, KeyError):
+        except analysis.PrometheusError:
             pass
         time.sleep(0.5)
     raise ReleaseError(

@@ -43,13 +43,20 @@ class EngineView(BaseModel):
     mean_e2e_ms: float | None = None
 
 
-def scrape(url: str, timeout: float = 5) -> Snapshot:
-    """One replica's request histograms; empty when the endpoint cannot be read (never fatal)."""
+def _metrics_text(url: str, timeout: float) -> str | None:
+    """The replica's Prometheus text, or None (logged) when it cannot be read."""
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
-            text = response.read().decode()
+            return response.read().decode()
     except OSError as exc:
         log.warning("cannot read %s/metrics: %s", url, exc)
+        return None
+
+
+def scrape(url: str, timeout: float = 5) -> Snapshot:
+    """One replica's request histograms; empty when the endpoint cannot be read (never fatal)."""
+    text = _metrics_text(url, timeout)
+    if text is None:
         return {}
     wanted = {v: k for k, v in HISTOGRAMS.items()}
     out: Snapshot = {}
@@ -75,10 +82,8 @@ def in_flight(url: str, timeout: float = 5) -> float | None:
     """Requests the replica is running or holding in its queue (vLLM's gauges); None if unreadable.
 
     What a drain waits for: traffic already sent to a replica must finish before it is stopped."""
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
-            text = response.read().decode()
-    except OSError:
+    text = _metrics_text(url, timeout)
+    if text is None:
         return None
     gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
     return sum(s.value for f in text_string_to_metric_families(text) if f.name in gauges for s in f.samples)
