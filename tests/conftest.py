@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,74 @@ RELEASES = PROJECT_ROOT / "configs" / "releases"
 PROD_SPEC = RELEASES / "qwen3-235b-a22b-fp8-mi325x.yaml"
 TINY_SPEC = RELEASES / "tiny-qwen3-moe-cpu.yaml"
 SERVE_PYTHON = PROJECT_ROOT / ".venv-serve" / "bin" / "python"
+
+
+MODEL_FIXTURES = {"tiny_model_dir", "fp8_artifact"}
+_builder: dict[str, subprocess.Popen] = {}
+
+
+def _needs_quiet(item: pytest.Item) -> bool:
+    """Needs the tiny model, or measures CPU or latency (must not run beside its training)."""
+    return bool(MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))) or item.get_closest_marker("quiet") is not None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Tests that need neither the model nor a quiet machine first, so they run while the model
+    trains in the background (the build is 7-8 minutes of a fresh clone's suite); the rest after,
+    each group in file order."""
+    items.sort(key=_needs_quiet)
+
+
+def pytest_collection_finish(session):
+    """Start the tiny-model build in a process of its own when a selected test will need it and it
+    is not cached; the fixture's build() then waits on the build's lock and reuses the result."""
+    from pipeline.core import artifacts
+    from pipeline.stages import tiny_model
+
+    if session.config.option.collectonly or not any(
+        MODEL_FIXTURES & set(getattr(i, "fixturenames", ())) for i in session.items
+    ):
+        return
+    if artifacts.is_complete(tiny_model.cache_dir(tiny_model.TinyConfig())):
+        return
+    log_path = home() / "logs" / "tiny-model-build.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log_file:
+        _builder["proc"] = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "make-tiny-model"],
+            cwd=PROJECT_ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    _say(session.config, f"tiny model: not cached; building it in the background (log: {log_path})")
+
+
+def pytest_runtest_setup(item):
+    proc = _builder.get("proc")
+    if proc is None or proc.poll() is not None or not _needs_quiet(item):
+        return
+    started = time.monotonic()
+    _say(item.config, f"tiny model: {item.nodeid} waits for the background build")
+    proc.wait()
+    _say(
+        item.config,
+        f"tiny model: build finished (exit {proc.returncode}) after a wait of {time.monotonic() - started:.0f} s",
+    )
+
+
+def _say(config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"\n[{line}]")
+
+
+def pytest_sessionfinish(session):
+    """A run stopped early (-x, Ctrl-C) does not leave a trainer behind; its temp dir is cleared next build."""
+    proc = _builder.pop("proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

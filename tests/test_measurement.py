@@ -13,6 +13,9 @@ import pytest
 from pipeline.core.spec import SloSpec, WorkloadSpec
 from pipeline.stages import benchmark, engine_metrics, interference
 
+# measures CPU use or latency: never beside the tiny model's training (conftest)
+pytestmark = pytest.mark.quiet
+
 HOG = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 
 

@@ -60,6 +60,9 @@ class TinyConfig(BaseModel):
     chat_fraction: float = 0.25
     add_fraction: float = 0.7  # addition needs more steps than copying
     eval_items: int = 200
+    # transformers' default grouped_mm path is 25% slower per training step on CPU here
+    # (0.30 vs 0.23 s measured); inference keeps the default
+    experts_implementation: str = "eager"
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -205,6 +208,7 @@ def train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
     config = hf_config(cfg, _pad_vocab(len(tokenizer)))
     config.eos_token_id = [eos_id, im_end_id]
     config.pad_token_id = eos_id
+    config._experts_implementation = cfg.experts_implementation
     model = Qwen3MoeForCausalLM(config).float()
     model.train()
     held_out = {row["question"] for name in ("tiny_add", "tiny_copy") for row in load_eval(name)}
