@@ -2,9 +2,12 @@
 
 Objects are kept by (group/version, plural, namespace, name). Server-side apply (PATCH with
 application/apply-patch+yaml and a fieldManager) creates or replaces an object and bumps
-metadata.generation when its spec changed; GET, LIST (with an equality labelSelector) and
-DELETE work on the same store. A Deployment controller runs on every read of a Deployment,
-per scenario of the release its pods belong to:
+metadata.generation when its spec changed; a merge patch of a Deployment's scale subresource
+sets its replicas (what `kubectl scale` sends); GET, LIST (with an equality labelSelector) and
+DELETE work on the same store. Every change of a Deployment's replicas is kept in `history`
+(replicas per release, per replica group), so a test can check how many servers ran at once.
+A Deployment controller runs on every read of a Deployment, per scenario of the release its
+pods belong to:
 
 - "ready": the first read after a change shows the rollout in progress, the next one done;
 - "never_ready": the new pod never becomes available;
@@ -54,6 +57,7 @@ class FakeCluster:
         self.objects: dict[tuple[str, str, str, str], dict] = {}
         self.requests: list[Request] = []
         self.reads: dict[tuple, int] = {}
+        self.history: list[dict[str, int]] = []  # after each change: release -> pods of its largest group
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
@@ -91,6 +95,25 @@ class FakeCluster:
         with self.lock:
             return copy.deepcopy(self.objects)
 
+    def servers(self) -> dict[str, int]:
+        """release -> replicas of its largest replica group (one pod per server), as specified now."""
+        out: dict[str, int] = {}
+        for (_, plural, _, _), obj in self.objects.items():
+            if plural == "deployments":
+                release = obj["metadata"].get("labels", {}).get(RELEASE_LABEL, "")
+                out[release] = max(out.get(release, 0), obj["spec"].get("replicas", 1))
+        return out
+
+    def ready_pods(self) -> dict[str, int]:
+        """release -> ready pods (summed over its replica groups), from the Deployments' last status."""
+        out: dict[str, int] = {}
+        with self.lock:
+            for (_, plural, _, _), obj in self.objects.items():
+                if plural == "deployments":
+                    release = obj["metadata"].get("labels", {}).get(RELEASE_LABEL, "")
+                    out[release] = out.get(release, 0) + (obj.get("status") or {}).get("readyReplicas", 0)
+        return out
+
     def scenario_for(self, labels: dict[str, str] | None) -> str:
         return self.scenarios.get((labels or {}).get(RELEASE_LABEL, ""), self.scenario)
 
@@ -115,7 +138,31 @@ class FakeCluster:
                 code = 200
             self.objects[key] = obj
             self.reads[key] = 0
+            if obj.get("kind") == "Deployment":
+                self.history.append(self.servers())
             return code, copy.deepcopy(obj)
+
+    def scale(self, key: tuple, patch: dict) -> tuple[int, dict]:
+        with self.lock:
+            obj = self.objects.get(key)
+            if obj is None:
+                return 404, _status(404, f'deployments.apps "{key[3]}" not found')
+            replicas = patch.get("spec", {}).get("replicas")
+            if not isinstance(replicas, int) or replicas < 0:
+                return 422, _status(422, f"spec.replicas: Invalid value: {replicas!r}")
+            if obj["spec"].get("replicas") != replicas:
+                obj["spec"]["replicas"] = replicas
+                obj["metadata"]["generation"] += 1
+                obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+                self.reads[key] = 0
+                self.history.append(self.servers())
+            return 200, {
+                "kind": "Scale",
+                "apiVersion": "autoscaling/v1",
+                "metadata": {"name": key[3], "namespace": key[2]},
+                "spec": {"replicas": replicas},
+                "status": {"replicas": (obj.get("status") or {}).get("replicas", 0)},
+            }
 
     def read(self, key: tuple) -> dict | None:
         with self.lock:
@@ -131,7 +178,7 @@ class FakeCluster:
         want = obj["spec"].get("replicas", 1)
         generation = obj["metadata"]["generation"]
         pod_labels = obj["spec"]["template"]["metadata"].get("labels")
-        if self.scenario_for(pod_labels) != "never_ready" and reads >= 2:
+        if want == 0 or (self.scenario_for(pod_labels) != "never_ready" and reads >= 2):
             return {
                 "observedGeneration": generation,
                 "replicas": want,
@@ -188,7 +235,13 @@ class FakeCluster:
 
 
 def _status(code: int, message: str) -> dict:
-    reason = {404: "NotFound", 415: "UnsupportedMediaType", 400: "BadRequest", 503: "ServiceUnavailable"}.get(code, "")
+    reason = {
+        404: "NotFound",
+        415: "UnsupportedMediaType",
+        400: "BadRequest",
+        422: "Invalid",
+        503: "ServiceUnavailable",
+    }.get(code, "")
     return {
         "kind": "Status",
         "apiVersion": "v1",
@@ -259,6 +312,13 @@ def _handler(fake: FakeCluster):
             match = OBJECT_PATH.match(path)
             if not match or not match["name"]:
                 return self._send(404, _status(404, f"no route {path}"))
+            key = (match["core"] or match["gv"], match["plural"], match["ns"], match["name"])
+            if match["sub"] == "/scale" and match["plural"] == "deployments":
+                if self.headers.get("Content-Type") != "application/merge-patch+json":
+                    return self._send(415, _status(415, "this fake scales by merge patch only"))
+                return self._send(*fake.scale(key, json.loads(raw)))
+            if match["sub"]:
+                return self._send(404, _status(404, f"no route {path}"))
             if self.headers.get("Content-Type") != "application/apply-patch+yaml":
                 return self._send(415, _status(415, "this fake only takes server-side apply"))
             if not query.get("fieldManager"):
@@ -275,6 +335,8 @@ def _handler(fake: FakeCluster):
             key = (match["core"] or match["gv"], match["plural"], match["ns"], match["name"]) if match else None
             with fake.lock:
                 found = fake.objects.pop(key, None) if key else None
+                if found is not None and found.get("kind") == "Deployment":
+                    fake.history.append(fake.servers())
             if found is None:
                 return self._send(404, _status(404, f"{path} not found"))
             return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})

@@ -3,6 +3,7 @@ through the real `kubernetes` client."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -10,7 +11,8 @@ from kubernetes import client
 
 from pipeline.core.spec import load_spec
 from pipeline.k8s import deploy, manifests
-from pipeline.k8s.deploy import ClusterUnreachable, KubernetesTarget, RolloutFailed
+from pipeline.k8s.deploy import ClusterUnreachable, KubernetesTarget, RolloutFailed, ServerStep
+from pipeline.release.analysis import StepAnalysis
 from tests.conftest import PROD_SPEC
 from tests.k8s_fake import FakeCluster, dead_url
 
@@ -20,15 +22,17 @@ FAST = {"poll_s": 0.01, "smoke_retry_delay_s": 0.01}
 
 @pytest.fixture(scope="module")
 def releases():
-    """r1 serves one TP8 replica; r2 moves to two TP4 replica groups."""
+    """Release 1 serves one TP8 replica per server; release 2 moves to two TP4 replica groups.
+    Each renders for a 3-server fleet."""
     loaded = load_spec(PROD_SPEC)
 
     def artifact(h):
         return manifests.Artifact(nfs_path=f"/mnt/models/qwen3-{h[:6]}", manifest_hash=h * 32)
 
+    options = manifests.RenderOptions(servers=3)
     return {
-        "r1": manifests.render(loaded, "tp8-ep8", "r1", artifact("a1")),
-        "r2": manifests.render(loaded, "tp4-ep4-x2", "r2", artifact("b2")),
+        "1": manifests.render(loaded, "tp8-ep8", "1", artifact("a1"), options),
+        "2": manifests.render(loaded, "tp4-ep4-x2", "2", artifact("b2"), options),
     }
 
 
@@ -38,118 +42,195 @@ def fake():
         yield cluster
 
 
+STEPS = [
+    ServerStep(fraction=0.1, old_servers=3, new_servers=1),
+    ServerStep(fraction=0.5, old_servers=2, new_servers=2),
+    ServerStep(fraction=1.0, old_servers=0, new_servers=3),
+]
+R1 = ["qwen3-235b-a22b-fp8-r1-0"]
+R2 = ["qwen3-235b-a22b-fp8-r2-0", "qwen3-235b-a22b-fp8-r2-1"]
+
+
 def live(fake, objs, release_id):
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(release_id, objs, None, timeout_s=5)
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(release_id, copy.deepcopy(objs), timeout_s=5)
     assert outcome.status == "live", outcome.error
     fake.requests.clear()
+    fake.history.clear()
 
 
 def names(outcome):
     return [name for name, _ in outcome.events]
 
 
-def test_success_goes_live_by_server_side_apply(fake, releases):
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy("r2", releases["r2"], None, timeout_s=5)
+def verdict(step: int, fraction: float, passed: bool = True) -> StepAnalysis:
+    reasons = [] if passed else ["p90 TTFT 3100 ms > SLO 2000 ms"]
+    return StepAnalysis(step=step, fraction=fraction, window_s=300, passed=passed, reasons=reasons, queries={})
+
+
+def test_the_first_release_goes_live_whole_by_server_side_apply(fake, releases):
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy("2", copy.deepcopy(releases["2"]), timeout_s=5)
     assert outcome.status == "live" and outcome.error is None
-    assert names(outcome) == ["deploy_started", "rollout_complete", "smoke_test"]
+    assert names(outcome) == ["deploy_started", "smoke_test", "rollout_step", "rollout_complete"]
     smoke = dict(outcome.events)["smoke_test"]
     assert smoke["ok"] is True and smoke["text"] == " Paris."
+    assert dict(outcome.events)["rollout_step"]["new_servers"] == 3  # nothing live: no steps to take
     patches = [r for r in fake.requests if r.method == "PATCH"]
-    assert len(patches) == len(releases["r2"])
+    assert len(patches) == len(releases["2"])
     assert all(
         r.content_type == "application/apply-patch+yaml"
         and r.field_manager == "model-release"
         and r.query["force"] == "true"
         for r in patches
     )
-    assert fake.names("deployments", NS) == ["qwen3-235b-a22b-fp8-0", "qwen3-235b-a22b-fp8-1"]
-    assert fake.get("services", NS, "qwen3-235b-a22b-fp8")["spec"]["selector"]["model-release/release-id"] == "r2"
+    assert fake.names("deployments", NS) == R2
+    assert [fake.get("deployments", NS, n)["spec"]["replicas"] for n in R2] == [3, 3]
+    stable = fake.get("services", NS, "qwen3-235b-a22b-fp8")["spec"]["selector"]
+    assert stable["model-release/serving"] == "true" and "model-release/release-id" not in stable
     assert fake.names("persistentvolumeclaims", NS) and fake.names("poddisruptionbudgets", NS)
-    proxied = [r for r in fake.requests if r.method == "POST"]
+    proxied = [r for r in fake.requests if r.method == "POST"]  # the smoke test reaches the release's own pods
     assert [r.path for r in proxied] == [
-        f"/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8:8000/proxy/v1/completions"
+        f"/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8-r2:8000/proxy/v1/completions"
     ]
 
 
 def test_applying_the_same_objects_again_changes_no_generation(fake, releases):
     api = fake.client()
-    deploy.apply(api, releases["r1"], timeout_s=5, poll_s=0.01)
-    first = fake.get("deployments", NS, "qwen3-235b-a22b-fp8-0")["metadata"]["generation"]
-    deploy.apply(api, releases["r1"], timeout_s=5, poll_s=0.01)
-    assert fake.get("deployments", NS, "qwen3-235b-a22b-fp8-0")["metadata"]["generation"] == first
-    deploy.apply(api, releases["r2"][:2], timeout_s=5, poll_s=0.01)  # claim and group 0 of the new layout
-    assert fake.get("deployments", NS, "qwen3-235b-a22b-fp8-0")["metadata"]["generation"] == first + 1
+    deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
+    first = fake.get("deployments", NS, R1[0])["metadata"]["generation"]
+    deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
+    assert fake.get("deployments", NS, R1[0])["metadata"]["generation"] == first
+    deploy.scale(api, copy.deepcopy(releases["1"][1]), 2)
+    assert fake.get("deployments", NS, R1[0])["metadata"]["generation"] == first + 1
+    assert fake.get("deployments", NS, R1[0])["spec"]["replicas"] == 2
 
 
-def test_a_rollout_that_never_becomes_ready_rolls_back_to_the_previous_release(fake, releases):
-    live(fake, releases["r1"], "r1")
-    fake.scenarios["r2"] = "never_ready"
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy("r2", releases["r2"], releases["r1"], timeout_s=0.3)
+def test_steps_move_servers_in_waves_and_the_old_release_goes_only_at_the_end(fake, releases):
+    live(fake, releases["1"], "1")
+    judged = []
+
+    def judge(step, fraction, pods):
+        # every step is judged while both releases' pods serve, before anything else changes
+        judged.append((step, fake.servers()))
+        return verdict(step, fraction)
+
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), STEPS, judge, spare_servers=1, timeout_s=5
+    )
+    assert outcome.status == "live", outcome.error
+    assert names(outcome) == ["deploy_started", "smoke_test"] + ["rollout_step"] * 3 + ["rollout_complete"]
+    assert judged == [(1, {"1": 3, "2": 1}), (2, {"1": 2, "2": 2}), (3, {"1": 0, "2": 3})]
+    # never more than the live fleet + the spare server, and never fewer than the fleet serving
+    assert all(sum(h.values()) <= 4 for h in fake.history), fake.history
+    assert all(sum(h.values()) >= 3 for h in fake.history if h), fake.history
+    assert fake.names("deployments", NS) == R2  # release 1's objects go once release 2 holds everything
+    assert "qwen3-235b-a22b-fp8-r1" not in fake.names("services", NS) + fake.names("poddisruptionbudgets", NS)
+    assert "qwen3-235b-a22b-fp8" in fake.names("services", NS)  # the address clients call stays
+    steps = [d for k, d in outcome.events if k == "rollout_step"]
+    assert [(s["old_servers"], s["new_servers"], s["passed"]) for s in steps] == [
+        (3, 1, True),
+        (2, 2, True),
+        (0, 3, True),
+    ]
+
+
+def test_a_failed_analysis_gives_the_old_release_its_servers_back_then_scales_the_new_to_zero(fake, releases):
+    live(fake, releases["1"], "1")
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), STEPS, lambda step, f, pods: verdict(step, f, passed=step < 2), timeout_s=5
+    )
+    assert outcome.status == "rolled_back"
+    assert names(outcome)[-4:] == ["rollout_step", "rollout_aborted", "rollback_started", "rollback_complete"]
+    assert "aborted at step 2 (2 new / 2 old servers): p90 TTFT 3100 ms > SLO 2000 ms" in outcome.error
+    assert dict(outcome.events)["rollout_step"]["analysis"]["reasons"] == ["p90 TTFT 3100 ms > SLO 2000 ms"]
+    assert fake.servers() == {"1": 3, "2": 0}
+    # the old release was back at 3 servers before the new one went below 2
+    last_short = max(i for i, h in enumerate(fake.history) if h["1"] < 3)
+    assert fake.history[last_short] == {"1": 2, "2": 2} and fake.history[last_short + 1] == {"1": 3, "2": 2}
+
+
+def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases):
+    live(fake, releases["1"], "1")
+    KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, pods: verdict(s, f, passed=False), timeout_s=5
+    )
+    assert set(fake.names("deployments", NS)) == set(R1 + R2)
+    loaded = load_spec(PROD_SPEC)
+    third = manifests.render(
+        loaded,
+        "tp8-ep8",
+        "3",
+        manifests.Artifact(nfs_path="/mnt/models/q3", manifest_hash="c" * 64),
+        manifests.RenderOptions(servers=3),
+    )
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        "3", third, STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5
+    )
+    assert outcome.status == "live", outcome.error
+    assert dict(outcome.events)["pruned"]["objects"][:2] == [f"Deployment/{n}" for n in R2]
+    assert fake.names("deployments", NS) == ["qwen3-235b-a22b-fp8-r3-0"]
+
+
+def test_a_rollout_that_never_becomes_ready_leaves_the_old_release_serving(fake, releases):
+    live(fake, releases["1"], "1")
+    fake.scenarios["2"] = "never_ready"
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, pods: verdict(s, f), timeout_s=0.3
+    )
     assert outcome.status == "rolled_back"
     assert names(outcome) == ["deploy_started", "rollout_failed", "rollback_started", "rollback_complete"]
-    assert "qwen3-235b-a22b-fp8-0 not rolled out after 0.3 s" in outcome.error
+    assert "qwen3-235b-a22b-fp8-r2-0 not rolled out after 0.3 s" in outcome.error
     assert "MinimumReplicasUnavailable" in outcome.error and "available 0" in outcome.error
-    assert dict(outcome.events)["rollback_complete"]["removed"] == ["qwen3-235b-a22b-fp8-1"]
-    # the previous release is back, with its labels, and the new layout's extra group is gone
-    assert fake.names("deployments", NS) == ["qwen3-235b-a22b-fp8-0"]
-    restored = fake.get("deployments", NS, "qwen3-235b-a22b-fp8-0")
-    assert restored["metadata"]["labels"]["model-release/release-id"] == "r1"
-    assert restored["metadata"]["labels"]["model-release/layout"] == "tp8-ep8"
+    assert fake.servers() == {"1": 3, "2": 0}
+    assert all(h["1"] == 3 for h in fake.history)  # the old release never lost a server
+    restored = fake.get("deployments", NS, R1[0])
     assert restored["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": 8}
-    assert fake.get("services", NS, "qwen3-235b-a22b-fp8")["spec"]["selector"]["model-release/release-id"] == "r1"
 
 
-def test_a_failure_without_a_previous_release_is_failed(fake, releases):
+def test_a_failure_without_a_live_release_is_failed(fake, releases):
     fake.scenario = "never_ready"
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy("r2", releases["r2"], None, timeout_s=0.2)
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy("2", copy.deepcopy(releases["2"]), timeout_s=0.2)
     assert outcome.status == "failed"
     assert names(outcome) == ["deploy_started", "rollout_failed"]
     assert "not rolled out" in outcome.error
 
 
-def test_a_failed_smoke_test_rolls_back(fake, releases):
-    live(fake, releases["r1"], "r1")
-    fake.scenarios["r2"] = "smoke_fails"
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy("r2", releases["r2"], releases["r1"], timeout_s=5)
+def test_a_failed_smoke_test_never_takes_a_server_from_the_old_release(fake, releases):
+    live(fake, releases["1"], "1")
+    fake.scenarios["2"] = "smoke_fails"
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5
+    )
     assert outcome.status == "rolled_back"
-    assert names(outcome) == [
-        "deploy_started",
-        "rollout_complete",
-        "smoke_test",
-        "rollback_started",
-        "rollback_complete",
-    ]
+    assert names(outcome) == ["deploy_started", "smoke_test", "rollout_failed", "rollback_started", "rollback_complete"]
     assert dict(outcome.events)["smoke_test"]["ok"] is False
     assert "HTTP 500" in outcome.error and "EngineCore died" in outcome.error
-    assert (
-        fake.get("deployments", NS, "qwen3-235b-a22b-fp8-0")["metadata"]["labels"]["model-release/release-id"] == "r1"
-    )
-    assert fake.names("deployments", NS) == ["qwen3-235b-a22b-fp8-0"]
+    assert all(h["1"] == 3 for h in fake.history)
+    assert fake.servers() == {"1": 3, "2": 0}
 
 
 def test_an_unreachable_api_server_raises_before_anything_changes(fake, releases):
-    live(fake, releases["r1"], "r1")
+    live(fake, releases["1"], "1")
     before = fake.snapshot()
     url = dead_url()
     target = KubernetesTarget(client.ApiClient(client.Configuration(host=url)), **FAST)
     with pytest.raises(ClusterUnreachable, match=f"Kubernetes API server {url} did not answer"):
-        target.deploy("r2", releases["r2"], releases["r1"], timeout_s=5)
+        target.deploy("2", copy.deepcopy(releases["2"]), STEPS, timeout_s=5)
     assert fake.snapshot() == before and fake.requests == []
 
 
 def test_rollout_failed_names_the_deployment_and_its_conditions(fake, releases):
     fake.scenario = "never_ready"
     with pytest.raises(RolloutFailed) as failed:
-        deploy.apply(fake.client(), releases["r1"], timeout_s=0.1, poll_s=0.01)
+        deploy.apply(fake.client(), releases["1"], timeout_s=0.1, poll_s=0.01)
     message = str(failed.value)
-    assert message.startswith(f"Deployment {NS}/qwen3-235b-a22b-fp8-0 not rolled out")
+    assert message.startswith(f"Deployment {NS}/{R1[0]} not rolled out")
     assert "Available=False (MinimumReplicasUnavailable" in message
     assert isinstance(failed.value, deploy.ReleaseError)
 
 
 def test_smoke_returns_the_completion_and_fails_on_a_wrong_model(fake, releases):
     api = fake.client()
-    deploy.apply(api, releases["r1"], timeout_s=5, poll_s=0.01)
+    deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
     assert deploy.smoke(api, NS, "qwen3-235b-a22b-fp8", 8000, "qwen3-235b-a22b-fp8") == " Paris."
     with pytest.raises(deploy.SmokeFailed, match="HTTP 404.*does not exist"):
         deploy.smoke(api, NS, "qwen3-235b-a22b-fp8", 8000, "other-model", retry_delay_s=0.01)
@@ -179,7 +260,7 @@ def test_api_client_from_kubeconfig_sends_the_token_and_never_logs_it(fake, rele
     caplog.set_level("DEBUG")
     api = deploy.api_client(None)
     assert api.configuration.host == fake.url
-    outcome = KubernetesTarget(api, **FAST).deploy("r1", releases["r1"], None, timeout_s=5)
+    outcome = KubernetesTarget(api, **FAST).deploy("1", copy.deepcopy(releases["1"]), timeout_s=5)
     assert outcome.status == "live"
     assert {r.authorization for r in fake.requests} == {"Bearer s3cr3t-token"}
     assert "s3cr3t" not in caplog.text and fake.url in caplog.text

@@ -48,7 +48,8 @@ def test_each_layout_renders_one_deployment_per_replica_group_and_passes_strict_
     assert len({d["metadata"]["name"] for d in deployments}) == groups
     for d in deployments:
         assert d["spec"]["replicas"] == 1
-        assert d["spec"]["strategy"] == {"type": "Recreate"}
+        # never Recreate (offline for the whole load); a restart of a pod needs no spare server
+        assert d["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
         resources = container(d)["resources"]
         assert resources["limits"] == {"amd.com/gpu": gpus} and resources["requests"]["amd.com/gpu"] == gpus
         argv = container(d)["command"]
@@ -62,7 +63,8 @@ def test_each_layout_renders_one_deployment_per_replica_group_and_passes_strict_
     assert [o["kind"] for o in objs] == [
         "PersistentVolumeClaim",
         *["Deployment"] * groups,
-        "Service",
+        "Service",  # the stable one
+        "Service",  # the release's own
         "PodDisruptionBudget",
     ]
     yaml_docs = list(yaml.safe_load_all(manifests.to_yaml(objs)))
@@ -170,23 +172,38 @@ def test_labels_carry_release_id_and_manifest_hash_and_names_are_dns_safe(prod):
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == "qwen3-235b-a22b-fp8"
         assert labels["app.kubernetes.io/name"] == "vllm"
-        if obj["kind"] == "PersistentVolumeClaim":
-            continue  # shared by every release of the model
+        if obj["kind"] == "PersistentVolumeClaim" or obj["metadata"]["name"] == "qwen3-235b-a22b-fp8":
+            assert "model-release/release-id" not in labels
+            continue  # shared by every release of the model: the claim on the share, the stable Service
         assert labels["model-release/release-id"] == release_label
         assert labels["model-release/layout"] == "tp4-ep4-x2"
         assert HASH.startswith(labels["model-release/manifest-hash"])
         assert obj["metadata"]["annotations"]["model-release/manifest-hash"] == HASH
         assert obj["metadata"]["annotations"]["model-release/release-id"] == RELEASE
         assert obj["metadata"]["annotations"]["model-release/artifact-uri"] == NFS_ARTIFACT.nfs_path
-    service = of_kind(objs, "Service")[0]
-    assert service["spec"]["selector"]["model-release/release-id"] == release_label
-    assert service["spec"]["ports"][0]["port"] == 8000
+    stable, own = of_kind(objs, "Service")
+    # the address clients call: every serving pod of the model, whichever release
+    assert stable["metadata"]["name"] == "qwen3-235b-a22b-fp8"
+    assert stable["spec"]["selector"] == {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": "qwen3-235b-a22b-fp8",
+        "app.kubernetes.io/managed-by": "model-release",
+        "model-release/serving": "true",
+    }
+    # this release's own objects carry its id in their names, beside the live release's
+    assert own["spec"]["selector"]["model-release/release-id"] == release_label
+    assert own["metadata"]["name"].startswith("qwen3-235b-a22b-fp8-r")
+    assert stable["spec"]["ports"][0]["port"] == own["spec"]["ports"][0]["port"] == 8000
     for d in of_kind(objs, "Deployment"):
+        assert d["metadata"]["name"].startswith(own["metadata"]["name"] + "-")
         template_labels = d["spec"]["template"]["metadata"]["labels"]
-        assert all(template_labels[k] == v for k, v in service["spec"]["selector"].items())
-        assert "model-release/release-id" not in d["spec"]["selector"]["matchLabels"]  # selectors are immutable
+        for service in (stable, own):
+            assert all(template_labels[k] == v for k, v in service["spec"]["selector"].items())
+        assert d["spec"]["selector"]["matchLabels"]["model-release/release-id"] == release_label
+        assert all(template_labels[k] == v for k, v in d["spec"]["selector"]["matchLabels"].items())
     pdb = of_kind(objs, "PodDisruptionBudget")[0]
-    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"]["matchLabels"] == own["spec"]["selector"]
+    assert len({(o["kind"], o["metadata"]["name"]) for o in objs}) == len(objs)
 
 
 def test_sanitizing_names_and_label_values():

@@ -38,17 +38,27 @@ def tiny_spec(spec_file, s3):
 
 
 def candidate(
-    reg: Registry, spec_path, artifact, *, accuracy=True, slo=True, approver="reviewer", run="run-1", rate=50.0
+    reg: Registry,
+    spec_path,
+    artifact,
+    *,
+    accuracy=True,
+    slo=True,
+    approver="reviewer",
+    run="run-1",
+    rate=50.0,
+    layout="single",
 ):
     """A release with the given evidence recorded, the way the DAG's tasks record it."""
     loaded = load_spec(spec_path)
-    rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), "local")
+    target = loaded.spec.promotion.target
+    rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), target)
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
     reg.record(rel.id, "staged", "pipeline", data={"s3_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash})
     if accuracy is not None:
         reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy})
     if slo is not None:
-        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data={"layout": "single", "rate_per_server": rate})
+        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data={"layout": layout, "rate_per_server": rate})
     if approver:
         reg.record(rel.id, "approved", approver, {"comment": "ok"}, status="approved")
     return rel, staged
@@ -363,3 +373,46 @@ def test_the_registry_refuses_data_outside_its_schema_and_reads_old_names(tmp_pa
     with reg._session() as s:  # a registry written before the one-name rule
         s.execute(sqlalchemy.text("UPDATE releases SET data = :d"), {"d": json.dumps({"artifact_uri": "s3://b/k"})})
     assert reg.get(rel.id).data == {"s3_uri": "s3://b/k"} and reg.get(rel.id).facts.s3_uri == "s3://b/k"
+
+
+def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasible_rollout(
+    spec_file, s3, small_artifact
+):
+    """promote() on the kubernetes target, through the official client against the fake API server:
+    the fleet sized from the release's measured rate, a smoke test through the release's own
+    Service, verify through the stable one; a rollout the spare budget cannot hold changes nothing."""
+    from tests.conftest import PROD_SPEC
+    from tests.k8s_fake import FakeCluster
+
+    def prod(spare: int):
+        def change(data):
+            data["staging"] = {
+                "s3": {
+                    "endpoint_url": s3.url,
+                    "connection_id": "not-configured",
+                    "bucket": "k8s",
+                    "create_bucket": True,
+                }
+            }
+            data["rollout"].update(spare_servers=spare, prometheus_url="http://127.0.0.1:9")
+
+        return spec_file(PROD_SPEC, change, f"prod-{spare}.yaml")
+
+    reg = Registry()
+    with FakeCluster() as fake:
+        rel, _ = candidate(reg, prod(1), small_artifact, approver="ml-lead", layout="tp8-ep8", rate=50.0)
+        assert promote.promote(reg, rel.id, k8s_client=fake.client()).status == "live"
+        assert fake.servers() == {str(rel.id): 3}  # (120 req/s peak + 20%) / 50 req/s per server
+        kinds = [e.kind for e in reg.events(rel.id)]
+        for kind in ("manifests_rendered", "smoke_test", "rollout_step", "rollout_complete", "deploy_finished"):
+            assert kind in kinds, kinds
+        assert promote.verify(reg, rel.id, k8s_client=fake.client())["text"] == " Paris."
+        assert fake.requests[-1].path.endswith("/services/qwen3-235b-a22b-fp8:8000/proxy/v1/completions")
+
+        second, _ = candidate(reg, prod(0), small_artifact, approver="ml-lead", layout="tp8-ep8", run="run-2")
+        fake.requests.clear()
+        with pytest.raises(promote.DeployFailed, match="cannot hold the fleet: step 1: rollout.spare_servers is 0"):
+            promote.promote(reg, second.id, k8s_client=fake.client())
+        assert [r for r in fake.requests if r.method != "GET"] == []
+        assert reg.get(second.id).status == "failed" and reg.get(rel.id).status == "live"
+        assert fake.servers() == {str(rel.id): 3}

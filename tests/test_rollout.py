@@ -14,6 +14,9 @@ from pipeline.release import analysis, local_prometheus, local_target
 from tests import metrics_http
 from tests.conftest import TINY_SPEC
 
+# measures CPU use or latency: never beside the tiny model's training (conftest)
+pytestmark = pytest.mark.quiet
+
 BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -173,7 +176,7 @@ def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(
     assert (p.need_rps, p.live_servers, p.new_servers) == (144, 12, 8)  # ceil(144/12.5), ceil(144/18.1)
     rows = [(s.fraction, s.old_servers, s.new_servers, s.at_once, s.waves) for s in p.steps]
     # 10%: ceil(14.4/18.1)=1 new, ceil(129.6/12.5)=11 old; 50%: ceil(72/18.1)=4, ceil(72/12.5)=6
-    assert rows == [(0.1, 11, 1, 13, 1), (0.5, 6, 4, 12, 3), (1.0, 0, 8, 8, 4)]
+    assert rows == [(0.1, 11, 1, 13, 1), (0.5, 6, 4, 13, 3), (1.0, 0, 8, 11, 4)]
     assert all(s.old_holds_rps >= s.old_share_rps and s.new_holds_rps >= s.new_share_rps for s in p.steps)
     assert max(s.at_once for s in p.steps) <= p.live_servers + p.spare_servers and p.feasible
     assert [s.seconds for s in p.steps] == [900, 3 * 600 + 300, 4 * 600 + 300] and p.expected_seconds == 5700
@@ -193,7 +196,7 @@ def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(
         "replacing live release (given) (tp8-ep8, 12.5 req/s per server)" in out
         and "expected duration: 95.0 min" in out
     )
-    assert "   2     50%       6       4      12" in out
+    assert "   2     50%       6       4      13" in out
     spare0 = spec_file(PROD_SPEC, lambda d: d.setdefault("rollout", {}).update({"spare_servers": 0}), name="s0.yaml")
     assert cli.main(["rollout-plan", str(spare0), "--rate-per-server", "18.1", "--live-rate-per-server", "12.5"]) == 1
     assert "NOT FEASIBLE" in capsys.readouterr().out
@@ -240,3 +243,114 @@ def test_a_restarted_prometheus_forgets_engines_that_are_gone(tmp_path):
         assert not list((root / "targets").glob("*.json"))
     finally:
         local_prometheus.stop(root)
+
+
+class FakeFleet:
+    """The pods the fake API server says are ready, as exporters the real Prometheus scrapes.
+
+    A thread follows the fake cluster's Deployments: each ready pod of a release gets a FakeEngine
+    (registered under its release label, as the cluster's pod scrape would), and the client's
+    `rate` req/s are shared by every ready pod, as the stable Service shares them. `slow` pods
+    (release, pod index) answer at `slow_ttft`: a server of that release on a bad node."""
+
+    def __init__(self, cluster, root, rate: float, slow: set[tuple[str, int]], slow_ttft: float):
+        self.cluster, self.root, self.rate = cluster, root, rate
+        self.slow, self.slow_ttft = slow, slow_ttft
+        self.engines: dict[str, list[FakeEngine]] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        while not self.stopping.wait(0.1):
+            ready = {r: n for r, n in self.cluster.ready_pods().items() if r}
+            for release in set(ready) | set(self.engines):
+                engines = self.engines.setdefault(release, [])
+                want = ready.get(release, 0)
+                changed = len(engines) != want
+                while len(engines) < want:
+                    slow = (release, len(engines)) in self.slow
+                    engines.append(FakeEngine(ttft=self.slow_ttft if slow else 0.4, tpot=0.02, rate=0))
+                while len(engines) > want:
+                    engines.pop().stop()
+                if changed:
+                    local_prometheus.scrape(self.root, int(release), "tp8-ep8", [e.port for e in engines])
+            pods = sum(len(e) for e in self.engines.values())
+            for engines in self.engines.values():
+                for engine in engines:
+                    engine.rate = self.rate / pods if pods else 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+        for engines in self.engines.values():
+            for engine in engines:
+                engine.stop()
+
+
+def test_kubernetes_rollout_of_a_3_server_fleet_judged_by_the_real_prometheus(prometheus, spec_file):
+    """Through the official client against the fake API server: a 3-server fleet rollout that
+    completes, then one whose second server is slow, aborted at its second step by the PromQL
+    analysis, with the old release back on all three servers before the new one leaves."""
+    from pipeline.k8s import manifests
+    from pipeline.k8s.deploy import KubernetesTarget
+    from pipeline.release import promote, rollout_plan
+    from tests.conftest import PROD_SPEC
+    from tests.k8s_fake import FakeCluster
+
+    root, url = prometheus
+
+    def fast(d):  # the production spec, its windows shortened and its Prometheus the one started here
+        d["rollout"].update(analysis_window="3s", scrape_interval="1s", min_requests=5, prometheus_url=url)
+
+    loaded = load_spec(spec_file(PROD_SPEC, fast))
+    # 144 req/s at peak + headroom: 3 servers at 60 req/s each, for the old and the new release
+    plan = rollout_plan.plan(
+        loaded, rollout_plan.Side(id=2, rate_per_server=60), rollout_plan.Side(id=1, rate_per_server=60)
+    )
+    assert [(s.old_servers, s.new_servers) for s in plan.steps] == [(3, 1), (2, 2), (0, 3)] and plan.feasible
+
+    def render(release: str) -> list[dict]:
+        artifact = manifests.Artifact(nfs_path=f"/mnt/models/r{release}", manifest_hash=release * 64)
+        return manifests.render(loaded, "tp8-ep8", release, artifact, manifests.RenderOptions(servers=3))
+
+    with FakeCluster() as cluster:
+        fleet = FakeFleet(cluster, root, rate=60, slow={("3", 1)}, slow_ttft=9.0)  # SLO p90 TTFT 3000 ms
+        target = KubernetesTarget(cluster.client(), poll_s=0.05, smoke_retry_delay_s=0.01)
+        try:
+            assert target.deploy("1", render("1"), timeout_s=10).status == "live"
+            local_prometheus.wait_scraped(url, 1, 3)
+
+            good = target.deploy(
+                "2", render("2"), promote.server_steps(plan), promote.prometheus_judge(loaded, "2", "1"), timeout_s=10
+            )
+            assert good.status == "live", good.error
+            steps = [d for kind, d in good.events if kind == "rollout_step"]
+            assert [(s["old_servers"], s["new_servers"], s["passed"]) for s in steps] == [
+                (3, 1, True),
+                (2, 2, True),
+                (0, 3, True),
+            ]
+            first = steps[0]["analysis"]
+            assert not first["inconclusive"] and first["queries"]["new_requests"]["value"] >= 5
+            assert first["queries"]["old_requests"]["value"] > first["queries"]["new_requests"]["value"]
+            assert 0.2 < first["queries"]["new_p90_ttft"]["value"] <= 0.5  # the 0.4 s bucket, from Prometheus
+            assert 'release="2"' in first["queries"]["new_p90_ttft"]["promql"]
+            assert cluster.servers() == {"2": 3}  # release 1's objects are gone
+            assert all(sum(h.values()) <= 4 for h in cluster.history)  # live fleet + 1 spare at most
+
+            cluster.history.clear()
+            bad = target.deploy(
+                "3", render("3"), promote.server_steps(plan), promote.prometheus_judge(loaded, "3", "2"), timeout_s=10
+            )
+            assert bad.status == "rolled_back"
+            steps = [d for kind, d in bad.events if kind == "rollout_step"]
+            assert [s["passed"] for s in steps] == [True, False]  # one good server passes; two, one slow, fail
+            reasons = steps[1]["analysis"]["reasons"]
+            assert any(r.startswith("p90 TTFT") and r.endswith("> SLO 3000 ms") for r in reasons), reasons
+            assert steps[1]["analysis"]["queries"]["new_p90_ttft"]["value"] > 3
+            assert "aborted at step 2 (2 new / 2 old servers)" in bad.error
+            assert cluster.servers() == {"2": 3, "3": 0}
+            assert all(h["2"] >= 2 for h in cluster.history)  # release 2 never below the step's share
+        finally:
+            fleet.stop()

@@ -268,6 +268,13 @@ class RolloutSpec(Strict):
     prometheus_url: str | None = Field(
         None, description="the cluster's Prometheus (kubernetes target); the local target starts its own"
     )
+    scrape_interval: Annotated[
+        str,
+        Field(
+            pattern=DURATION_PATTERN.pattern,
+            description="the cluster Prometheus' scrape interval: a step waits two after its window",
+        ),
+    ] = "30s"
     spare_servers: Annotated[
         int, Field(ge=0, description="servers a step may run beyond the live fleet (old ones go as new are ready)")
     ] = 1
@@ -617,6 +624,10 @@ def feasibility_problems(spec: ReleaseSpec, hw: HardwareProfile) -> list[tuple[s
         )
     if spec.promotion.target == "kubernetes" and hw.device_resource is None:
         problems.append(("hardware", f"profile {hw.name!r} has no device_resource for Kubernetes scheduling"))
+    if spec.promotion.target == "kubernetes" and not spec.rollout.prometheus_url:
+        problems.append(
+            ("rollout.prometheus_url", "the cluster's Prometheus is needed to judge each rollout step on Kubernetes")
+        )
     tasks = [task.name for task in spec.evaluation.tasks]
     for i, name in enumerate(tasks):
         if tasks.count(name) > 1:

@@ -1,15 +1,18 @@
-"""Roll a release out to a cluster with the official `kubernetes` client, and back when it fails.
+"""Roll a release out to a cluster with the official `kubernetes` client, in steps, beside the live one.
 
 Objects go in by server-side apply (what `kubectl apply --server-side` sends): the API server
 merges our fields, records `model-release` as their manager, and an apply of the same objects
-twice changes nothing. Requests are made with the client's `call_api` on the objects' REST
-paths rather than through `DynamicClient`, which needs API discovery first and adds nothing
-for the four kinds a release has; authentication and TLS stay the client's.
+twice changes nothing; replicas change through the scale subresource (what `kubectl scale`
+sends). Requests are made with the client's `call_api` on the objects' REST paths rather than
+through `DynamicClient`, which needs API discovery first and adds nothing for the kinds a
+release has; authentication and TLS stay the client's.
 
-A deploy is: check the API server answers, remove this model's Deployments the new layout
-does not have, apply, wait for every Deployment to roll out, send one completion through the
-Service. If anything after the first change fails, the previous release's objects are
-applied again the same way.
+A deploy (KubernetesTarget.deploy) is: check the API server answers, delete what earlier
+releases left scaled to zero, start the new release's first servers beside the live release,
+smoke-test them through the release's own Service, then move step by step (new servers up in
+waves, old ones down as the new are ready), judging each step on live metrics; the old
+release's objects go only after the last step. Any failure gives the old release its servers
+back before the new one scales to zero.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import json
 import logging
 import os
 import time
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -29,9 +33,10 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "model-release"
 APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+RELEASE_LABEL = "model-release/release-id"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-RELEASE_ANNOTATION = "model-release/release-id"
 PLURALS = {
     "Deployment": "deployments",
     "Service": "services",
@@ -252,35 +257,6 @@ def wait_rollout(api, deployments: list[dict], timeout_s: float, poll_s: float =
             time.sleep(poll_s)
 
 
-def prune(api, keep: list[dict]) -> list[str]:
-    """Delete this model's Deployments that `keep` does not have; returns their names.
-
-    Runs before an apply, not after: on one server the replica groups of the old layout hold
-    the GPUs the new layout's pods need (TP8 after 2 x TP4 cannot schedule while one TP4 runs).
-    """
-    deployments = [obj for obj in keep if obj["kind"] == "Deployment"]
-    if not deployments:
-        return []
-    meta = deployments[0]["metadata"]
-    selector = ",".join(f"{key}={meta['labels'][key]}" for key in (INSTANCE_LABEL, MANAGED_BY_LABEL))
-    listing = _call(
-        api, "GET", f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments", query={"labelSelector": selector}
-    )
-    wanted = {d["metadata"]["name"] for d in deployments}
-    stale = sorted(
-        item["metadata"]["name"] for item in listing.get("items", []) if item["metadata"]["name"] not in wanted
-    )
-    for name in stale:
-        _call(
-            api,
-            "DELETE",
-            f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments/{name}",
-            query={"propagationPolicy": "Background"},
-        )
-        log.info("deleted Deployment %s/%s (not in the layout being applied)", meta["namespace"], name)
-    return stale
-
-
 # ---------------------------------------------------------------- smoke test
 
 
@@ -335,19 +311,90 @@ def _progress_deadline(manifests: list[dict]) -> float:
     return float(max(deadlines, default=600) + 60)
 
 
-def _release_id(manifests: list[dict]) -> str | None:
-    for obj in manifests:
-        release = (obj["metadata"].get("annotations") or {}).get(RELEASE_ANNOTATION)
-        if release:
-            return release
-    return None
+# ---------------------------------------------------------------- scale, list, delete
 
 
-# ---------------------------------------------------------------- the target
+def scale(api, deployment: dict, replicas: int) -> None:
+    """What `kubectl scale` sends: a merge patch of the Deployment's scale subresource."""
+    _call(
+        api,
+        "PATCH",
+        object_path(deployment) + "/scale",
+        body={"spec": {"replicas": replicas}},
+        content_type=MERGE_PATCH,
+    )
+    deployment.setdefault("spec", {})["replicas"] = replicas
+
+
+def listing(api, namespace: str, plural: str, selector: dict[str, str]) -> list[dict]:
+    group = (
+        "/apis/apps/v1"
+        if plural == "deployments"
+        else "/apis/policy/v1"
+        if plural == "poddisruptionbudgets"
+        else "/api/v1"
+    )
+    query = {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())}
+    items = _call(api, "GET", f"{group}/namespaces/{namespace}/{plural}", query=query).get("items", [])
+    for item in items:  # a List's items carry no kind / apiVersion
+        item.setdefault("kind", {"deployments": "Deployment", "services": "Service"}.get(plural, "PodDisruptionBudget"))
+        item.setdefault("apiVersion", group.removeprefix("/apis/").removeprefix("/api/"))
+        item["metadata"].setdefault("namespace", namespace)
+    return items
+
+
+def delete(api, obj: dict) -> None:
+    _call(api, "DELETE", object_path(obj), query={"propagationPolicy": "Background"})
+    log.info("deleted %s", _describe(obj))
+
+
+# ---------------------------------------------------------------- the progressive rollout
+
+
+class ServerStep(BaseModel):
+    """One step of a rollout in servers (pods per replica group): what runs once it is reached."""
+
+    fraction: float = Field(gt=0, le=1, description="the spec's share of traffic for this step")
+    old_servers: int = Field(ge=0)
+    new_servers: int = Field(ge=1)
+
+
+class Verdict(Protocol):
+    """A step's analysis (pipeline.release.analysis.StepAnalysis): passed or not, and why."""
+
+    passed: bool
+    reasons: list[str]
+
+    def summary(self) -> str: ...
+
+    def model_dump(self) -> dict[str, Any]: ...
+
+
+# (step number, its traffic fraction, the new release's pods now): the step's verdict
+Judge = Callable[[int, float, int], Verdict]
+
+
+class RolloutAborted(ReleaseError):
+    def __init__(self, message: str, verdict: Verdict):
+        self.verdict = verdict
+        super().__init__(message)
+
+
+def _release_of(obj: dict) -> str:
+    return (obj["metadata"].get("labels") or {}).get(RELEASE_LABEL, "")
 
 
 class KubernetesTarget:
-    """Deploys rendered manifests; returns to the previous release's when the new one fails."""
+    """Rolls a release out beside the live one in steps of servers, judged on live metrics.
+
+    The new release's Deployments start next to the old release's, one wave of at most
+    `spare_servers` at a time; as a wave is ready the old release gives back what the step no
+    longer needs, so what serves never drops below the fleet. The stable Service sends each
+    release traffic in proportion to its ready pods. After each step the judge (the PromQL
+    analysis of the window) decides; a failed step scales the old release back to where it was,
+    waits for it, then scales the new one to zero. Only after the last step are the old
+    release's objects deleted.
+    """
 
     def __init__(
         self,
@@ -374,18 +421,35 @@ class KubernetesTarget:
         return version
 
     def deploy(
-        self, release_id: str, manifests: list[dict], previous: list[dict] | None = None, timeout_s: float | None = None
+        self,
+        release_id: str,
+        manifests: list[dict],
+        steps: list[ServerStep] | None = None,
+        judge: Judge | None = None,
+        spare_servers: int = 1,
+        timeout_s: float | None = None,
     ) -> DeployOutcome:
-        """Make `manifests` live, or leave the previous release's objects live and say why.
+        """Make `manifests` live without taking the model offline, or leave the old release serving.
 
+        `steps` default to one step with every server the manifests render; with no release of
+        this model serving in the cluster, the new one starts whole (no steps, nothing to judge).
         Raises ClusterUnreachable before changing anything when the API server does not answer;
-        every later failure is an outcome ("rolled_back", or "failed" with no previous release).
-        The rollout timeout defaults to the Deployments' own progress deadline (sized by render
-        for image pull, weight fetch and model load).
+        every later failure is an outcome ("rolled_back" while the old release serves, "failed"
+        with none). The rollout timeout per wave defaults to the Deployments' progress deadline.
         """
         timeout_s = timeout_s or _progress_deadline(manifests)
         self.check_reachable()
         namespace, service, port, model = _smoke_target(manifests)
+        new_deps = [obj for obj in manifests if obj["kind"] == "Deployment"]
+        label = _release_of(new_deps[0])
+        instance = {k: new_deps[0]["metadata"]["labels"][k] for k in (INSTANCE_LABEL, MANAGED_BY_LABEL)}
+        others = [d for d in listing(self.api, namespace, "deployments", instance) if _release_of(d) != label]
+        old = [d for d in others if d["spec"].get("replicas", 0) > 0]
+        old_servers = live_servers = max((d["spec"]["replicas"] for d in old), default=0)
+        old_release = _release_of(old[0]) if old else None
+        full = max(d["spec"].get("replicas", 1) for d in new_deps)
+        if not old or not steps:
+            steps = [ServerStep(fraction=1.0, old_servers=0, new_servers=full)]
         events: list[tuple[str, dict[str, Any]]] = [
             (
                 "deploy_started",
@@ -394,64 +458,156 @@ class KubernetesTarget:
                     "namespace": namespace,
                     "server": self.api.configuration.host,
                     "objects": [f"{obj['kind']}/{obj['metadata']['name']}" for obj in manifests],
-                    "previous_release": _release_id(previous or []),
+                    "live_release": old_release,
+                    "live_servers": old_servers,
+                    "steps": [s.model_dump() for s in steps],
                 },
             )
         ]
         started = time.monotonic()
+        new_servers = 0
+        applied: list[dict] = []  # the new Deployments once they exist (an undo scales them to zero)
         try:
-            removed = prune(self.api, manifests)
-            apply(self.api, manifests, self.field_manager, timeout_s, self.poll_s)
+            removed = self._remove_releases({_release_of(d) for d in others if d not in old}, namespace, instance)
+            if removed:
+                events.append(("pruned", {"objects": removed}))
+            for number, step in enumerate(steps, 1):
+                step_started = time.monotonic()
+                budget = live_servers + spare_servers  # servers that may run at once
+                while new_servers < step.new_servers:
+                    wave = min(max(1, spare_servers) if old else step.new_servers, step.new_servers - new_servers)
+                    # room for the wave: an old server the step no longer needs stops first (the
+                    # ready old + new ones still hold the fleet's share); never below the step's old
+                    room = max(step.old_servers, min(old_servers, budget - new_servers - wave))
+                    old_servers = self._scale_to(old, room, old_servers, timeout_s)
+                    new_servers += wave
+                    self._start(manifests, new_deps, new_servers, applied, timeout_s)
+                    if not any(kind == "smoke_test" for kind, _ in events):
+                        events.append(self._smoke(namespace, manifests, port, model))
+                old_servers = self._scale_to(old, min(step.old_servers, old_servers), old_servers, timeout_s)
+                detail: dict[str, Any] = {
+                    "step": number,
+                    "fraction": step.fraction,
+                    "old_servers": old_servers,
+                    "new_servers": new_servers,
+                    "seconds": round(time.monotonic() - step_started, 1),
+                }
+                if old and judge is not None:
+                    verdict = judge(number, step.fraction, new_servers * len(new_deps))
+                    detail |= {"analysis": verdict.model_dump(), "passed": verdict.passed}
+                    events.append(("rollout_step", detail))
+                    if not verdict.passed:
+                        raise RolloutAborted(
+                            f"rollout of release {release_id} aborted at step {number} "
+                            f"({new_servers} new / {old_servers} old servers): " + "; ".join(verdict.reasons),
+                            verdict,
+                        )
+                else:
+                    events.append(("rollout_step", detail))
+                log.info(
+                    "release %s, step %d/%d done: %d new and %d old servers",
+                    release_id,
+                    number,
+                    len(steps),
+                    new_servers,
+                    old_servers,
+                )
         except Exception as exc:
-            events.append(("rollout_failed", {"error": str(exc), "seconds": round(time.monotonic() - started, 1)}))
-            return self._fail(exc, previous, events, timeout_s)
+            return self._undo(exc, events, applied, old, old_release, live_servers, started, timeout_s)
+        removed = self._remove_releases({old_release} if old_release else set(), namespace, instance)
         events.append(
             (
                 "rollout_complete",
-                {
-                    "deployments": [obj["metadata"]["name"] for obj in manifests if obj["kind"] == "Deployment"],
-                    "removed": removed,
-                    "seconds": round(time.monotonic() - started, 1),
-                },
+                {"removed": removed, "seconds": round(time.monotonic() - started, 1), "servers": new_servers},
             )
         )
-        try:
-            text = smoke(
-                self.api, namespace, service, port, model, self.smoke_timeout_s, retry_delay_s=self.smoke_retry_delay_s
-            )
-        except Exception as exc:
-            events.append(("smoke_test", {"ok": False, "error": str(exc)}))
-            return self._fail(exc, previous, events, timeout_s)
-        events.append(("smoke_test", {"ok": True, "service": f"{namespace}/{service}:{port}", "text": text[:200]}))
-        log.info("release %s is live in %s", release_id, namespace)
+        log.info("release %s is live in %s on %d servers", release_id, namespace, new_servers)
         return DeployOutcome(status="live", events=events)
 
-    def _fail(self, exc: Exception, previous: list[dict] | None, events: list, timeout_s: float) -> DeployOutcome:
-        """Apply the previous release again; with none, the failed objects stay for inspection."""
-        if not isinstance(exc, ReleaseError):
-            log.error("deploy failed on an unexpected error", exc_info=exc)
-        error = str(exc)
-        if not previous:
-            log.error("deploy failed and there is no previous release to return to: %s", error)
-            return DeployOutcome(status="failed", events=events, error=error)
-        to_release = _release_id(previous)
-        log.warning("deploy failed (%s); rolling back to release %s", error, to_release)
-        events.append(("rollback_started", {"to_release": to_release, "reason": error}))
-        started = time.monotonic()
-        try:
-            removed = prune(self.api, previous)
-            apply(self.api, previous, self.field_manager, timeout_s, self.poll_s)
-        except Exception as rollback_exc:
-            events.append(("rollback_failed", {"to_release": to_release, "error": str(rollback_exc)}))
-            return DeployOutcome(
-                status="failed",
-                events=events,
-                error=f"{error}; rollback to release {to_release} failed: {rollback_exc}",
-            )
-        events.append(
-            (
-                "rollback_complete",
-                {"to_release": to_release, "removed": removed, "seconds": round(time.monotonic() - started, 1)},
-            )
+    # -------------------------------------------------------- steps
+
+    def _start(
+        self, manifests: list[dict], new_deps: list[dict], servers: int, applied: list, timeout_s: float
+    ) -> None:
+        """Apply the release's objects with `servers` pods per group (first wave), or scale them."""
+        if not applied:
+            for dep in new_deps:
+                dep["spec"]["replicas"] = servers
+            applied.extend(new_deps)  # from the first PATCH on, there may be something to undo
+            apply(self.api, manifests, self.field_manager, timeout_s, self.poll_s)
+        else:
+            for dep in new_deps:
+                scale(self.api, dep, servers)
+            wait_rollout(self.api, new_deps, timeout_s, self.poll_s)
+
+    def _scale_to(self, deps: list[dict], servers: int, now: int, timeout_s: float) -> int:
+        if deps and servers != now:
+            for dep in deps:
+                scale(self.api, dep, servers)
+            wait_rollout(self.api, deps, timeout_s, self.poll_s)
+            log.info("release %s: %d -> %d servers", _release_of(deps[0]), now, servers)
+        return servers
+
+    def _smoke(self, namespace: str, manifests: list[dict], port: int, model: str) -> tuple[str, dict[str, Any]]:
+        """A completion through the release's own Service: it reaches only the new pods."""
+        own = next(
+            o["metadata"]["name"]
+            for o in manifests
+            if o["kind"] == "Service" and RELEASE_LABEL in o["spec"].get("selector", {})
         )
+        text = smoke(
+            self.api, namespace, own, port, model, self.smoke_timeout_s, retry_delay_s=self.smoke_retry_delay_s
+        )
+        return ("smoke_test", {"ok": True, "service": f"{namespace}/{own}:{port}", "text": text[:200]})
+
+    def _remove_releases(self, releases: set[str], namespace: str, instance: dict[str, str]) -> list[str]:
+        """Delete every object of these releases (Deployments, their Services and budgets)."""
+        removed = []
+        for release in sorted(r for r in releases if r):
+            for plural in ("deployments", "services", "poddisruptionbudgets"):
+                for obj in listing(self.api, namespace, plural, {**instance, RELEASE_LABEL: release}):
+                    delete(self.api, obj)
+                    removed.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        return removed
+
+    def _undo(
+        self,
+        exc: Exception,
+        events: list,
+        applied: list[dict],
+        old: list[dict],
+        old_release: str | None,
+        live_servers: int,
+        started: float,
+        timeout_s: float,
+    ) -> DeployOutcome:
+        """Give the old release back every server it had, then take the new one to zero."""
+        if not isinstance(exc, ReleaseError):
+            log.error("rollout failed on an unexpected error", exc_info=exc)
+        error = str(exc)
+        seconds = round(time.monotonic() - started, 1)
+        if isinstance(exc, SmokeFailed):
+            events.append(("smoke_test", {"ok": False, "error": error}))
+        kind = "rollout_aborted" if isinstance(exc, RolloutAborted) else "rollout_failed"
+        events.append((kind, {"error": error, "seconds": seconds}))
+        if not old:
+            log.error("rollout failed and no earlier release serves: %s", error)
+            return DeployOutcome(status="failed", events=events, error=error)
+        want = live_servers
+        log.warning("rollout failed (%s); release %s back to %d servers", error, old_release, want)
+        events.append(("rollback_started", {"to_release": old_release, "reason": error}))
+        try:
+            self._scale_to(old, want, -1, timeout_s)
+            for dep in applied:
+                try:
+                    scale(self.api, dep, 0)
+                except KubernetesError as missing:
+                    if missing.status != 404:  # never created: nothing to scale
+                        raise
+        except Exception as undo_exc:
+            events.append(("rollback_failed", {"to_release": old_release, "error": str(undo_exc)}))
+            return DeployOutcome(
+                status="failed", events=events, error=f"{error}; back to release {old_release} failed: {undo_exc}"
+            )
+        events.append(("rollback_complete", {"to_release": old_release, "servers": want}))
         return DeployOutcome(status="rolled_back", events=events, error=error)

@@ -5,9 +5,13 @@ deployment: two `amd.com/gpu: 4` pods per 8-GPU server for two TP4+EP4 replicas)
 in front of all of them, a PodDisruptionBudget, and the weights either from the NFS share
 (a read-only claim) or fetched from S3 into node-local disk by an init container.
 
-Object names depend only on the model (`<spec.name>-<group>`), not on the release: a new
-release updates the same Deployments in place (Recreate: the server's GPUs are all taken, a
-surge pod could never schedule), and a rollback re-applies the previous release over them.
+Every release has objects of its own beside the live release's (`<spec.name>-r<release>-<group>`
+Deployments, a `<spec.name>-r<release>` Service and PodDisruptionBudget), so a new release takes
+traffic in steps and the old one keeps serving until it has (pipeline.k8s.deploy): never an
+in-place `Recreate` that takes the model offline for the whole image pull and weight load. The
+stable Service clients call (`<spec.name>`) selects every pod of the model that carries the
+serving label, whatever its release, so each release's share of traffic is its share of ready
+pods. Each Deployment runs one pod per server (`RenderOptions.servers`); the rollout scales them.
 The release id and the artifact's manifest hash travel as labels and annotations.
 """
 
@@ -29,6 +33,10 @@ from pipeline.stages import serving
 
 MODELS_MOUNT = "/models"
 FIELD_PREFIX = "model-release"
+RELEASE_LABEL = f"{FIELD_PREFIX}/release-id"
+# what the stable Service selects: remove it from a pod (kubectl label pod NAME model-release/serving-)
+# and the pod leaves the model's traffic without a restart
+SERVING_LABEL = f"{FIELD_PREFIX}/serving"
 # vLLM start-up: engine init, graph capture and kernel warm-up, then reading the weights at a
 # conservative ~100 MB/s from NFS; ~240 GB of FP8 weights get ~42 minutes, the tiny model 3.
 STARTUP_BASE_S = 180
@@ -57,6 +65,7 @@ class RenderOptions(BaseModel):
     fetch_image: str | None = Field(
         None, description="image with the model-release CLI for the S3 init container; default: the engine image"
     )
+    servers: int = Field(1, ge=0, description="pods per replica group, one per server (the rollout scales them)")
 
 
 class _Weights(NamedTuple):
@@ -106,38 +115,55 @@ def render(
         raise ReleaseError(f"hardware profile {hw.name!r}: Kubernetes needs a gpu profile with device_resource set")
     options = options or RenderOptions()
     base = dns_name(spec.name)
+    own = release_name(spec, release_id)
     weights = _weights(spec, artifact, base, options)
     labels = {**_instance_labels(spec), **_release_labels(layout, release_id, artifact)}
     annotations = _annotations(release_id, artifact)
     deployments = [
-        _deployment(spec, hw, layout, weights, group, base, labels, annotations) for group in range(layout.replicas)
+        _deployment(spec, hw, layout, weights, group, own, labels, annotations, options.servers)
+        for group in range(layout.replicas)
     ]
     meta = {"namespace": spec.promotion.namespace, "labels": labels, "annotations": annotations}
-    selector = {
-        k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance", f"{FIELD_PREFIX}/release-id")
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": base, **meta},
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector,
-            "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    release_selector = {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance", RELEASE_LABEL)}
+
+    def service(name: str, selector: dict[str, str], labels: dict[str, str]) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, **meta, "labels": labels},
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector,
+                "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
+            },
+        }
+
+    # the model's one address: every serving pod of every release, whichever is live
+    stable = service(base, {**serving_selector(spec)}, _instance_labels(spec))
+    stable["metadata"]["annotations"] = {}
+    # this release's pods only: its smoke test goes here before it takes traffic
+    own_service = service(own, release_selector, labels)
     pdb = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {"name": base, **meta},
+        "metadata": {"name": own, **meta},
         # One replica group at a time may be drained; a crash-looping pod never blocks a node drain.
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": selector},
+            "selector": {"matchLabels": release_selector},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
-    return copy.deepcopy([*weights.objects, *deployments, service, pdb])  # no dict shared between objects
+    return copy.deepcopy([*weights.objects, *deployments, stable, own_service, pdb])  # no dict shared between objects
+
+
+def release_name(spec: ReleaseSpec, release_id: str) -> str:
+    """The prefix of one release's objects (its Deployments add `-<group>`)."""
+    return dns_name(f"{dns_name(spec.name, 50)}-r{label_value(release_id)}", 58)
+
+
+def serving_selector(spec: ReleaseSpec) -> dict[str, str]:
+    return {**_instance_labels(spec), SERVING_LABEL: "true"}
 
 
 def _instance_labels(spec: ReleaseSpec) -> dict[str, str]:
@@ -151,7 +177,7 @@ def _instance_labels(spec: ReleaseSpec) -> dict[str, str]:
 
 def _release_labels(layout: Layout, release_id: str, artifact: Artifact) -> dict[str, str]:
     return {
-        f"{FIELD_PREFIX}/release-id": label_value(release_id),
+        RELEASE_LABEL: label_value(release_id),
         f"{FIELD_PREFIX}/layout": layout.name,
         f"{FIELD_PREFIX}/manifest-hash": artifact.manifest_hash[:16],  # short, to select by; the annotation is whole
     }
@@ -262,30 +288,37 @@ def _deployment(
     layout: Layout,
     weights: _Weights,
     group: int,
-    base: str,
+    own: str,
     labels: dict[str, str],
     annotations: dict[str, str],
+    servers: int,
 ) -> dict:
     group_label = {f"{FIELD_PREFIX}/replica-group": str(group)}
-    selector = {**_instance_labels(spec), **group_label}
+    # a Deployment of its own per release, so its (immutable) selector may name the release
+    selector = {**_instance_labels(spec), RELEASE_LABEL: labels[RELEASE_LABEL], **group_label}
     pod_annotations = {**annotations, **_placement_annotations(hw, layout, group)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": dns_name(f"{base}-{group}"),
+            "name": dns_name(f"{own}-{group}"),
             "namespace": spec.promotion.namespace,
             "labels": {**labels, **group_label},
             "annotations": annotations,
         },
         "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
+            "replicas": servers,
+            # a pod of this release that must restart (node drain, crash) never needs a spare
+            # server's GPUs: one goes before its replacement starts; releases never share a Deployment
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "progressDeadlineSeconds": startup_seconds(spec) + PULL_AND_FETCH_S,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": {**labels, **group_label}, "annotations": pod_annotations},
+                "metadata": {
+                    "labels": {**labels, **group_label, SERVING_LABEL: "true"},
+                    "annotations": pod_annotations,
+                },
                 "spec": _pod_spec(spec, hw, layout, weights),
             },
         },

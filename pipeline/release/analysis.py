@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import requests
 from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import RolloutSpec, SloSpec
+from pipeline.core.spec import RolloutSpec, SloSpec, duration_seconds
 
 log = logging.getLogger(__name__)
 
@@ -153,3 +154,42 @@ def analyze(
     )
     log.info("rollout analysis: %s", verdict.summary())
     return verdict
+
+
+def wait_up(url: str, selector: str, count: int, timeout: float) -> None:
+    """Until Prometheus has scraped `count` engines matching `selector` up: a window that starts
+    before a new engine's first scrape would judge it on no data."""
+    deadline = time.monotonic() + timeout
+    promql = f"count(up{{{selector}}} == 1)"
+    seen: float | None = None
+    while time.monotonic() < deadline:
+        try:
+            if (seen := query(url, promql, timeout=5) or 0) >= count:
+                return
+        except PrometheusError:
+            pass
+        time.sleep(0.5)
+    raise PrometheusError(
+        f"Prometheus at {url}: {seen or 0:.0f} of {count} engines ({selector}) scraped up after {timeout:.0f} s"
+    )
+
+
+def after_window(
+    url: str,
+    new: str,
+    old: str | None,
+    step: int,
+    fraction: float,
+    slo: SloSpec,
+    rollout: RolloutSpec,
+    settle_s: float,
+) -> StepAnalysis:
+    """Hold the step for its analysis window (plus `settle_s` for the scrapes that close it, logging
+    what is left), then judge exactly that window."""
+    window = duration_seconds(rollout.analysis_window)
+    started = time.monotonic()
+    while (left := window + settle_s - (time.monotonic() - started)) > 0:
+        time.sleep(min(left, 15))
+        if left > 15:
+            log.info("step %d: %.0f s of the analysis window left", step, left - 15)
+    return analyze(url, new, old, step, fraction, window, slo, rollout)

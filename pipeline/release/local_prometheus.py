@@ -118,18 +118,10 @@ def forget(root: Path, release_id: int) -> None:
 
 def wait_scraped(base: str, release_id: int, count: int, timeout: float = 30) -> None:
     """Until every engine of the release has been scraped up (so a window starts with data)."""
-    deadline = time.monotonic() + timeout
-    promql = f'count(up{{release="{release_id}"}} == 1)'
-    while time.monotonic() < deadline:
-        try:
-            if (analysis.query(base, promql, timeout=5) or 0) >= count:
-                return
-        except analysis.PrometheusError:
-            pass
-        time.sleep(0.5)
-    raise ReleaseError(
-        f"prometheus at {base}: release {release_id}'s {count} engine(s) not scraped after {timeout:.0f} s"
-    )
+    try:
+        analysis.wait_up(base, f'release="{release_id}"', count, timeout)
+    except analysis.PrometheusError as exc:
+        raise ReleaseError(f"release {release_id}: {exc}") from None
 
 
 def stop(root: Path) -> bool:

@@ -346,20 +346,15 @@ def _progressive(spec: ReleaseSpec, old: Deployment, new: Deployment) -> list[an
             fraction * 100,
             window,
         )
-        started = time.monotonic()
-        while (left := window + 2 * local_prometheus.SCRAPE_SECONDS - (time.monotonic() - started)) > 0:
-            time.sleep(min(left, 15))
-            if left > 15:
-                log.info("step %d: %.0f s of the analysis window left", number, left - 15)
-        verdict = analysis.analyze(
+        verdict = analysis.after_window(
             base,
             f'release="{new.release_id}"',
             f'release="{old.release_id}"' if fraction < 1 else None,
             number,
             fraction,
-            window,
             spec.slo,
             plan,
+            settle_s=2 * local_prometheus.SCRAPE_SECONDS,
         )
         steps.append(verdict)
         if not verdict.passed:

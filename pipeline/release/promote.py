@@ -16,10 +16,10 @@ from pipeline.core import paths, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
-from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.core.spec import LoadedSpec, duration_seconds, load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
-from pipeline.release import local_target
+from pipeline.release import analysis, local_target, rollout_plan
 from pipeline.release.analysis import StepAnalysis
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import serving
@@ -186,13 +186,65 @@ def _record_steps(reg: Registry, release_id: int, steps: list[StepAnalysis], act
         reg.record(release_id, "rollout_step", actor, step.model_dump())
 
 
+def prometheus_judge(loaded: LoadedSpec, new_id: str, old_id: str | None) -> k8s_deploy.Judge:
+    """Each Kubernetes step judged like a local one, by the cluster's Prometheus: its pod scrape
+    labels every engine's series with `release` (the pod's model-release/release-id)."""
+    spec = loaded.spec
+    url = spec.rollout.prometheus_url
+    if not url:
+        raise ReleaseError(f"{loaded.path}: rollout.prometheus_url is needed to judge rollout steps on Kubernetes")
+    settle = 2 * duration_seconds(spec.rollout.scrape_interval)  # the window's last samples scraped
+
+    def judge(step: int, fraction: float, pods: int) -> StepAnalysis:
+        new = f'release="{new_id}"'
+        analysis.wait_up(url, new, pods, timeout=60 + 4 * settle)  # the window starts once every new pod is seen
+        old = f'release="{old_id}"' if old_id and fraction < 1 else None
+        return analysis.after_window(url, new, old, step, fraction, spec.slo, spec.rollout, settle)
+
+    return judge
+
+
+def server_steps(plan: rollout_plan.RolloutPlan) -> list[k8s_deploy.ServerStep]:
+    return [
+        k8s_deploy.ServerStep(fraction=s.fraction, old_servers=s.old_servers, new_servers=s.new_servers)
+        for s in plan.steps
+    ]
+
+
+def feasible_plan(loaded: LoadedSpec, rel: Release, live: Release | None) -> rollout_plan.RolloutPlan:
+    """The rollout's plan, refused before anything changes when the spare budget cannot hold it."""
+    plan = rollout_plan.for_release(loaded, rel, live)
+    if not plan.feasible:
+        raise DeployFailed(
+            f"release {rel.id}: the rollout cannot hold the fleet: "
+            + "; ".join(f"step {s.step}: {s.problem}" for s in plan.steps if not s.ok)
+        )
+    return plan
+
+
+def _kubernetes_rollout(
+    loaded: LoadedSpec, rel: Release, live: Release | None, objs: list[dict], client: Any
+) -> k8s_deploy.DeployOutcome:
+    """`objs` rolled out over the live release in the planned steps of servers, each judged live."""
+    plan = feasible_plan(loaded, rel, live)
+    client = client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
+    return k8s_deploy.KubernetesTarget(client).deploy(
+        str(rel.id),
+        objs,
+        server_steps(plan),
+        prometheus_judge(loaded, str(rel.id), str(live.id) if live else None),
+        spare_servers=plan.spare_servers,
+    )
+
+
 def _deploy_kubernetes(
     reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str, client: Any
 ) -> None:
     artifact = manifests.Artifact(
         s3_uri=rel.data.get("s3_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
     )
-    objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact)
+    servers = feasible_plan(loaded, rel, previous).new_servers
+    objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact, manifests.RenderOptions(servers=servers))
     problems = manifests.validate(objs)
     if problems:
         reg.record(
@@ -206,12 +258,10 @@ def _deploy_kubernetes(
         rel.id,
         "manifests_rendered",
         actor,
-        {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objs], "file": str(kept)},
+        {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objs], "file": str(kept), "servers": servers},
         data={"manifests": objs, "manifests_file": str(kept)},
     )
-    client = client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
-    target = k8s_deploy.KubernetesTarget(client)
-    outcome = target.deploy(str(rel.id), objs, previous.data.get("manifests") if previous else None)
+    outcome = _kubernetes_rollout(loaded, rel, previous, objs, client)
     for kind, detail in outcome.events:
         reg.record(rel.id, kind, actor, detail)
     if outcome.status != "live":
@@ -296,10 +346,10 @@ def rollback(
             detail = {"endpoint": local_target.endpoint(loaded.spec), "smoke_text": text}
             data = {"deployment": dep.model_dump()}
         else:
-            client = k8s_client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
-            outcome = k8s_deploy.KubernetesTarget(client).deploy(
-                str(rel.id), rel.data["manifests"], live.data.get("manifests") if live else None
-            )
+            # the same controller in reverse: the earlier release's objects start beside the live one
+            outcome = _kubernetes_rollout(loaded, rel, live, rel.data["manifests"], k8s_client)
+            for kind, event in outcome.events:
+                reg.record(rel.id, kind, actor, event)
             if outcome.status != "live":
                 raise DeployFailed(f"rollback to release {rel.id} failed: {outcome.error}")
             detail, data = {"events": [k for k, _ in outcome.events]}, {}

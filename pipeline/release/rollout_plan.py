@@ -121,7 +121,12 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
         # spare budget, so no more than live + spare run at once; locally both instances just run
         wave = rollout.spare_servers if kubernetes and live else max(starts, 1)
         waves = math.ceil(starts / wave) if starts and wave else 0
-        at_once = max(old_before + min(starts, wave), old + new)
+        if kubernetes and live:
+            # as pipeline.k8s.deploy runs it: before each wave, old servers the step no longer needs
+            # stop to keep live + spare; the first wave of a step sees the most at once
+            at_once = max(old + new, min(budget, old_before + started + min(starts, wave)))
+        else:
+            at_once = max(old_before + min(starts, wave), old + new)
         problem = ""
         if kubernetes and live and starts and not rollout.spare_servers:
             problem = "rollout.spare_servers is 0: a new server could start only where an old one, still needed, stops"
