@@ -6,7 +6,8 @@ The server (tests/simserver.py) is an M/M/1 prefill queue: p90 TTFT = ln(10)/(mu
 the true highest rate within the SLO is mu - ln(10)/limit. Load comes from the real
 `vllm bench serve` (from .venv-serve) for both methods. Prints, for the search and for a
 sweep at the same resolution: runs used, seconds of load, wall seconds, the rate found and
-its error vs the truth.
+its error vs the truth; then the same search started from a prior (a planner's prediction)
+`--prior-off` above and below the truth (default 25%), as the release DAG starts it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def main() -> None:
     parser.add_argument("--ttft-ms", type=float, default=200.0, help="p90 TTFT limit")
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--min-probe-seconds", type=float, default=6.0)
+    parser.add_argument("--prior-off", type=float, default=0.25, help="prior = truth x (1 +- this)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the uniform sweep (its many runs)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     slo = SloSpec(p90_ttft_ms=args.ttft_ms, p90_tpot_ms=50, resolution=0.05)
@@ -75,8 +78,14 @@ def main() -> None:
         probes, capacity, found, reason = outcome.probes, outcome.capacity, outcome.max_slo_rate, outcome.stop_reason
         search_wall = time.monotonic() - started
         started = time.monotonic()
-        sweep, swept = benchmark.uniform_sweep(run, capacity, workload, slo)
+        sweep, swept = ([], None) if args.no_sweep else benchmark.uniform_sweep(run, capacity, workload, slo)
         sweep_wall = time.monotonic() - started
+        with_prior = []
+        for sign in (+1, -1):
+            prior = truth * (1 + sign * args.prior_off)
+            started = time.monotonic()
+            searched = benchmark.slo_search(run, workload, slo, prior=prior)
+            with_prior.append((f"from a prior {sign * args.prior_off:+.0%}", searched, time.monotonic() - started))
     finally:
         server.terminate()
     print(
@@ -85,14 +94,19 @@ def main() -> None:
     )
     print(f"highest throughput measured: {capacity:.2f} req/s; search: {reason}")
     print(f"{'method':28} {'runs':>5} {'load s':>8} {'wall s':>8} {'found':>8} {'error':>8}")
-    for name, ps, rate, wall in (
+    rows = [
         ("bracket + bisection", probes, found, search_wall),
-        ("uniform sweep (5% steps)", sweep, swept, sweep_wall),
-    ):
+        *([] if args.no_sweep else [("uniform sweep (5% steps)", sweep, swept, sweep_wall)]),
+        *((name, o.probes, o.max_slo_rate, wall) for name, o, wall in with_prior),
+    ]
+    for name, ps, rate, wall in rows:
         load = sum(p.duration_s for p in ps)
         err = f"{100 * (rate - truth) / truth:+.1f}%" if rate else "n/a"
         print(f"{name:28} {len(ps):5d} {load:8.1f} {wall:8.1f} {rate or math.nan:8.2f} {err:>8}")
-    print(f"runs ratio search/sweep: {len(probes) / len(sweep):.2f}")
+    if sweep:
+        print(f"runs ratio search/sweep: {len(probes) / len(sweep):.2f}")
+    mean_prior = sum(len(o.probes) for _, o, _ in with_prior) / len(with_prior)
+    print(f"runs ratio search from a prior / without (mean of both priors): {mean_prior / len(probes):.2f}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 Takes one model release, described by a spec in `configs/releases/`, from its BF16
 checkpoint towards SLO-verified serving: validate the spec, materialize the model source,
 quantize it to FP8, gate on accuracy (lm-eval, baseline vs candidate, validated by
-great-expectations), stage it to network storage, benchmark every candidate serving layout
-with vLLM against the p90 SLO and pick the best, write the reviewer report, wait for a
+great-expectations), stage it to network storage, predict every candidate serving layout's
+max SLO rate (the planner), benchmark each with vLLM against the p90 SLO starting from its
+prediction and pick the best, write the reviewer report, wait for a
 reviewer's approval (human-in-the-loop, in this UI), promote to the spec's target and verify.
 
 Trigger with the `spec` param (a path relative to the project, or absolute); optionally narrow
@@ -126,14 +127,21 @@ def model_release():
     def layout_names(spec: dict) -> list[str]:
         return spec["layouts"]
 
+    @task
+    def plan(spec: dict, run_id: str | None = None) -> dict:
+        """The planner's max SLO rate per layout, published before any measurement; each search starts there."""
+        from pipeline.entry import flow
+
+        return flow.plan_layouts(spec["spec_path"], run_id, spec["release_id"])
+
     # One mapped task per candidate layout. They run one at a time: layouts are compared on the
     # same machine, and two engines at once would measure each other.
     @task(max_active_tis_per_dagrun=1, pool=pools.BENCHMARK)
-    def benchmark(spec: dict, staged: dict, layout: str, run_id: str | None = None) -> dict:
+    def benchmark(spec: dict, staged: dict, predictions: dict, layout: str, run_id: str | None = None) -> dict:
         """Serve the staged artifact with this layout; find its highest rate within the p90 SLO."""
         from pipeline.entry import flow
 
-        return flow.benchmark_layout(spec["spec_path"], staged, layout, run_id)
+        return flow.benchmark_layout(spec["spec_path"], staged, layout, run_id, predictions)
 
     @task
     def select_layout(spec: dict, results: list[dict], run_id: str | None = None) -> dict:
@@ -154,7 +162,7 @@ def model_release():
     fp8 = quantize(spec, source)
     gate = accuracy_gate(spec, evaluate_baseline(spec, source), evaluate_candidate(spec, fp8))
     staged = stage(spec, fp8, gate)
-    results = benchmark.partial(spec=spec, staged=staged).expand(layout=layout_names(spec))
+    results = benchmark.partial(spec=spec, staged=staged, predictions=plan(spec)).expand(layout=layout_names(spec))
     review_and_promote(spec, slo_gate(spec, select_layout(spec, results)), pool=pools.BENCHMARK)
 
 

@@ -14,6 +14,9 @@ from pipeline.stages import benchmark, serving
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.simserver import true_max_rate
 
+# measures CPU use or latency: never beside the tiny model's training (conftest)
+pytestmark = pytest.mark.quiet
+
 
 def test_production_commands_flag_by_flag():
     loaded = load_spec(PROD_SPEC)
@@ -281,6 +284,23 @@ def test_select_and_gate():
         layout="c", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="failed", error="x"
     )
     assert not benchmark.select([failed], slo).passed
+
+
+def test_the_prediction_is_kept_beside_the_measurement_with_its_error():
+    from pipeline.core.spec import load_spec
+    from tests.conftest import TINY_SPEC
+
+    hw = load_spec(TINY_SPEC).hardware
+    measured = benchmark.LayoutResult(
+        layout="a", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=150.0,
+        predicted_max_slo_rate=120.0,
+    )  # fmt: skip
+    benchmark.finish(measured, hw)
+    assert measured.prediction_error == 0.25 and measured.per_server == 150.0
+    unmeasured = measured.model_copy(update={"max_slo_rate": None, "prediction_error": None})
+    assert benchmark.finish(unmeasured, hw).prediction_error is None
+    line = benchmark.table([measured]).splitlines()[1]
+    assert "      120   +25%" in line, line
 
 
 def engine_processes() -> list[str]:

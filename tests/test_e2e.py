@@ -110,6 +110,11 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     assert (
         ("approved", "reviewer") in kinds and ("accuracy_gate", "gate") in kinds and ("verified", "pipeline") in kinds
     )
+    # the planner's predictions went on record before any measurement, and stay beside the measured rates
+    assert kinds.index(("predicted", "planner")) < kinds.index(("slo_gate", "gate"))
+    assert [p["layout"] for p in first.data["predictions"]] == ["single", "two-replicas"]
+    assert all(p["predicted_max_slo_rate"] > 0 and p["prediction_error"] is not None for p in first.data["predictions"])
+    assert "published before the measurement" in Path(first.data["report"]).read_text()
     assert completion(url)  # the staged FP8 artifact (BF16 copy on this CPU) answers on the spec's port
     report = Path(first.data["report"])
     assert report.exists() and "numbers look good" in report.read_text()
@@ -154,8 +159,13 @@ def check_benchmark_outputs(files: dict[str, str], layouts: list[str]) -> str:
         assert r["capacity_rps"] and r["capacity_rps"] > 0
         assert r["max_slo_rate"] is not None and r["per_server"] is not None
         assert all(p["completed"] > 0 for p in r["probes"])
+        # the search started at the planner's prediction, published before it; the error is kept
+        assert r["predicted_max_slo_rate"] > 0 and r["probes"][0]["rate"] == pytest.approx(r["predicted_max_slo_rate"])
+        assert r["prediction_error"] == pytest.approx(r["max_slo_rate"] / r["predicted_max_slo_rate"] - 1, abs=1e-3)
         # each probe's client (forked by the bench server) is accounted as the client, not as others
         assert all(p["interference"] is not None and p["interference"]["client"] > 0 for p in r["probes"])
+    predictions = json.loads((Path(files["json"]).parent / "predictions.json").read_text())
+    assert [p["layout"] for p in predictions["layouts"]] == layouts
     rows = Path(files["csv"]).read_text().splitlines()
     assert rows[0].startswith("layout,rate,") and len(rows) == 1 + sum(len(r["probes"]) for r in data["layouts"])
     assert Path(files["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -208,3 +208,27 @@ def test_a_hardware_profile_with_bad_performance_figures_is_a_spec_error(spec_fi
     with pytest.raises(SpecError) as err:
         load_spec(spec_file(PROD_SPEC, lambda d: d.update(hardware="odd")))
     assert "performance.peak_tflops" in str(err.value) and str(hardware) in str(err.value)
+
+
+def test_the_release_runs_plan_task_publishes_every_layout_before_any_measurement(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from pipeline.entry import flow
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
+    out = flow.plan_layouts(str(TINY_SPEC), "manual__plan-test")
+    predictions = flow.Predictions.model_validate(out)
+    assert [p.layout for p in predictions.layouts] == ["single", "two-replicas"]
+    assert json.loads(Path(predictions.file).read_text()) == out  # on disk, for the benchmarks to start from
+    assert Path(predictions.file).parent == tmp_path / "runs" / "manual__plan-test" / "benchmark"
+    loaded = load_spec(TINY_SPEC)
+    for layout in loaded.spec.layouts:
+        direct = planner.predict(loaded.spec, loaded.hardware, layout, 64, 16, True)
+        assert predictions.rate(layout.name) == pytest.approx(direct.rate_per_replica * layout.replicas, rel=1e-3)
+    assert all(not p.calibrated and p.binding_slo in ("p90 TTFT", "p90 TPOT") for p in predictions.layouts)
+    assert predictions.rate("no-such-layout") is None
+
+    bare = load_spec(TINY_SPEC)
+    bare.hardware.performance = None  # a profile without datasheet figures: no prior, the run goes on
+    monkeypatch.setattr(flow, "load_spec", lambda path: bare)
+    assert flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__bare")).layouts == []

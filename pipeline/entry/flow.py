@@ -17,6 +17,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import PROJECT_ROOT, run_dir
 from pipeline.core.spec import LoadedSpec, load_spec, local_source
+from pipeline.planner import plan as planner
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
@@ -217,12 +218,73 @@ def accuracy_gate(
     return decision.model_dump()
 
 
-def benchmark_layout(spec_path: str, staged: dict[str, Any], layout: str, run_id: str) -> dict[str, Any]:
+class LayoutPrediction(BaseModel):
+    """The planner's figures for one layout of the run, before any measurement."""
+
+    layout: str
+    predicted_max_slo_rate: float = Field(description="req/s at the layout's endpoint (all its replicas)")
+    binding_slo: str
+    bound: str
+    calibrated: bool = Field(description="False: datasheet figures x the profile's efficiency factors")
+
+
+class Predictions(BaseModel):
+    """What the release DAG's `plan` task publishes: every layout it will measure, predicted."""
+
+    layouts: list[LayoutPrediction]
+    file: str
+
+    def rate(self, layout: str) -> float | None:
+        found = next((p for p in self.layouts if p.layout == layout), None)
+        return found.predicted_max_slo_rate if found and found.predicted_max_slo_rate > 0 else None
+
+
+def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> dict[str, Any]:
+    """Predict each layout's max SLO rate (the planner; seconds, no engine) and publish it before
+    any benchmark starts: each search starts there, and the result keeps it beside the measurement."""
+    loaded = load_spec(spec_path)
+    spec = loaded.spec
+    found = []
+    if loaded.hardware.performance is None:
+        log.warning(
+            "plan: hardware %r has no performance: figures; the searches start without a prediction",
+            loaded.hardware.name,
+        )
+    for layout in spec.layouts if loaded.hardware.performance else []:
+        p = planner.predict(spec, loaded.hardware, layout, spec.workload.input_len, spec.workload.output_len, True)
+        found.append(
+            LayoutPrediction(
+                layout=layout.name,
+                predicted_max_slo_rate=round(p.rate_per_replica * layout.replicas, 4),
+                binding_slo=p.binding_slo,
+                bound=p.bound,
+                calibrated=False,
+            )
+        )
+        log.info(
+            "plan: %s: predicted %.4g req/s (%s, %s)",
+            layout.name,
+            found[-1].predicted_max_slo_rate,
+            p.binding_slo,
+            p.bound,
+        )
+    path = run_dir(run_id) / "benchmark" / "predictions.json"
+    out = Predictions(layouts=found, file=str(path))
+    atomic_write(path, out.model_dump_json(indent=2))
+    if release_id is not None:
+        registry().record(release_id, "predicted", "planner", {"layouts": [p.model_dump() for p in found]})
+    return out.model_dump(mode="json")
+
+
+def benchmark_layout(
+    spec_path: str, staged: dict[str, Any], layout: str, run_id: str, predictions: dict[str, Any] | None = None
+) -> dict[str, Any]:
     loaded = load_spec(spec_path)
     chosen = loaded.layout(layout)
     model = serving.serving_copy(loaded, staged)
+    predicted = Predictions.model_validate(predictions).rate(layout) if predictions else None
     result = benchmark.benchmark_layout(
-        loaded.spec, loaded.hardware, chosen, model, run_dir(run_id) / "benchmark" / layout
+        loaded.spec, loaded.hardware, chosen, model, run_dir(run_id) / "benchmark" / layout, predicted=predicted
     )
     log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
     return json.loads(result.model_dump_json())  # inf/nan as strings: XCom is strict JSON
@@ -294,7 +356,15 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
             {"passed": selection["passed"], "reason": selection["reason"], **chosen, **sizing},
             status="candidate" if selection["passed"] else "gate_failed",
             only_from=("candidate", "gate_failed"),
-            data={**chosen, "benchmark_files": selection.get("files", {}), "capacity": selection.get("capacity")},
+            data={
+                **chosen,
+                "benchmark_files": selection.get("files", {}),
+                "capacity": selection.get("capacity"),
+                "predictions": [
+                    {k: r.get(k) for k in ("layout", "predicted_max_slo_rate", "max_slo_rate", "prediction_error")}
+                    for r in selection.get("layouts", [])
+                ],
+            },
         )
     if not selection["passed"]:
         layouts = [benchmark.LayoutResult(**r) for r in selection["layouts"]]

@@ -105,6 +105,9 @@ class ReleaseData(BaseModel):
     load_seconds: list[float] | None = None
     benchmark_files: dict[str, str] | None = None
     capacity: dict[str, Any] | None = Field(None, description="the CapacityPlan (stages/capacity.py)")
+    predictions: list[dict[str, Any]] | None = Field(
+        None, description="per benchmarked layout: the planner's max SLO rate, the measured one, measured/predicted - 1"
+    )
     # report and promotion
     report: str | None = None
     endpoint: str | None = None

@@ -139,6 +139,7 @@ def _section_performance(
         out.append("<p class='muted'>No live release to compare with.</p>")
     rows = [
         "<tr><th>layout</th><th>tp/ep x replicas</th><th>status</th><th>capacity req/s</th><th>max SLO req/s</th>"
+        "<th>predicted req/s</th><th>prediction error</th>"
         f"<th>per server</th><th>per {_e(hw.kind.upper())}</th><th>p90 TTFT ms</th><th>p90 TPOT ms</th>"
         "<th>model load s</th><th>note</th></tr>"
     ]
@@ -149,12 +150,20 @@ def _section_performance(
             f"<tr><td>{_e(lay['layout'])}{mark}</td><td>{lay['tp']}/{lay['ep']} x {lay['replicas']}</td>"
             f"<td>{_e(lay['status'])}</td><td>{_num(lay.get('capacity_rps'))}</td>"
             f"<td>{_num(lay.get('max_slo_rate'))}{' (bound)' if lay.get('bound_only') else ''}</td>"
+            f"<td>{_num(lay.get('predicted_max_slo_rate'))}</td>"
+            f"<td>{'—' if lay.get('prediction_error') is None else format(lay['prediction_error'], '+.0%')}</td>"
             f"<td>{_num(lay.get('per_server'))}</td><td>{_num(lay.get('per_device'))}</td>"
             f"<td>{_num(probe.get('p90_ttft_ms'), '.0f')}</td><td>{_num(probe.get('p90_tpot_ms'), '.1f')}</td>"
             f"<td>{_e(', '.join(f'{s:g}' for s in lay.get('load_seconds', [])))}</td>"
             f"<td class='muted' style='text-align:left'>{_e(lay.get('error') or lay.get('stop_reason', ''))}</td></tr>"
         )
     out.append("<table>" + "".join(rows) + "</table>")
+    if any(lay.get("predicted_max_slo_rate") for lay in bench["layouts"]):
+        out.append(
+            "<p class='muted'>predicted: the planner's max SLO rate at the layout's endpoint, published before "
+            "the measurement and where its search started (uncalibrated: the hardware profile's datasheet "
+            "figures x efficiency factors); error = measured / predicted - 1.</p>"
+        )
     if png and png.exists():
         encoded = base64.b64encode(png.read_bytes()).decode()
         out.append(

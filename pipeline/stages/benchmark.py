@@ -109,6 +109,11 @@ class LayoutResult(BaseModel):
     spread: float | None = Field(None, description="max/min - 1 of the runs at the answer")
     unclean_rates: list[float] = Field(default_factory=list, description="rates never measured without interference")
     placement: dict[str, str] = Field(default_factory=dict, description="what ran on which cores (cpu profile)")
+    predicted_max_slo_rate: float | None = Field(
+        None,
+        description="the planner's max SLO rate at this endpoint, written before the measurement; the search's prior",
+    )
+    prediction_error: float | None = Field(None, description="measured / predicted - 1")
     probes: list[Probe] = Field(default_factory=list)
     seconds: float = 0.0
 
@@ -494,6 +499,8 @@ def finish(result: LayoutResult, hw: HardwareProfile) -> LayoutResult:
         copies = max(1, hw.devices // result.devices) if hw.kind == "gpu" else 1
         result.per_server = round(result.max_slo_rate * copies, 4)
         result.per_device = round(result.per_server / hw.devices, 4)
+        if result.predicted_max_slo_rate:
+            result.prediction_error = round(result.max_slo_rate / result.predicted_max_slo_rate - 1, 4)
     return result
 
 
@@ -520,15 +527,17 @@ def select(results: list[LayoutResult], slo: SloSpec) -> Selection:
 
 def table(results: list[LayoutResult]) -> str:
     rows = [
-        f"{'layout':22} {'status':7} {'load s':>8} {'capacity':>9} {'max SLO':>9} {'/server':>9} {'/device':>9} "
-        f"{'probes':>6} {'spread':>6}  note"
+        f"{'layout':22} {'status':7} {'load s':>8} {'capacity':>9} {'max SLO':>9} {'predicted':>9} {'error':>6} "
+        f"{'/server':>9} {'/device':>9} {'probes':>6} {'spread':>6}  note"
     ]
     for r in results:
         fmt = lambda v: f"{v:9.3g}" if v is not None else f"{'-':>9}"  # noqa: E731
         spread = f"{r.spread:6.0%}" if r.spread is not None else f"{'-':>6}"
+        error = f"{r.prediction_error:+6.0%}" if r.prediction_error is not None else f"{'-':>6}"
         rows.append(
             f"{r.layout:22} {r.status:7} {max(r.load_seconds, default=0):8.1f} {fmt(r.capacity_rps)} "
-            f"{fmt(r.max_slo_rate)} {fmt(r.per_server)} {fmt(r.per_device)} {len(r.probes):6d} {spread}  "
+            f"{fmt(r.max_slo_rate)} {fmt(r.predicted_max_slo_rate)} {error} {fmt(r.per_server)} "
+            f"{fmt(r.per_device)} {len(r.probes):6d} {spread}  "
             f"{r.error.splitlines()[0] if r.error else r.stop_reason}"
         )
     return "\n".join(rows)
@@ -817,12 +826,14 @@ def benchmark_layout(
     base_port: int | None = None,
     max_probes: int = 16,
     prior: float | None = None,
+    predicted: float | None = None,
 ) -> LayoutResult:
     """Start the layout's engines, run the search against their one endpoint, always tear down.
 
     Each probe records who else used the CPU meanwhile and the engine's own histograms.
     `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
-    the check at that rate; a prediction).
+    the check at that rate). `predicted`: the planner's rate for this layout, kept beside the
+    measurement; the search starts from it when no other prior is given.
     """
     started = time.monotonic()
     result = LayoutResult(
@@ -835,7 +846,9 @@ def benchmark_layout(
         devices=layout.devices,
         status="ok",
         placement=serving.placement(hw, layout).describe(),
+        predicted_max_slo_rate=predicted if predicted else None,
     )
+    prior = prior or result.predicted_max_slo_rate
     prober: Prober | None = None
     try:
         with running_layout(spec, hw, layout, model_dir, out_dir, base_port) as (engine, prober):
