@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,10 @@ def pytest_collection_finish(session):
             cwd=PROJECT_ROOT,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            # one thread beside the tests; all cores once a test waits for it (SIGUSR1, ignored
+            # until the trainer installs its handler, so an early one cannot kill it)
+            env={**os.environ, "MODEL_RELEASE_TRAIN_THREADS": "1"},
+            preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
         )
     _say(session.config, f"tiny model: not cached; building it in the background (log: {log_path})")
 
@@ -73,7 +78,12 @@ def pytest_runtest_setup(item):
         return
     started = time.monotonic()
     _say(item.config, f"tiny model: {item.nodeid} waits for the background build")
-    proc.wait()
+    while proc.poll() is None:  # nothing else runs now: train on every core (said until it listens)
+        proc.send_signal(signal.SIGUSR1)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
     _say(
         item.config,
         f"tiny model: build finished (exit {proc.returncode}) after a wait of {time.monotonic() - started:.0f} s",
@@ -81,9 +91,12 @@ def pytest_runtest_setup(item):
 
 
 def _say(config, line: str) -> None:
+    """A line in the terminal now, also from inside a test's setup (where output is captured)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"\n[{line}]")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"\n[{line}]")
 
 
 def pytest_sessionfinish(session):

@@ -15,7 +15,9 @@ import fcntl
 import json
 import logging
 import math
+import os
 import random
+import signal
 import string
 import time
 from pathlib import Path
@@ -218,9 +220,11 @@ def train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps)))
     )
+    threads = _Threads()
     start = time.monotonic()
     losses: list[float] = []
     for step in range(cfg.steps):
+        threads.update()
         # Whole batches are chat-formatted or plain: mixing them pads every row to chat length.
         chat = rng.random() < cfg.chat_fraction
         batch = [_training_example(rng, held_out, chat, cfg.add_fraction) for _ in range(cfg.batch_size)]
@@ -251,6 +255,33 @@ def train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
     save_tokenizer(tokenizer, out)
     GenerationConfig(eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id, do_sample=False).save_pretrained(out)
     return {"train_seconds": round(time.monotonic() - start, 1), "final_loss": round(sum(losses[-100:]) / 100, 4)}
+
+
+class _Threads:
+    """Training threads: all cores, or `MODEL_RELEASE_TRAIN_THREADS` until SIGUSR1 says all.
+
+    Why: the test suite builds the model in the background beside tests that need no model;
+    two training threads beside a busy test process slowed each step ~4x here (the threads wait
+    on each other while one is off its core), one thread keeps its pace. The suite signals when
+    only the build is left to wait for."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.all = torch.get_num_threads()
+        self.now = int(os.environ.get("MODEL_RELEASE_TRAIN_THREADS") or self.all)
+        self.full = self.now >= self.all
+        if not self.full:
+            signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "full", True))
+        torch.set_num_threads(self.now)
+
+    def update(self) -> None:
+        if self.full and self.now < self.all:
+            import torch
+
+            self.now = self.all
+            torch.set_num_threads(self.all)
+            log.info("tiny model: training on %d threads from now on", self.all)
 
 
 def _encode_batch(tokenizer, batch: list[tuple[str, str]], pad_id: int):
@@ -341,9 +372,6 @@ def _cached(final: Path) -> Path:
 
 
 def _train_and_publish(final: Path, cfg: TinyConfig) -> None:
-    import torch
-
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     artifacts.remove_stale_temps(final.parent)
     with artifacts.publishing(final) as tmp:
         figures = train(cfg, tmp)
