@@ -56,7 +56,10 @@ def test_every_path_produces_verified_fp8(tiny_model_dir, spec, home, method):
     assert config["quant_method"] == "compressed-tensors"
     assert result.output_bytes < 0.6 * result.source_bytes
     check = result.numeric_check
-    assert check.skipped is None and check.max_rel_error < 0.2 and check.top1_agreement > 0.9
+    # bounds for any build of the tiny model (two builds need not be bit-identical: thread schedule):
+    # one build read max 0.201, top-1 0.906; the same artifact with one layer's expert scales doubled
+    # (a scale applied twice) read max 0.849, top-1 0.528
+    assert check.skipped is None and check.max_rel_error < 0.3 and check.top1_agreement > 0.8
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / name).read_bytes() == (tiny_model_dir / name).read_bytes()
 
