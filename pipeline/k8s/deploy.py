@@ -28,13 +28,13 @@ from pydantic import BaseModel, Field
 
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
+from pipeline.k8s.manifests import RELEASE_LABEL
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "model-release"
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
-RELEASE_LABEL = "model-release/release-id"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PLURALS = {

@@ -223,10 +223,14 @@ def feasible_plan(loaded: LoadedSpec, rel: Release, live: Release | None) -> rol
 
 
 def _kubernetes_rollout(
-    loaded: LoadedSpec, rel: Release, live: Release | None, objs: list[dict], client: Any
+    loaded: LoadedSpec,
+    rel: Release,
+    live: Release | None,
+    objs: list[dict],
+    client: Any,
+    plan: rollout_plan.RolloutPlan,
 ) -> k8s_deploy.DeployOutcome:
     """`objs` rolled out over the live release in the planned steps of servers, each judged live."""
-    plan = feasible_plan(loaded, rel, live)
     client = client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
     return k8s_deploy.KubernetesTarget(client).deploy(
         str(rel.id),
@@ -243,7 +247,8 @@ def _deploy_kubernetes(
     artifact = manifests.Artifact(
         s3_uri=rel.data.get("s3_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
     )
-    servers = feasible_plan(loaded, rel, previous).new_servers
+    plan = feasible_plan(loaded, rel, previous)  # refused here, before anything is rendered or applied
+    servers = plan.new_servers
     objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact, manifests.RenderOptions(servers=servers))
     problems = manifests.validate(objs)
     if problems:
@@ -261,7 +266,7 @@ def _deploy_kubernetes(
         {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objs], "file": str(kept), "servers": servers},
         data={"manifests": objs, "manifests_file": str(kept)},
     )
-    outcome = _kubernetes_rollout(loaded, rel, previous, objs, client)
+    outcome = _kubernetes_rollout(loaded, rel, previous, objs, client, plan)
     for kind, detail in outcome.events:
         reg.record(rel.id, kind, actor, detail)
     if outcome.status != "live":
@@ -347,7 +352,8 @@ def rollback(
             data = {"deployment": dep.model_dump()}
         else:
             # the same controller in reverse: the earlier release's objects start beside the live one
-            outcome = _kubernetes_rollout(loaded, rel, live, rel.data["manifests"], k8s_client)
+            plan = feasible_plan(loaded, rel, live)
+            outcome = _kubernetes_rollout(loaded, rel, live, rel.data["manifests"], k8s_client, plan)
             for kind, event in outcome.events:
                 reg.record(rel.id, kind, actor, event)
             if outcome.status != "live":
