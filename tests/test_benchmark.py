@@ -415,3 +415,67 @@ def test_an_engine_stopped_from_outside_is_a_cancellation_and_a_killed_one_a_fai
             timer.cancel()
             engine.stop()
         assert type(err.value) is kind and words in str(err.value)
+
+
+def test_the_front_of_a_multi_replica_layout_drops_no_request_in_flight(tmp_path):
+    """A probe past capacity keeps hundreds of requests in flight at the front, each holding two
+    connections (client and engine side). nginx at 1024 worker connections reset 37% of a probe at
+    twice the two-replicas layout's capacity here (the engine alone queues them all), and a whole
+    probe on a slower CI machine: here 1500 requests wait on two slow backends at once and every
+    one is answered."""
+    import asyncio
+    import signal
+    import time
+
+    held = 1500
+
+    async def backend(reader, writer):
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                await asyncio.sleep(3)  # a queued request: answered late, never refused
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def request(port):
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 60)
+            writer.close()
+            return answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
+        except OSError:
+            return False
+
+    async def main():
+        servers = [await asyncio.start_server(backend, "127.0.0.1", 0, backlog=4096) for _ in range(2)]
+        ports = [s.sockets[0].getsockname()[1] for s in servers]
+        front = serving.free_port()
+        conf = serving.write_nginx_conf(tmp_path, front, ports)
+        nginx = await asyncio.create_subprocess_exec(serving.nginx_binary(), "-c", str(conf), "-p", str(tmp_path))
+        try:
+            deadline = time.monotonic() + 20
+            while not await request_ok(front) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            started = time.monotonic()
+            answered = await asyncio.gather(*(request(front) for _ in range(held)))
+            return sum(answered), time.monotonic() - started
+        finally:
+            nginx.send_signal(signal.SIGQUIT)
+            await nginx.wait()
+            for s in servers:
+                s.close()
+
+    async def request_ok(port):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return True
+        except OSError:
+            return False
+
+    answered, seconds = asyncio.run(main())
+    assert answered == held, f"{held - answered} of {held} requests dropped by the front"
+    assert seconds < 30  # they waited together on the backends, not one after the other

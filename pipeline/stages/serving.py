@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -526,16 +527,21 @@ def write_nginx_conf(
     round robin instead: a share of requests, which least-connections would bend away from a slow
     backend. Written to a temporary file and renamed: a reload must never read half a config."""
     conf = root / "nginx.conf"
+    # every request in flight holds two connections (client and engine side): at 1024, nginx reset
+    # 37% of the requests of a probe at twice the two-replicas layout's capacity (and a slower
+    # machine's whole probe), which the engine alone queues without a failure. A Service does not
+    # drop connections; the front must not either, within what the process may open.
+    files = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
     balance = "" if weights else "least_conn;"
     upstreams = "".join(f"server 127.0.0.1:{p}{f' weight={weights[p]}' if weights else ''};" for p in backends)
     atomic_write(
         conf,
         f"daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/nginx-error.log;\n"
-        f"events {{ worker_connections 1024; }}\n"
+        f"worker_rlimit_nofile {files}; events {{ worker_connections {max(1024, files // 2)}; }}\n"
         f"http {{ access_log {f'{root}/access.log' if access_log else 'off'};"
         f" upstream engines {{ {balance} {upstreams} keepalive 64; }}\n"
         f"  client_body_temp_path {root}/nginx-body; proxy_temp_path {root}/nginx-proxy;\n"
-        f"  server {{ listen 127.0.0.1:{port}; {locations}\n"
+        f"  server {{ listen 127.0.0.1:{port} backlog=4096; {locations}\n"
         f"    location / {{ proxy_pass http://engines; proxy_http_version 1.1;\n"
         f'    proxy_set_header Connection ""; proxy_buffering off; proxy_read_timeout 600s; }} }} }}\n',
     )
