@@ -137,11 +137,14 @@ def model_release():
     # One mapped task per candidate layout. They run one at a time: layouts are compared on the
     # same machine, and two engines at once would measure each other.
     @task(max_active_tis_per_dagrun=1, pool=pools.BENCHMARK)
-    def benchmark(spec: dict, staged: dict, predictions: dict, layout: str, run_id: str | None = None) -> dict:
-        """Serve the staged artifact with this layout; find its highest rate within the p90 SLO."""
+    def benchmark(
+        spec: dict, staged: dict, predictions: dict, accuracy: dict, layout: str, run_id: str | None = None
+    ) -> dict:
+        """Serve the staged artifact with this layout; find its highest rate within the p90 SLO, then
+        score the gate's tasks at its endpoint (serving-path accuracy)."""
         from pipeline.entry import flow
 
-        return flow.benchmark_layout(spec["spec_path"], staged, layout, run_id, predictions)
+        return flow.benchmark_layout(spec["spec_path"], staged, layout, run_id, predictions, accuracy)
 
     @task
     def select_layout(spec: dict, results: list[dict], run_id: str | None = None) -> dict:
@@ -160,9 +163,13 @@ def model_release():
     spec = validate()
     source = materialize_model(spec)
     fp8 = quantize(spec, source)
-    gate = accuracy_gate(spec, evaluate_baseline(spec, source), evaluate_candidate(spec, fp8))
+    baseline, candidate = evaluate_baseline(spec, source), evaluate_candidate(spec, fp8)
+    gate = accuracy_gate(spec, baseline, candidate)
     staged = stage(spec, fp8, gate)
-    results = benchmark.partial(spec=spec, staged=staged, predictions=plan(spec)).expand(layout=layout_names(spec))
+    accuracy = {"baseline": baseline, "candidate": candidate}  # the in-process scores the serving path is held to
+    results = benchmark.partial(spec=spec, staged=staged, predictions=plan(spec), accuracy=accuracy).expand(
+        layout=layout_names(spec)
+    )
     review_and_promote(spec, slo_gate(spec, select_layout(spec, results)), pool=pools.BENCHMARK)
 
 

@@ -417,6 +417,75 @@ def test_an_engine_stopped_from_outside_is_a_cancellation_and_a_killed_one_a_fai
         assert type(err.value) is kind and words in str(err.value)
 
 
+def mismatched_tokenizer(model_dir, out):
+    """A copy of the model's tokenizer with the ids of '1' and '7' swapped: a tokenizer from
+    another revision of the model, on the engine's path only (prompts and answers both pass it)."""
+    import json
+    import shutil
+
+    out.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, out / name)
+    data = json.loads((out / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["1"], vocab["7"] = vocab["7"], vocab["1"]
+    (out / "tokenizer.json").write_text(json.dumps(data))
+    return out
+
+
+@pytest.mark.slow
+def test_a_layout_that_serves_a_broken_path_fails_on_serving_path_accuracy(tiny_model_dir, tmp_path):
+    """Both layouts start and hold the SLO at their first probe (a short search: a low prior and a
+    two-probe budget, so the rate is a bound); then lm-eval scores the gate's tasks at each
+    endpoint. The layout whose engine tokenizes with a mismatched tokenizer answers 2-digit sums
+    wrong and fails, naming the task and its recovery; the right one agrees with the in-process
+    scores on the same items and is selected. The check's seconds are in each result."""
+    from pipeline.stages import evaluate
+
+    loaded = load_spec(TINY_SPEC)
+    spec = loaded.spec.model_copy(deep=True)
+    spec.evaluation.limit = 50  # the gate's items here; the serving path scores the same 50
+    spec.workload.num_prompts, spec.workload.min_probe_seconds = 30, 2  # two short probes: the SLO holds
+    reference = evaluate.evaluate(tiny_model_dir, "tiny-model-under-test", spec.evaluation)
+    assert all(len(s.items) == s.samples == 50 for s in reference.scores)
+    good = spec.layouts[0]
+    broken = good.model_copy(
+        update={
+            "name": "wrong-tokenizer",
+            "engine_args": {
+                **good.engine_args,
+                "tokenizer": str(mismatched_tokenizer(tiny_model_dir, tmp_path / "tok")),
+            },
+        }
+    )
+    results = [
+        benchmark.benchmark_layout(
+            spec,
+            loaded.hardware,
+            layout,
+            tiny_model_dir,
+            tmp_path / layout.name,
+            max_probes=2,
+            prior=5.0,
+            accuracy=(reference, reference),
+        )
+        for layout in (good, broken)
+    ]
+    ok, bad = results
+    assert ok.max_slo_rate and bad.max_slo_rate  # both held the SLO before their accuracy was checked
+    assert ok.status == "ok" and ok.served_accuracy and ok.served_accuracy.passed, ok.error
+    for t in ok.served_accuracy.tasks:
+        assert t.samples_candidate == 50 and t.in_process is not None and t.difference <= t.max_difference
+    assert bad.status == "failed" and bad.served_accuracy and not bad.served_accuracy.passed
+    assert bad.error.startswith("serving-path accuracy: ") and "tiny_add:" in bad.error and "recovery" in bad.error
+    assert 0 < ok.served_accuracy.seconds < ok.seconds and 0 < bad.served_accuracy.seconds
+    chosen = benchmark.select(results, spec.slo)
+    assert chosen.best == good.name
+    assert "served acc" in benchmark.table(results) and "FAIL" in benchmark.table(results)
+    assert engine_processes() == []
+
+
 def test_the_front_of_a_multi_replica_layout_drops_no_request_in_flight(tmp_path):
     """A probe past capacity keeps hundreds of requests in flight at the front, each holding two
     connections (client and engine side). nginx at 1024 worker connections reset 37% of a probe at

@@ -115,6 +115,10 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     assert [p["layout"] for p in first.data["predictions"]] == ["single", "two-replicas"]
     assert all(p["predicted_max_slo_rate"] > 0 and p["prediction_error"] is not None for p in first.data["predictions"])
     assert "published before the measurement" in Path(first.data["report"]).read_text()
+    # the registry keeps each layout's serving-path accuracy; the report shows it beside the rate
+    assert [a["layout"] for a in first.data["served_accuracy"]] == ["single", "two-replicas"]
+    assert all(a["passed"] and a["seconds"] > 0 for a in first.data["served_accuracy"])
+    assert "served accuracy" in Path(first.data["report"]).read_text()
     assert completion(url)  # the staged FP8 artifact (BF16 copy on this CPU) answers on the spec's port
     report = Path(first.data["report"])
     assert report.exists() and "numbers look good" in report.read_text()
@@ -162,6 +166,11 @@ def check_benchmark_outputs(files: dict[str, str], layouts: list[str]) -> str:
         # the search started at the planner's prediction, published before it; the error is kept
         assert r["predicted_max_slo_rate"] > 0 and r["probes"][0]["rate"] == pytest.approx(r["predicted_max_slo_rate"])
         assert r["prediction_error"] == pytest.approx(r["max_slo_rate"] / r["predicted_max_slo_rate"] - 1, abs=1e-3)
+        # the gate's tasks were scored at the layout's endpoint after its search, on the gate's first items
+        served = r["served_accuracy"]
+        assert served["passed"] and served["seconds"] > 0 and served["endpoint"].startswith("http://127.0.0.1:")
+        assert {t["task"] for t in served["tasks"]} == {"tiny_add", "tiny_copy", "tiny_add_mc"}
+        assert all(t["samples_candidate"] == served["limit"] and t["in_process"] is not None for t in served["tasks"])
         # each probe's client (forked by the bench server) is accounted as the client, not as others
         assert all(p["interference"] is not None and p["interference"]["client"] > 0 for p in r["probes"])
     predictions = json.loads((Path(files["json"]).parent / "predictions.json").read_text())

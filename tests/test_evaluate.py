@@ -157,7 +157,7 @@ def test_results_are_reused_only_for_bytes_that_verify(small_artifact, evaluatio
         runs.append(task.name)
         return evaluate.TaskScore(task=task.name, metric="acc", score=0.8, stderr=0.01, samples=200)
 
-    monkeypatch.setattr(evaluate, "_run_task", scored)
+    monkeypatch.setattr(evaluate, "run_task", scored)
     digest = artifacts.read_manifest(small_artifact).content_hash()
     first = evaluate.evaluate(small_artifact, digest, evaluation, use_cache=True)
     again = evaluate.evaluate(small_artifact, digest, evaluation, use_cache=True)

@@ -92,6 +92,7 @@ def quick_spec(spec_file, s3, edit=None, name="tiny.yaml"):
         )
         data["workload"].update({"num_prompts": 40, "min_probe_seconds": 2})
         data["slo"]["resolution"] = 0.25
+        data["evaluation"]["served"] = {"limit": 20}  # a re-benchmark's answers: 20 items per task
         data["rebenchmark"] = {
             "tolerance": 0.10,
             "max_probes": 5,
@@ -103,8 +104,9 @@ def quick_spec(spec_file, s3, edit=None, name="tiny.yaml"):
     return spec_file(TINY_SPEC, change, name)
 
 
-def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promoted"):
-    """A release as the release DAG leaves it when it goes live (the figures the verdict compares with)."""
+def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promoted", evaluation=None):
+    """A release as the release DAG leaves it when it goes live (the figures the verdict compares with;
+    `evaluation`: the gate's in-process results the served answers are held to)."""
     loaded = load_spec(spec_path)
     rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), "local")
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
@@ -121,6 +123,7 @@ def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promo
             "rate_per_server": max_slo_rate,
             "p90_ttft_ms": 100.0,
             "p90_tpot_ms": 20.0,
+            "evaluation": evaluation,
         },
     )
     return reg.get(rel.id)
@@ -217,9 +220,20 @@ def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file,
     # core of its own): the healthy re-benchmark must say ok, and its 5 probes climb from there
     # (10, 12.5, 19.5, 48, 190) to a figure a starved engine cannot reach. Promoting at 1 req/s
     # left the healthy figure at 19 req/s, below what even one sequence at a time holds.
-    rel = live_release(reg, spec, fp8_artifact, 10.0)
+    from pipeline.core import artifacts
+    from pipeline.stages import evaluate
+    from tests.test_benchmark import mismatched_tokenizer
+
+    loaded = load_spec(spec)
+    gate_side = evaluate.evaluate(
+        fp8_artifact, artifacts.verify(fp8_artifact).content_hash(), loaded.spec.evaluation, use_cache=True
+    ).model_dump()
+    rel = live_release(reg, spec, fp8_artifact, 10.0, evaluation={"baseline": gate_side, "candidate": gate_side})
     healthy = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "healthy")
     assert healthy.status == "ok", healthy
+    # the served answers were checked against the gate's in-process scores on the same items
+    assert healthy.measured["served_accuracy_passed"] is True
+    assert set(healthy.measured["served_accuracy"]) == {"tiny_add", "tiny_copy", "tiny_add_mc"}
     assert reg.get(rel.id).status == "live"
     points = [e for e in reg.events(rel.id) if e.kind == "trend_point"]
     assert (
@@ -230,20 +244,29 @@ def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file,
     assert mailbox.messages == []
 
     # now the release is on record at what the healthy engine measured; a starved engine
-    # (one sequence at a time, no batching) must lose that rate
+    # (one sequence at a time, no batching) must lose that rate, and an engine upgrade that brought a
+    # tokenizer that does not match the model must show in the answers
     measured = healthy.measured["max_slo_rate"]
     reg.record(rel.id, "promotion_figures", "test", data={"max_slo_rate": measured, "rate_per_server": measured})
+    wrong = str(mismatched_tokenizer(fp8_artifact, tmp_path / "tokenizer"))
     slowed = load_spec(
         quick_spec(
-            spec_file, s3, lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": 1}), name="slowed.yaml"
+            spec_file,
+            s3,
+            lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": 1, "tokenizer": wrong}),
+            name="slowed.yaml",
         )
     )
     verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "slowed", loaded=slowed)
     assert verdict.status == "degraded", verdict
+    assert verdict.measured["served_accuracy_passed"] is False
+    assert any(r.startswith("serving-path accuracy: ") and "tiny_add:" in r for r in verdict.reasons), verdict
+    assert any("below the promoted" in r for r in verdict.reasons), verdict
     assert reg.get(rel.id).status == "degraded"
     assert len(mailbox.messages) == 1
     mail = mail_text(mailbox.messages[0])
     assert "DEGRADED" in mail and f"expected {measured:.3g} req/s" in mail and "oncall@example.com" in mail
+    assert "serving-path accuracy" in mail
     trend = report.trend(reg, rel.id)
     assert [p["verdict"] for p in trend] == ["promoted", "ok", "degraded"]
     assert report.plot_trend(reg, rel.id, tmp_path / "trend.png").stat().st_size > 5000

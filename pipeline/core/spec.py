@@ -104,6 +104,18 @@ class EvalTask(Strict):
     floor: Annotated[float, Field(ge=0, le=1, description="absolute minimum score")] = 0.0
 
 
+class ServedAccuracySpec(Strict):
+    """lm-eval against each layout's own endpoint after its SLO search: the served model (engine,
+    layout, tokenizer path, engine version) must answer as the checkpoint did on the same items."""
+
+    enabled: bool = True
+    limit: Annotated[
+        int | None,
+        Field(gt=0, description="the first N items of each task (of the gate's items); null: all the gate's"),
+    ] = 50
+    num_concurrent: Annotated[int, Field(gt=0, description="requests lm-eval keeps in flight")] = 4
+
+
 class EvaluationSpec(Strict):
     backend: Literal["hf", "vllm", "local-completions"] = "hf"
     tasks: Annotated[list[EvalTask], Field(min_length=1)]
@@ -116,6 +128,7 @@ class EvaluationSpec(Strict):
             ge=1, description="vllm backend: devices the evaluation engine shards over; default: the widest layout's tp"
         ),
     ] = None
+    served: ServedAccuracySpec = Field(default_factory=ServedAccuracySpec)
 
 
 class S3Target(Strict):

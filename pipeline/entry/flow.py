@@ -208,6 +208,7 @@ def accuracy_gate(
             only_from=("candidate", "gate_failed"),
             data={
                 "accuracy": decision.model_dump(),
+                "evaluation": {"baseline": baseline, "candidate": candidate},
                 "source_hash": baseline["model_manifest_hash"],
                 "source_path": baseline["model_path"],
                 "quantized_path": candidate["model_path"],
@@ -277,14 +278,35 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
 
 
 def benchmark_layout(
-    spec_path: str, staged: dict[str, Any], layout: str, run_id: str, predictions: dict[str, Any] | None = None
+    spec_path: str,
+    staged: dict[str, Any],
+    layout: str,
+    run_id: str,
+    predictions: dict[str, Any] | None = None,
+    accuracy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`accuracy`: {"baseline", "candidate"} in-process results (the evaluate tasks' records);
+    with them the layout's endpoint is scored on the same items after its search."""
     loaded = load_spec(spec_path)
     chosen = loaded.layout(layout)
     model = serving.serving_copy(loaded, staged)
     predicted = Predictions.model_validate(predictions).rate(layout) if predictions else None
+    reference = (
+        (
+            evaluate_stage.EvalResult.model_validate(accuracy["baseline"]),
+            evaluate_stage.EvalResult.model_validate(accuracy["candidate"]),
+        )
+        if accuracy
+        else None
+    )
     result = benchmark.benchmark_layout(
-        loaded.spec, loaded.hardware, chosen, model, run_dir(run_id) / "benchmark" / layout, predicted=predicted
+        loaded.spec,
+        loaded.hardware,
+        chosen,
+        model,
+        run_dir(run_id) / "benchmark" / layout,
+        predicted=predicted,
+        accuracy=reference,
     )
     log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
     return json.loads(result.model_dump_json())  # inf/nan as strings: XCom is strict JSON
@@ -363,6 +385,19 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
                 "predictions": [
                     {k: r.get(k) for k in ("layout", "predicted_max_slo_rate", "max_slo_rate", "prediction_error")}
                     for r in selection.get("layouts", [])
+                ],
+                "served_accuracy": [
+                    {
+                        "layout": r["layout"],
+                        "passed": served["passed"],
+                        "seconds": served["seconds"],
+                        "tasks": {
+                            t["task"]: {"served": t["candidate"], "in_process": t["in_process"]}
+                            for t in served["tasks"]
+                        },
+                    }
+                    for r in selection.get("layouts", [])
+                    if (served := r.get("served_accuracy"))
                 ],
             },
         )

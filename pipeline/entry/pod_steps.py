@@ -25,6 +25,7 @@ from pipeline.entry import flow
 from pipeline.k8s import pods
 from pipeline.release import promote, rebenchmark
 from pipeline.stages import benchmark
+from pipeline.stages.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +88,25 @@ def evaluate_side(spec_path: str, side: str, results: str, run_id: str, candidat
 
 def benchmark_layout(spec_path: str, layout: str, model_dir: str, results: str, run_id: str) -> dict[str, Any]:
     """One layout's SLO search on this (whole) node; probes and engine logs stay in the run
-    directory on the shared volume, the LayoutResult goes to storage."""
+    directory on the shared volume, the LayoutResult goes to storage. The evaluation pods'
+    results of this run (stored before the gate) are what the layout's served answers are held to."""
     loaded = load_spec(spec_path)
     chosen = loaded.layout(layout)
+    try:
+        sides = [
+            EvalResult.model_validate(read(f"{pods.run_uri(results, run_id)}/evaluate-{side}.json", loaded))
+            for side in ("baseline", "candidate")
+        ]
+    except ReleaseError as exc:  # a benchmark by hand, outside a release run
+        log.warning("no evaluation results of run %s (%s): the served answers are not checked", run_id, exc)
+        sides = []
     result = benchmark.benchmark_layout(
-        loaded.spec, loaded.hardware, chosen, Path(model_dir), flow.run_dir(run_id) / "benchmark" / layout
+        loaded.spec,
+        loaded.hardware,
+        chosen,
+        Path(model_dir),
+        flow.run_dir(run_id) / "benchmark" / layout,
+        accuracy=(sides[0], sides[1]) if sides else None,
     )
     log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
     uri = write(

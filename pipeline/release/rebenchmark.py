@@ -26,6 +26,7 @@ from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.release import alerts, promote, report
 from pipeline.release.registry import SERVING, Registry, Release
 from pipeline.stages import benchmark
+from pipeline.stages.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def judge(rel: Release, result: benchmark.LayoutResult, loaded: LoadedSpec) -> t
     """Compare with the figures recorded at promotion; returns (status, reasons, measured)."""
     promoted_rate = rel.data["max_slo_rate"]
     check = next((p for p in reversed(result.probes) if p.rate == promoted_rate and not p.superseded), None)
-    measured = {
+    measured: dict[str, Any] = {
         "max_slo_rate": result.max_slo_rate,
         "capacity_rps": result.capacity_rps,
         "p90_ttft_ms_at_promoted_rate": check.p90_ttft_ms if check else None,
@@ -85,15 +86,28 @@ def judge(rel: Release, result: benchmark.LayoutResult, loaded: LoadedSpec) -> t
             f"{promoted_rate:.3g} (tolerance {loaded.spec.rebenchmark.tolerance:.0%} + search resolution "
             f"{loaded.spec.slo.resolution:.0%})"
         )
+    served = result.served_accuracy
+    if served is not None:
+        measured["served_accuracy"] = {t.task: round(t.candidate, 4) for t in served.tasks}
+        measured["served_accuracy_passed"] = served.passed
+        if not served.passed:
+            reasons.append("serving-path accuracy: " + "; ".join(served.failures))
     return ("degraded" if reasons else "ok"), reasons, measured
 
 
 def measure(
-    loaded: LoadedSpec, staged: dict[str, Any], layout_name: str, promoted_rate: float, out_dir: Path
+    loaded: LoadedSpec,
+    staged: dict[str, Any],
+    layout_name: str,
+    promoted_rate: float,
+    out_dir: Path,
+    accuracy: tuple[EvalResult, EvalResult] | None = None,
 ) -> benchmark.LayoutResult:
     """A fresh instance of the layout on the staged artifact (verified, then fetched): a short SLO
-    search plus a probe at the promoted rate. Raises ReleaseError when it cannot measure. This is
-    what runs beside Airflow (local) or in a pod on the GPU node (`model-release remeasure`)."""
+    search plus a probe at the promoted rate, then (with the gate's in-process results) the
+    serving-path accuracy check. Raises ReleaseError when it cannot measure; answers that got
+    worse are a measurement, judged as degradation. This is what runs beside Airflow (local) or
+    in a pod on the GPU node (`model-release remeasure`)."""
     layout = loaded.layout(layout_name)
     storage.verify_staged(staged["manifest_hash"], staged.get("s3_uri"), staged.get("nfs_path"), loaded.spec.staging.s3)
     model = promote.serving_dir(loaded, staged)
@@ -107,14 +121,24 @@ def measure(
         out_dir,
         max_probes=loaded.spec.rebenchmark.max_probes,
         prior=promoted_rate,
+        accuracy=accuracy,
     )
     benchmark.finish(result, loaded.hardware)
     benchmark.write_outputs([result], loaded.spec.slo, out_dir)
     if result.status == "cancelled":
         raise MeasurementCancelled(f"re-benchmark cancelled: {result.error}")
-    if result.status != "ok":
+    answered_worse = result.served_accuracy is not None and not result.served_accuracy.passed
+    if result.status != "ok" and not answered_worse:
         raise ReleaseError(f"engine failed during the re-benchmark: {result.error}")
     return result
+
+
+def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:
+    """The in-process (baseline, candidate) results the accuracy gate recorded for this release."""
+    recorded = rel.data.get("evaluation")
+    if not recorded:
+        return None  # released before the registry kept them: the served answers are not checked
+    return EvalResult.model_validate(recorded["baseline"]), EvalResult.model_validate(recorded["candidate"])
 
 
 def rebenchmark(
@@ -128,7 +152,8 @@ def rebenchmark(
     rel = reg.get(release_id)
     loaded = loaded or promote.release_spec(rel)
     try:
-        result, error = measure(loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir), None
+        result = measure(loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir, gate_results(rel))
+        error = None
     except MeasurementCancelled as exc:
         return cancelled(reg, rel, str(exc), versions(loaded))
     except ReleaseError as exc:

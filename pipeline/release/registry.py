@@ -95,6 +95,10 @@ class ReleaseData(BaseModel):
     accuracy: dict[str, Any] | None = Field(None, description="the GateDecision (tasks, recovery, failures)")
     source_hash: str | None = None
     source_path: str | None = None
+    evaluation: dict[str, Any] | None = Field(
+        None,
+        description="the gate's in-process results {baseline, candidate} per item: what served answers are held to",
+    )
     # SLO gate: the chosen layout's figures (flow.ChosenFigures) and the fleet
     layout: str | None = None
     rate_per_server: float | None = None
@@ -107,6 +111,9 @@ class ReleaseData(BaseModel):
     capacity: dict[str, Any] | None = Field(None, description="the CapacityPlan (stages/capacity.py)")
     predictions: list[dict[str, Any]] | None = Field(
         None, description="per benchmarked layout: the planner's max SLO rate, the measured one, measured/predicted - 1"
+    )
+    served_accuracy: list[dict[str, Any]] | None = Field(
+        None, description="per benchmarked layout: serving-path accuracy passed, seconds, per task served/in-process"
     )
     # report and promotion
     report: str | None = None

@@ -51,6 +51,17 @@ def _ok(passed: bool | None) -> str:
     return '<span class="pass">pass</span>' if passed else '<span class="fail">FAIL</span>'
 
 
+def served_cell(served: dict | None) -> str:
+    """One layout's serving-path accuracy: verdict, per task served / in-process, seconds it took."""
+    if not served:
+        return "—"
+    tasks = "<br>".join(
+        f"{_e(t['task'])} {t['candidate']:.3f} / {_num(t.get('in_process'), '.3f')}" for t in served["tasks"]
+    )
+    verdict = "pass" if served["passed"] else "<b>FAIL</b>"
+    return f"{verdict} ({served['seconds']:.0f} s)<br>{tasks}"
+
+
 def chosen_probe(layout: dict[str, Any]) -> dict[str, Any] | None:
     """The probe that decided a layout's max SLO rate (its last run at that rate)."""
     rate = layout.get("max_slo_rate")
@@ -141,10 +152,11 @@ def _section_performance(
         "<tr><th>layout</th><th>tp/ep x replicas</th><th>status</th><th>capacity req/s</th><th>max SLO req/s</th>"
         "<th>predicted req/s</th><th>prediction error</th>"
         f"<th>per server</th><th>per {_e(hw.kind.upper())}</th><th>p90 TTFT ms</th><th>p90 TPOT ms</th>"
-        "<th>model load s</th><th>note</th></tr>"
+        "<th>model load s</th><th>served accuracy</th><th>note</th></tr>"
     ]
     for lay in bench["layouts"]:
         probe = chosen_probe(lay) or {}
+        served = lay.get("served_accuracy")
         mark = " ★" if lay["layout"] == best else ""
         rows.append(
             f"<tr><td>{_e(lay['layout'])}{mark}</td><td>{lay['tp']}/{lay['ep']} x {lay['replicas']}</td>"
@@ -155,9 +167,16 @@ def _section_performance(
             f"<td>{_num(lay.get('per_server'))}</td><td>{_num(lay.get('per_device'))}</td>"
             f"<td>{_num(probe.get('p90_ttft_ms'), '.0f')}</td><td>{_num(probe.get('p90_tpot_ms'), '.1f')}</td>"
             f"<td>{_e(', '.join(f'{s:g}' for s in lay.get('load_seconds', [])))}</td>"
+            f"<td>{served_cell(served)}</td>"
             f"<td class='muted' style='text-align:left'>{_e(lay.get('error') or lay.get('stop_reason', ''))}</td></tr>"
         )
     out.append("<table>" + "".join(rows) + "</table>")
+    if any(lay.get("served_accuracy") for lay in bench["layouts"]):
+        out.append(
+            "<p class='muted'>served accuracy: lm-eval at the layout's endpoint after its search, per task "
+            "served / in-process score of the candidate on the same items (must agree within two combined "
+            "standard errors and meet the gate's recovery and floor); a failure fails the layout.</p>"
+        )
     if any(lay.get("predicted_max_slo_rate") for lay in bench["layouts"]):
         out.append(
             "<p class='muted'>predicted: the planner's max SLO rate at the layout's endpoint, published before "

@@ -37,9 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, SloSpec, WorkloadSpec
-from pipeline.stages import engine_metrics, interference, serving
+from pipeline.stages import engine_metrics, interference, served_accuracy, serving
 from pipeline.stages.engine_metrics import EngineView
+from pipeline.stages.evaluate import EvalResult
 from pipeline.stages.interference import Interference
+from pipeline.stages.served_accuracy import ServedAccuracy
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,9 @@ class LayoutResult(BaseModel):
         description="the planner's max SLO rate at this endpoint, written before the measurement; the search's prior",
     )
     prediction_error: float | None = Field(None, description="measured / predicted - 1")
+    served_accuracy: ServedAccuracy | None = Field(
+        None, description="lm-eval at this layout's endpoint after its search; a failure fails the layout"
+    )
     probes: list[Probe] = Field(default_factory=list)
     seconds: float = 0.0
 
@@ -528,16 +533,18 @@ def select(results: list[LayoutResult], slo: SloSpec) -> Selection:
 def table(results: list[LayoutResult]) -> str:
     rows = [
         f"{'layout':22} {'status':7} {'load s':>8} {'capacity':>9} {'max SLO':>9} {'predicted':>9} {'error':>6} "
-        f"{'/server':>9} {'/device':>9} {'probes':>6} {'spread':>6}  note"
+        f"{'/server':>9} {'/device':>9} {'probes':>6} {'spread':>6} {'served acc':>10}  note"
     ]
     for r in results:
         fmt = lambda v: f"{v:9.3g}" if v is not None else f"{'-':>9}"  # noqa: E731
         spread = f"{r.spread:6.0%}" if r.spread is not None else f"{'-':>6}"
         error = f"{r.prediction_error:+6.0%}" if r.prediction_error is not None else f"{'-':>6}"
+        served = r.served_accuracy
+        acc = f"{'pass' if served.passed else 'FAIL'} {served.seconds:4.0f}s" if served else "-"
         rows.append(
             f"{r.layout:22} {r.status:7} {max(r.load_seconds, default=0):8.1f} {fmt(r.capacity_rps)} "
             f"{fmt(r.max_slo_rate)} {fmt(r.predicted_max_slo_rate)} {error} {fmt(r.per_server)} "
-            f"{fmt(r.per_device)} {len(r.probes):6d} {spread}  "
+            f"{fmt(r.per_device)} {len(r.probes):6d} {spread} {acc:>10}  "
             f"{r.error.splitlines()[0] if r.error else r.stop_reason}"
         )
     return "\n".join(rows)
@@ -827,13 +834,16 @@ def benchmark_layout(
     max_probes: int = 16,
     prior: float | None = None,
     predicted: float | None = None,
+    accuracy: tuple[EvalResult, EvalResult] | None = None,
 ) -> LayoutResult:
     """Start the layout's engines, run the search against their one endpoint, always tear down.
 
     Each probe records who else used the CPU meanwhile and the engine's own histograms.
     `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
     the check at that rate). `predicted`: the planner's rate for this layout, kept beside the
-    measurement; the search starts from it when no other prior is given.
+    measurement; the search starts from it when no other prior is given. `accuracy`: the gate's
+    (baseline, candidate) in-process results; with them, a layout that holds the SLO is then
+    scored by lm-eval at its endpoint (`served_accuracy`) and fails when it answers worse.
     """
     started = time.monotonic()
     result = LayoutResult(
@@ -863,6 +873,21 @@ def benchmark_layout(
             )
             result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
             result.unclean_rates = outcome.unclean_rates
+            if accuracy and spec.evaluation.served.enabled and outcome.max_slo_rate is not None:
+                checked = served_accuracy.check(
+                    engine.url, model_dir, serving.SERVED_NAME, *accuracy, spec.evaluation, out_dir / "served-accuracy"
+                )
+                result.served_accuracy = checked
+                log.info(
+                    "layout %s: serving-path accuracy %s in %.0f s: %s",
+                    layout.name,
+                    "passed" if checked.passed else "FAILED",
+                    checked.seconds,
+                    checked.summary(),
+                )
+                if not checked.passed:
+                    result.status = "failed"
+                    result.error = "serving-path accuracy: " + "; ".join(checked.failures)
     except (ReleaseError, subprocess.TimeoutExpired) as exc:
         result.probes = result.probes or (prober.done if prober else [])
         result.status = "cancelled" if isinstance(exc, serving.EngineStopped) else "failed"

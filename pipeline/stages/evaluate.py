@@ -9,6 +9,7 @@ that verify against that manifest.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -38,6 +39,22 @@ class TaskScore(BaseModel):
     score: float
     stderr: float | None
     samples: int
+    items: list[float] = Field(
+        default_factory=list, description="the metric per item, in the task's order: scores on any first N items"
+    )
+    item_hashes: list[str] = Field(default_factory=list, description="lm-eval's doc_hash per item: the same items?")
+
+    def first(self, n: int | None) -> TaskScore:
+        """The score on the first `n` items (all when None), its stderr as lm-eval computes it:
+        sample standard deviation / sqrt(n)."""
+        if n is None or n >= len(self.items):
+            return self
+        values = self.items[:n]
+        mean = sum(values) / n
+        stderr = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else None
+        return self.model_copy(
+            update={"score": mean, "stderr": stderr, "samples": n, "items": values, "item_hashes": self.item_hashes[:n]}
+        )
 
 
 class EvalResult(BaseModel):
@@ -68,6 +85,10 @@ class TaskVerdict(BaseModel):
     expected_samples: int
     passed: bool
     reason: str
+    in_process: float | None = Field(None, description="serving path: the candidate in-process on the same items")
+    in_process_stderr: float | None = None
+    difference: float | None = Field(None, description="serving path: |served - in_process|")
+    max_difference: float | None = Field(None, description="serving path: two combined standard errors")
 
 
 class GateDecision(BaseModel):
@@ -129,6 +150,7 @@ def settings(evaluation: EvaluationSpec) -> dict[str, Any]:
         "seed": evaluation.seed,
         "backend": evaluation.backend,
         "lm_eval": importlib.metadata.version("lm_eval"),
+        "items": True,  # results keep the metric per item (older cached results do not)
     }
 
 
@@ -166,7 +188,7 @@ def evaluate(
             task.name,
             task.num_fewshot,
         )
-        scores.append(_run_task(model_path, task, evaluation, base_url))
+        scores.append(run_task(model_path, task, evaluation, base_url))
         log.info(
             "evaluate: %s %s = %.4f ± %.4f on %d samples (%.0f s so far)",
             model_path.name,
@@ -200,7 +222,9 @@ def _same_bytes(model_path: Path, model_hash: str) -> bool:
         return False
 
 
-def _model_args(model_path: Path, evaluation: EvaluationSpec, base_url: str | None) -> tuple[str, dict[str, Any]]:
+def _model_args(
+    model_path: Path, evaluation: EvaluationSpec, base_url: str | None, served_name: str | None = None
+) -> tuple[str, dict[str, Any]]:
     if evaluation.backend == "hf":
         return "hf", {"pretrained": str(model_path), "dtype": "float32", "device": "cpu"}
     if evaluation.backend == "vllm":
@@ -212,23 +236,40 @@ def _model_args(model_path: Path, evaluation: EvaluationSpec, base_url: str | No
     if not base_url:
         raise ReleaseError("evaluation.backend: local-completions needs a running engine (base_url)")
     return "local-completions", {
-        "model": str(model_path),
+        "model": served_name or str(model_path),
         "base_url": f"{base_url}/v1/completions",
         "tokenizer": str(model_path),
-        "num_concurrent": 4,
+        "tokenizer_backend": "huggingface",
+        # text prompts: the engine's own tokenizer is part of the serving path being measured
+        "tokenized_requests": False,
+        "num_concurrent": evaluation.served.num_concurrent,
+        "max_retries": 1,
     }
 
 
-def _run_task(model_path: Path, task: EvalTask, evaluation: EvaluationSpec, base_url: str | None) -> TaskScore:
-    import lm_eval
+@functools.cache
+def task_manager(shipped: bool) -> Any:
+    """lm-eval's task index, built once per process. Indexing lm-eval's own task folders takes ~12 s
+    (measured here), once per task before this; a task shipped in configs/eval/ comes as a config
+    and needs no index at all."""
     from lm_eval.tasks import TaskManager
 
-    model, model_args = _model_args(model_path, evaluation, base_url)
+    return TaskManager(include_defaults=not shipped)
+
+
+def run_task(
+    model_path: Path, task: EvalTask, evaluation: EvaluationSpec, base_url: str | None, served_name: str | None = None
+) -> TaskScore:
+    """One task through lm-eval's Python API with the evaluation's backend, limit and seeds."""
+    import lm_eval
+
+    model, model_args = _model_args(model_path, evaluation, base_url, served_name)
+    config = task_config(task)
     try:
         out = lm_eval.simple_evaluate(
             model=model,
             model_args=model_args,
-            tasks=[task_config(task)],
+            tasks=[config],
             num_fewshot=task.num_fewshot,
             batch_size=evaluation.batch_size,
             limit=evaluation.limit,
@@ -236,8 +277,8 @@ def _run_task(model_path: Path, task: EvalTask, evaluation: EvaluationSpec, base
             numpy_random_seed=evaluation.seed,
             torch_random_seed=evaluation.seed,
             fewshot_random_seed=evaluation.seed,
-            log_samples=False,
-            task_manager=TaskManager(),
+            log_samples=True,  # the metric per item: the serving-path check compares the same items
+            task_manager=task_manager(shipped=isinstance(config, dict)),
             bootstrap_iters=1000,
         )
     except ReleaseError:
@@ -261,12 +302,18 @@ def _run_task(model_path: Path, task: EvalTask, evaluation: EvaluationSpec, base
         )
     stderr = results.get(f"{metric}_stderr,none")
     samples = out.get("n-samples", {}).get(task.name, {}).get("effective", 0)
+    logged = sorted(
+        (x for x in out.get("samples", {}).get(task.name, []) if x.get("filter") == "none" and metric in x),
+        key=lambda x: x["doc_id"],
+    )
     return TaskScore(
         task=task.name,
         metric=metric,
         score=float(value),
         stderr=float(stderr) if isinstance(stderr, (int, float)) else None,
         samples=int(samples),
+        items=[float(x[metric]) for x in logged],
+        item_hashes=[str(x.get("doc_hash", "")) for x in logged],
     )
 
 

@@ -24,7 +24,10 @@ class Validation:
     failures: list[str] = field(default_factory=list)
 
 
-def _frame(tasks):
+SERVED_COLUMNS = ["in_process", "difference", "max_difference"]
+
+
+def _frame(tasks, served: bool = False):
     import pandas as pd
 
     columns = [
@@ -38,18 +41,23 @@ def _frame(tasks):
         "samples_baseline",
         "samples_candidate",
         "expected_samples",
-    ]
+    ] + (SERVED_COLUMNS if served else [])
     rows = [{c: getattr(t, c) for c in columns} for t in tasks]
     return pd.DataFrame(rows, columns=columns).astype(
-        {"recovery": "float64", "baseline": "float64", "candidate": "float64"}
+        {c: "float64" for c in ["recovery", "baseline", "candidate"] + (SERVED_COLUMNS if served else [])}
     )
 
 
-def _suite(configured: list[str]):
+def _suite(configured: list[str], served: bool = False):
     import great_expectations as gx
     import great_expectations.expectations as gxe
 
-    suite = gx.ExpectationSuite(name="accuracy_gate")
+    suite = gx.ExpectationSuite(name="served_accuracy" if served else "accuracy_gate")
+    if served:  # the served model answers as the candidate did in-process on the same items
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column="in_process"))
+        suite.add_expectation(
+            gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="max_difference", column_B="difference", or_equal=True)
+        )
     suite.add_expectation(gxe.ExpectColumnDistinctValuesToEqualSet(column="task", value_set=configured))
     for column in ("baseline", "candidate", "recovery"):
         suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=column))
@@ -66,10 +74,11 @@ def _suite(configured: list[str]):
     return suite
 
 
-def validate(tasks, configured: list[str]) -> Validation:
+def validate(tasks, configured: list[str], served: bool = False) -> Validation:
+    """`served`: the serving-path table (candidate = the served score), with its in-process columns."""
     import great_expectations as gx
 
-    frame = _frame(tasks)
+    frame = _frame(tasks, served)
     context = gx.get_context(mode="ephemeral")
     source = context.data_sources.add_pandas("accuracy")
     batch = (
@@ -77,7 +86,7 @@ def validate(tasks, configured: list[str]) -> Validation:
         .add_batch_definition_whole_dataframe("all")
         .get_batch(batch_parameters={"dataframe": frame})
     )
-    suite = context.suites.add(_suite(configured))
+    suite = context.suites.add(_suite(configured, served))
     result = batch.validate(suite, result_format=RESULT_FORMAT)
     payload = result.to_json_dict()
     failures = []
