@@ -109,6 +109,11 @@ def test_a_step_passes_on_good_live_metrics_and_fails_with_its_evidence(promethe
         starved = judge(5)
         assert not starved.passed and any("fewer than 10" in r for r in starved.reasons), starved.reasons
 
+        new.rate, new.ttft = 2, 0.8  # so slow that few finish: what did finish is judged on the SLO too
+        crawling = judge(6)
+        assert any("fewer than 10" in r for r in crawling.reasons), crawling.reasons
+        assert any(r.startswith("p90 TTFT") and r.endswith("> SLO 500 ms") for r in crawling.reasons), crawling.reasons
+
         new.stop()  # its engine gone: scraped down
         time.sleep(2 * local_prometheus.SCRAPE_SECONDS + 1)
         down = analysis.analyze(url, 'release="2"', 'release="1"', 6, 0.5, 3, slo, plan)
