@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.core import artifacts
 from pipeline.core.errors import ReleaseError
-from pipeline.core.files import atomic_json, atomic_write
+from pipeline.core.files import atomic_json
 from pipeline.core.paths import CONFIGS_DIR, home
 from pipeline.core.spec import EvalTask, EvaluationSpec
 
@@ -373,20 +373,11 @@ def gate(baseline: EvalResult, candidate: EvalResult, evaluation: EvaluationSpec
     from pipeline.stages import gx_suite
 
     tasks = verdicts(baseline, candidate, evaluation)
-    validation = gx_suite.validate(tasks, [t.name for t in evaluation.tasks])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, html_path = out_dir / "accuracy_validation.json", out_dir / "accuracy_validation.html"
-    atomic_json(json_path, validation.result)
-    atomic_write(html_path, gx_suite.render_html(validation, tasks))
-    failures = list(validation.failures)
-    for t in tasks:
-        if not t.passed and not any(f.startswith(t.task + ":") for f in failures):
-            failures.append(f"{t.task}: {t.reason}")
-    decision = GateDecision(
-        passed=validation.success and all(t.passed for t in tasks),
+    published = gx_suite.publish(tasks, [t.name for t in evaluation.tasks], out_dir, "accuracy_validation")
+    return GateDecision(
+        passed=published.passed,
         tasks=tasks,
-        failures=failures,
-        validation_html=str(html_path),
-        validation_json=str(json_path),
+        failures=published.failures,
+        validation_html=str(published.html_path),
+        validation_json=str(published.json_path),
     )
-    return decision

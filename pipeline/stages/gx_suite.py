@@ -11,7 +11,10 @@ import html
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from pipeline.core.files import atomic_json, atomic_write
 
 RESULT_FORMAT = {"result_format": "COMPLETE"}
 logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its INFO lines drown the task log
@@ -119,6 +122,32 @@ def validate(tasks, configured: list[str], served: bool = False) -> Validation:
             shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
             failures.append(f"{task}: {what} fails {kind} ({shown})")
     return Validation(success=bool(result.success), result=payload, failures=failures)
+
+
+@dataclass
+class Published:
+    """A validated table, published: the verdict, one line per failure naming its task, the files."""
+
+    passed: bool
+    failures: list[str]
+    json_path: Path
+    html_path: Path
+
+
+def publish(tasks, configured: list[str], out_dir: Path, name: str, served: bool = False) -> Published:
+    """Validate the per-task table (`validate`), write the result as `name`.json and a page as
+    `name`.html under `out_dir`, and name every failed task once (its own reason when no
+    expectation named it): the gate and the serving-path check say what failed the same way."""
+    validation = validate(tasks, configured, served)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, html_path = out_dir / f"{name}.json", out_dir / f"{name}.html"
+    atomic_json(json_path, validation.result)
+    atomic_write(html_path, render_html(validation, tasks))
+    failures = list(validation.failures)
+    for t in tasks:
+        if not t.passed and not any(f.startswith(t.task + ":") for f in failures):
+            failures.append(f"{t.task}: {t.reason}")
+    return Published(validation.success and all(t.passed for t in tasks), failures, json_path, html_path)
 
 
 def render_html(validation: Validation, tasks) -> str:

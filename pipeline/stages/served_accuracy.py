@@ -21,7 +21,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.files import atomic_json, atomic_write
 from pipeline.core.spec import EvaluationSpec
 from pipeline.stages import gx_suite
 from pipeline.stages.evaluate import EvalResult, TaskScore, TaskVerdict, run_task, verdicts
@@ -138,22 +137,14 @@ def check(
                 )
                 if r
             )
-    validation = gx_suite.validate(tasks, [t.name for t in evaluation.tasks], served=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, html_path = out_dir / "served_accuracy.json", out_dir / "served_accuracy.html"
-    atomic_json(json_path, validation.result)
-    atomic_write(html_path, gx_suite.render_html(validation, tasks))
-    failures = list(validation.failures)
-    for t in tasks:
-        if not t.passed and not any(f.startswith(t.task + ":") for f in failures):
-            failures.append(f"{t.task}: {t.reason}")
+    published = gx_suite.publish(tasks, [t.name for t in evaluation.tasks], out_dir, "served_accuracy", served=True)
     return ServedAccuracy(
-        passed=validation.success and all(t.passed for t in tasks),
+        passed=published.passed,
         endpoint=endpoint,
         limit=n,
         tasks=tasks,
-        failures=failures,
+        failures=published.failures,
         seconds=round(time.monotonic() - started, 1),
-        validation_json=str(json_path),
-        validation_html=str(html_path),
+        validation_json=str(published.json_path),
+        validation_html=str(published.html_path),
     )
