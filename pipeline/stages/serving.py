@@ -507,6 +507,10 @@ def exit_error(replica: int, returncode: int | None, when: str, tail: str) -> En
     return EngineFailed(f"engine replica {replica} exited with {returncode} {when}:\n" + tail)
 
 
+# vLLM's API server (uvicorn) closes a connection idle this long: VLLM_HTTP_TIMEOUT_KEEP_ALIVE's default
+ENGINE_KEEP_ALIVE_S = 5.0
+
+
 def nginx_binary() -> str:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(nginx).exists():
@@ -532,6 +536,10 @@ def write_nginx_conf(
     # machine's whole probe), which the engine alone queues without a failure. A Service does not
     # drop connections; the front must not either, within what the process may open.
     files = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    # an idle kept-alive engine connection is closed by nginx before the engine's own server closes
+    # it: reused at the moment uvicorn closes it, a request is reset and answered 502 (2 requests of
+    # the e2e's two-replicas probes, one a 2.5% failure that moved the layout's answer down)
+    idle = max(1.0, ENGINE_KEEP_ALIVE_S - 1)
     balance = "" if weights else "least_conn;"
     upstreams = "".join(f"server 127.0.0.1:{p}{f' weight={weights[p]}' if weights else ''};" for p in backends)
     atomic_write(
@@ -539,7 +547,7 @@ def write_nginx_conf(
         f"daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/nginx-error.log;\n"
         f"worker_rlimit_nofile {files}; events {{ worker_connections {max(1024, files // 2)}; }}\n"
         f"http {{ access_log {f'{root}/access.log' if access_log else 'off'};"
-        f" upstream engines {{ {balance} {upstreams} keepalive 64; }}\n"
+        f" upstream engines {{ {balance} {upstreams} keepalive 64; keepalive_timeout {idle:g}s; }}\n"
         f"  client_body_temp_path {root}/nginx-body; proxy_temp_path {root}/nginx-proxy;\n"
         f"  server {{ listen 127.0.0.1:{port} backlog=4096; {locations}\n"
         f"    location / {{ proxy_pass http://engines; proxy_http_version 1.1;\n"
