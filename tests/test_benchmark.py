@@ -436,11 +436,12 @@ def mismatched_tokenizer(model_dir, out):
 
 @pytest.mark.slow
 def test_a_layout_that_serves_a_broken_path_fails_on_serving_path_accuracy(tiny_model_dir, tmp_path):
-    """Both layouts start and hold the SLO at their first probe (a short search: a low prior and a
-    two-probe budget, so the rate is a bound); then lm-eval scores the gate's tasks at each
-    endpoint. The layout whose engine tokenizes with a mismatched tokenizer answers 2-digit sums
-    wrong and fails, naming the task and its recovery; the right one agrees with the in-process
-    scores on the same items and is selected. The check's seconds are in each result."""
+    """The layout starts and holds the SLO at its first probe (a short search: a low prior and a
+    two-probe budget, so the rate is a bound); then lm-eval scores the gate's tasks at its
+    endpoint. Its engine tokenizes with a mismatched tokenizer, so it answers 2-digit sums wrong
+    and fails, naming the task and its recovery, and a slower layout that passed is selected over
+    it. The check's seconds are in the result. (A right engine passing the same check, on the
+    same items, is the e2e's release run and the re-benchmark test.)"""
     from pipeline.stages import evaluate
 
     loaded = load_spec(TINY_SPEC)
@@ -459,29 +460,34 @@ def test_a_layout_that_serves_a_broken_path_fails_on_serving_path_accuracy(tiny_
             },
         }
     )
-    results = [
-        benchmark.benchmark_layout(
-            spec,
-            loaded.hardware,
-            layout,
-            tiny_model_dir,
-            tmp_path / layout.name,
-            max_probes=2,
-            prior=5.0,
-            accuracy=(reference, reference),
-        )
-        for layout in (good, broken)
-    ]
-    ok, bad = results
-    assert ok.max_slo_rate and bad.max_slo_rate  # both held the SLO before their accuracy was checked
-    assert ok.status == "ok" and ok.served_accuracy and ok.served_accuracy.passed, ok.error
-    for t in ok.served_accuracy.tasks:
-        assert t.samples_candidate == 50 and t.in_process is not None and t.difference <= t.max_difference
+    bad = benchmark.benchmark_layout(
+        spec,
+        loaded.hardware,
+        broken,
+        tiny_model_dir,
+        tmp_path / broken.name,
+        max_probes=2,
+        prior=5.0,
+        accuracy=(reference, reference),
+    )
+    assert bad.max_slo_rate and bad.per_server  # it held the SLO before its accuracy was checked
     assert bad.status == "failed" and bad.served_accuracy and not bad.served_accuracy.passed
     assert bad.error.startswith("serving-path accuracy: ") and "tiny_add:" in bad.error and "recovery" in bad.error
-    assert 0 < ok.served_accuracy.seconds < ok.seconds and 0 < bad.served_accuracy.seconds
-    chosen = benchmark.select(results, spec.slo)
-    assert chosen.best == good.name
+    failed = {t.task: t for t in bad.served_accuracy.tasks if not t.passed}
+    add = failed["tiny_add"]
+    assert add.in_process is not None and add.candidate < add.in_process and add.samples_candidate == 50
+    assert 0 < bad.served_accuracy.seconds < bad.seconds
+    slower = bad.model_copy(
+        update={
+            "layout": good.name,
+            "status": "ok",
+            "error": "",
+            "served_accuracy": None,
+            "per_server": bad.per_server / 2,
+        }
+    )
+    results = [slower, bad]
+    assert benchmark.select(results, spec.slo).best == good.name
     assert "served acc" in benchmark.table(results) and "FAIL" in benchmark.table(results)
     assert engine_processes() == []
 

@@ -39,6 +39,10 @@ def quick(data):
     data["workload"]["num_prompts"] = 40
     data["workload"]["min_probe_seconds"] = 1
     data["slo"]["resolution"] = 0.25
+    # Airflow's own processes run beside every probe here: a probe they disturb is kept and flagged,
+    # not measured again (test_measurement proves the re-measuring); 2 of every 5 probes were re-runs
+    data["workload"]["interference_retries"] = 0
+    data["evaluation"]["served"] = {"limit": 20}  # the serving-path check, on the gate's first 20 items
     data["serving"]["port"] = free_port()
 
 
