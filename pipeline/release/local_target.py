@@ -217,7 +217,7 @@ def _tail(path: Path, lines: int = 20) -> str:
 # ---------------------------------------------------------------- the front (nginx on the spec's port)
 
 
-def _front_conf(name: str, port: int, weights: dict[int, int], marker: str, shares: bool) -> Path:
+def _front_conf(name: str, port: int, weights: dict[int, int], marker: str, shares: bool, keep_alive_s: float) -> Path:
     root = state_dir(name) / "front"
     root.mkdir(exist_ok=True)
     return serving.write_nginx_conf(
@@ -227,6 +227,7 @@ def _front_conf(name: str, port: int, weights: dict[int, int], marker: str, shar
         f'location = /__release {{ return 200 "{marker}"; }}',
         access_log=True,
         weights=weights if shares else None,  # one release's replicas: least connections
+        engine_keep_alive_s=keep_alive_s,
     )
 
 
@@ -255,7 +256,8 @@ def _point_front(spec: ReleaseSpec, weights: dict[int, int], marker: str, shares
     workers answering, so the switch counts only once the front itself answers with `marker`.
     """
     nginx = serving.nginx_binary()
-    conf = _front_conf(spec.name, spec.serving.port, weights, marker, shares)
+    keep_alive = float(spec.serving.env.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", serving.ENGINE_KEEP_ALIVE_S))
+    conf = _front_conf(spec.name, spec.serving.port, weights, marker, shares, keep_alive)
     check = subprocess.run([nginx, "-t", "-c", str(conf), "-p", str(conf.parent)], capture_output=True, text=True)
     if check.returncode:
         raise LocalDeployFailed(f"front config {conf} rejected by nginx -t: {check.stderr.strip()[-500:]}")

@@ -525,6 +525,7 @@ def write_nginx_conf(
     locations: str = "",
     access_log: bool = False,
     weights: dict[int, int] | None = None,
+    engine_keep_alive_s: float = ENGINE_KEEP_ALIVE_S,
 ) -> Path:
     """nginx on 127.0.0.1:`port`, least-connections over `backends`, its state under `root`;
     `locations`: extra location blocks. With `weights` (port -> weight) the split is weighted
@@ -536,10 +537,10 @@ def write_nginx_conf(
     # machine's whole probe), which the engine alone queues without a failure. A Service does not
     # drop connections; the front must not either, within what the process may open.
     files = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-    # an idle kept-alive engine connection is closed by nginx before the engine's own server closes
-    # it: reused at the moment uvicorn closes it, a request is reset and answered 502 (2 requests of
-    # the e2e's two-replicas probes, one a 2.5% failure that moved the layout's answer down)
-    idle = max(1.0, ENGINE_KEEP_ALIVE_S - 1)
+    # an idle kept-alive engine connection is closed by nginx (at 80% of the engine's keep-alive) before
+    # the engine's server closes it: reused as uvicorn closes it, a request is reset and answered 502
+    # (2 requests of the e2e's two-replicas probes, one a 2.5% failure that moved its answer down)
+    idle_ms = int(engine_keep_alive_s * 800)
     balance = "" if weights else "least_conn;"
     upstreams = "".join(f"server 127.0.0.1:{p}{f' weight={weights[p]}' if weights else ''};" for p in backends)
     atomic_write(
@@ -547,7 +548,7 @@ def write_nginx_conf(
         f"daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/nginx-error.log;\n"
         f"worker_rlimit_nofile {files}; events {{ worker_connections {max(1024, files // 2)}; }}\n"
         f"http {{ access_log {f'{root}/access.log' if access_log else 'off'};"
-        f" upstream engines {{ {balance} {upstreams} keepalive 64; keepalive_timeout {idle:g}s; }}\n"
+        f" upstream engines {{ {balance} {upstreams} keepalive 64; keepalive_timeout {idle_ms}ms; }}\n"
         f"  client_body_temp_path {root}/nginx-body; proxy_temp_path {root}/nginx-proxy;\n"
         f"  server {{ listen 127.0.0.1:{port} backlog=4096; {locations}\n"
         f"    location / {{ proxy_pass http://engines; proxy_http_version 1.1;\n"
@@ -666,7 +667,9 @@ class LocalEngine:
         """nginx in front of the replicas, least-connections, as a Service/router does in production."""
         nginx = nginx_binary()
         port = free_port()
-        conf = write_nginx_conf(self.log_dir, port, ports)
+        # the engines' own keep-alive, where the spec sets vLLM's variable for it
+        keep_alive = min(float(c.env.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", ENGINE_KEEP_ALIVE_S)) for c in self.commands)
+        conf = write_nginx_conf(self.log_dir, port, ports, engine_keep_alive_s=keep_alive)
         with open(self.log_dir / "nginx.log", "wb") as out:
             self._spawn([nginx, "-c", str(conf), "-p", str(self.log_dir)], None, out)
         url = f"http://127.0.0.1:{port}"
