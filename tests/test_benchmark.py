@@ -619,3 +619,17 @@ def test_the_front_never_sends_a_request_on_a_connection_the_engine_has_let_go(k
             server.close()
 
     assert asyncio.run(main()) == (200, 200)
+
+
+def test_the_front_reads_the_keep_alive_the_engines_get(monkeypatch):
+    """The engines run with our environment under their command's own; a bad value is named."""
+    from pipeline.core.errors import ReleaseError
+
+    monkeypatch.delenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", raising=False)
+    assert serving.engine_keep_alive_s({}) == serving.ENGINE_KEEP_ALIVE_S
+    monkeypatch.setenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "3")
+    assert serving.engine_keep_alive_s({}) == 3.0
+    assert serving.engine_keep_alive_s({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "2"}) == 2.0  # the command's wins
+    for bad in ("soon", "0"):
+        with pytest.raises(ReleaseError, match=f"VLLM_HTTP_TIMEOUT_KEEP_ALIVE='{bad}'"):
+            serving.engine_keep_alive_s({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": bad})

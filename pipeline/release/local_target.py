@@ -256,8 +256,9 @@ def _point_front(spec: ReleaseSpec, weights: dict[int, int], marker: str, shares
     workers answering, so the switch counts only once the front itself answers with `marker`.
     """
     nginx = serving.nginx_binary()
-    keep_alive = float(spec.serving.env.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", serving.ENGINE_KEEP_ALIVE_S))
-    conf = _front_conf(spec.name, spec.serving.port, weights, marker, shares, keep_alive)
+    conf = _front_conf(
+        spec.name, spec.serving.port, weights, marker, shares, serving.engine_keep_alive_s(spec.serving.env)
+    )
     check = subprocess.run([nginx, "-t", "-c", str(conf), "-p", str(conf.parent)], capture_output=True, text=True)
     if check.returncode:
         raise LocalDeployFailed(f"front config {conf} rejected by nginx -t: {check.stderr.strip()[-500:]}")

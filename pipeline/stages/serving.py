@@ -511,6 +511,21 @@ def exit_error(replica: int, returncode: int | None, when: str, tail: str) -> En
 ENGINE_KEEP_ALIVE_S = 5.0
 
 
+def engine_keep_alive_s(env: dict[str, str]) -> float:
+    """The idle seconds after which an engine started with `env` over ours closes a connection
+    (vLLM's variable where set, else its default): what the front must stay under."""
+    value = {**os.environ, **env}.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE")
+    if value is None:
+        return ENGINE_KEEP_ALIVE_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
+        raise ReleaseError(f"VLLM_HTTP_TIMEOUT_KEEP_ALIVE={value!r}: not a positive number of seconds")
+    return seconds
+
+
 def nginx_binary() -> str:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(nginx).exists():
@@ -667,8 +682,7 @@ class LocalEngine:
         """nginx in front of the replicas, least-connections, as a Service/router does in production."""
         nginx = nginx_binary()
         port = free_port()
-        # the engines' own keep-alive, where the spec sets vLLM's variable for it
-        keep_alive = min(float(c.env.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", ENGINE_KEEP_ALIVE_S)) for c in self.commands)
+        keep_alive = min(engine_keep_alive_s(c.env) for c in self.commands)
         conf = write_nginx_conf(self.log_dir, port, ports, engine_keep_alive_s=keep_alive)
         with open(self.log_dir / "nginx.log", "wb") as out:
             self._spawn([nginx, "-c", str(conf), "-p", str(self.log_dir)], None, out)
