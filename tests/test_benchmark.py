@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import random
 import re
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -492,16 +496,34 @@ def test_a_layout_that_serves_a_broken_path_fails_on_serving_path_accuracy(tiny_
     assert engine_processes() == []
 
 
+@contextlib.asynccontextmanager
+async def nginx_front(root, backends: list[int], **conf):
+    """The front as serving.write_nginx_conf writes it, on a free port, once it accepts connections."""
+    port = serving.free_port()
+    path = serving.write_nginx_conf(root, port, backends, **conf)
+    nginx = await asyncio.create_subprocess_exec(serving.nginx_binary(), "-c", str(path), "-p", str(root))
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "nginx did not start"
+                await asyncio.sleep(0.2)
+        yield port
+    finally:
+        nginx.send_signal(signal.SIGQUIT)
+        await nginx.wait()
+
+
 def test_the_front_of_a_multi_replica_layout_drops_no_request_in_flight(tmp_path):
     """A probe past capacity keeps hundreds of requests in flight at the front, each holding two
     connections (client and engine side). nginx at 1024 worker connections reset 37% of a probe at
     twice the two-replicas layout's capacity here (the engine alone queues them all), and a whole
     probe on a slower CI machine: here 1500 requests wait on two slow backends at once and every
     one is answered."""
-    import asyncio
-    import signal
-    import time
-
     held = 1500
 
     async def backend(reader, writer):
@@ -526,30 +548,14 @@ def test_the_front_of_a_multi_replica_layout_drops_no_request_in_flight(tmp_path
 
     async def main():
         servers = [await asyncio.start_server(backend, "127.0.0.1", 0, backlog=4096) for _ in range(2)]
-        ports = [s.sockets[0].getsockname()[1] for s in servers]
-        front = serving.free_port()
-        conf = serving.write_nginx_conf(tmp_path, front, ports)
-        nginx = await asyncio.create_subprocess_exec(serving.nginx_binary(), "-c", str(conf), "-p", str(tmp_path))
         try:
-            deadline = time.monotonic() + 20
-            while not await request_ok(front) and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-            started = time.monotonic()
-            answered = await asyncio.gather(*(request(front) for _ in range(held)))
-            return sum(answered), time.monotonic() - started
+            async with nginx_front(tmp_path, [s.sockets[0].getsockname()[1] for s in servers]) as front:
+                started = time.monotonic()
+                answered = await asyncio.gather(*(request(front) for _ in range(held)))
+                return sum(answered), time.monotonic() - started
         finally:
-            nginx.send_signal(signal.SIGQUIT)
-            await nginx.wait()
             for s in servers:
                 s.close()
-
-    async def request_ok(port):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return True
-        except OSError:
-            return False
 
     answered, seconds = asyncio.run(main())
     assert answered == held, f"{held - answered} of {held} requests dropped by the front"
@@ -562,11 +568,8 @@ def test_the_front_never_sends_a_request_on_a_connection_the_engine_has_let_go(k
     that moment is reset and answered 502 (seen in the e2e: 1 of 40 requests, a 2.5% failure that
     failed a two-replicas probe). The backend here resets any request that comes on a connection
     idle past that time, as the race does; nginx must have closed such connections itself."""
-    import asyncio
-    import signal
     import socket
     import struct
-    import time
 
     async def backend(reader, writer):
         last = time.monotonic()
@@ -597,25 +600,14 @@ def test_the_front_never_sends_a_request_on_a_connection_the_engine_has_let_go(k
 
     async def main():
         server = await asyncio.start_server(backend, "127.0.0.1", 0)
-        front = serving.free_port()
-        conf = serving.write_nginx_conf(
-            tmp_path, front, [server.sockets[0].getsockname()[1]], engine_keep_alive_s=keep_alive
-        )
-        nginx = await asyncio.create_subprocess_exec(serving.nginx_binary(), "-c", str(conf), "-p", str(tmp_path))
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    first = await post(front)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "nginx did not start"
-                    await asyncio.sleep(0.2)
-            await asyncio.sleep(keep_alive + 0.5)  # idle past the engine's keep-alive
-            return first, await post(front)
+            async with nginx_front(
+                tmp_path, [server.sockets[0].getsockname()[1]], engine_keep_alive_s=keep_alive
+            ) as front:
+                first = await post(front)
+                await asyncio.sleep(keep_alive + 0.5)  # idle past the engine's keep-alive
+                return first, await post(front)
         finally:
-            nginx.send_signal(signal.SIGQUIT)
-            await nginx.wait()
             server.close()
 
     assert asyncio.run(main()) == (200, 200)
