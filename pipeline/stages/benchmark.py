@@ -679,14 +679,23 @@ class BenchClient:
     def __init__(self, base: list[str], env: dict[str, str], cores: list[int] | None = None):
         self.base, self.env, self.cores = base, env, cores or []
         self.proc: subprocess.Popen[str] | None = None
+        self.ready = False
 
-    def _start(self) -> subprocess.Popen[str]:
+    def launch(self, cores: list[int] | None = None) -> None:
+        """Start the server without waiting for its vLLM import (~20 s here), on `cores` meanwhile
+        (default: its own): a layout's benchmark launches it on cores its engines leave idle while
+        they load, so the import costs no probe and no engine time. `ensure()` waits for it."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        start_cores = cores or self.cores
+
         def preexec() -> None:
             serving.die_with_parent()
-            if self.cores:
-                os.sched_setaffinity(0, self.cores)
+            if start_cores:
+                os.sched_setaffinity(0, start_cores)
 
-        proc = subprocess.Popen(
+        self.ready = False
+        self.proc = subprocess.Popen(
             [*self.base, "bench-server"],
             env=self.env,
             stdin=subprocess.PIPE,
@@ -696,16 +705,21 @@ class BenchClient:
             start_new_session=True,
             preexec_fn=preexec,
         )
-        ready = proc.stdout.readline() if proc.stdout else ""
-        if not ready.strip().startswith("{"):
-            proc.kill()
-            proc.wait()
-            raise ReleaseError(f"vllm bench client did not start ({' '.join(self.base)} bench-server)")
-        return proc
 
     def ensure(self) -> None:
+        """A started server, ready for a probe, on its own cores."""
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = self._start()
+            self.launch()
+        assert self.proc is not None
+        if self.ready:
+            return
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.strip().startswith("{"):
+            self.close()
+            raise ReleaseError(f"vllm bench client did not start ({' '.join(self.base)} bench-server)")
+        if self.cores:
+            serving.pin(self.proc.pid, self.cores)  # from the cores it loaded on (or was confined to)
+        self.ready = True
 
     @property
     def group(self) -> int | None:
@@ -735,31 +749,26 @@ class BenchClient:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             self.proc = None
+            self.ready = False
+
+
+def bench_client(hw: HardwareProfile, engine_env: dict[str, str], cores: list[int] | None = None) -> BenchClient:
+    """vLLM's own client, through vllm_cli.py (its SSE fix matters behind nginx): the engine venv's
+    python here, the worker image's own python (which has vLLM) in a benchmark pod."""
+    python = str(serving.SERVE_PYTHON) if hw.kind == "cpu" else sys.executable
+    env = {**os.environ, **engine_env}
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    return BenchClient([python, str(serving.VLLM_CLI)], env, cores)
 
 
 class Prober:
     """One probe against a running layout: vLLM's client at a rate, with the CPU accounting and
     the engine's histograms around it. What the search calls, and what a fixed-rate check calls."""
 
-    def __init__(
-        self,
-        spec: ReleaseSpec,
-        hw: HardwareProfile,
-        engine: Any,
-        model_dir: Path,
-        out_dir: Path,
-        engine_env: dict[str, str],
-        client_cores: list[int] | None = None,
-    ):
+    def __init__(self, spec: ReleaseSpec, engine: Any, model_dir: Path, out_dir: Path, bench: BenchClient):
         self.spec, self.engine, self.model_dir, self.out_dir = spec, engine, model_dir, out_dir
-        self.client_cores = client_cores or []
-        # vLLM's own client, through vllm_cli.py (its SSE fix matters behind nginx): the engine venv's
-        # python here, the worker image's own python (which has vLLM) in a benchmark pod
-        python = str(serving.SERVE_PYTHON) if hw.kind == "cpu" else sys.executable
-        self.client = [python, str(serving.VLLM_CLI)]
-        self.env = {**os.environ, **engine_env}
-        self.env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        self.bench = BenchClient(self.client, self.env, self.client_cores)
+        self.bench = bench
+        self.client = bench.base
         self.numbers = itertools.count(1)
         self.done: list[Probe] = []  # every probe, kept when the engine dies mid-search
 
@@ -815,13 +824,16 @@ def running_layout(
             cmd.port = new
     plan = serving.placement(hw, layout)
     engine = serving.LocalEngine(commands, out_dir / "logs", placement=plan)
-    with engine, serving.isolated(engine.groups, plan.other_cores):  # nothing else on the compute cores
-        log.info("placement: %s", "; ".join(f"{k}: {v}" for k, v in plan.describe().items()))
-        prober = Prober(spec, hw, engine, model_dir, out_dir, commands[0].env, plan.frontend_cores)
-        try:
-            yield engine, prober
-        finally:
-            prober.close()
+    bench = bench_client(hw, commands[0].env, plan.frontend_cores)
+    # the client's vLLM import runs while the engines load, on the engine cores: they stay idle
+    # until each replica is up (it loads on the frontend cores), so neither waits for the other
+    bench.launch(sorted({c for cores in plan.engine_cores for c in cores} - set(plan.frontend_cores)))
+    try:
+        with engine, serving.isolated(engine.groups, plan.other_cores):  # nothing else on the compute cores
+            log.info("placement: %s", "; ".join(f"{k}: {v}" for k, v in plan.describe().items()))
+            yield engine, Prober(spec, engine, model_dir, out_dir, bench)
+    finally:
+        bench.close()
 
 
 def benchmark_layout(
