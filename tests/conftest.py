@@ -3,6 +3,7 @@ MODEL_RELEASE_HOME, so a second run of the suite reuses them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -28,7 +30,7 @@ SERVE_PYTHON = PROJECT_ROOT / ".venv-serve" / "bin" / "python"
 
 
 MODEL_FIXTURES = {"tiny_model_dir", "fp8_artifact"}
-_builder: dict[str, subprocess.Popen] = {}
+_builder: dict[str, Any] = {}  # "proc": the build (a Popen, or _Adopted)
 
 
 def _needs_quiet(item: pytest.Item) -> bool:
@@ -58,6 +60,11 @@ def pytest_collection_finish(session):
         return
     log_path = home() / "logs" / "tiny-model-build.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    adopted = _Adopted.from_pid_file(home() / "logs" / "tiny-model-build.pid")
+    if adopted is not None:  # scripts/test.sh started it before the setup and the checks
+        _builder["proc"] = adopted
+        _say(session.config, f"tiny model: building since before the checks (pid {adopted.pid}, log: {log_path})")
+        return
     with open(log_path, "w") as log_file:
         _builder["proc"] = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "make-tiny-model"],
@@ -70,6 +77,49 @@ def pytest_collection_finish(session):
             preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
         )
     _say(session.config, f"tiny model: not cached; building it in the background (log: {log_path})")
+
+
+class _Adopted:
+    """The build scripts/test.sh started: our child after its `exec` of pytest, with the parts of
+    Popen's interface the hooks here use."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    @classmethod
+    def from_pid_file(cls, path: Path) -> _Adopted | None:
+        try:
+            pid = int(path.read_text())
+            running = "make-tiny-model" in Path(f"/proc/{pid}/cmdline").read_text()
+        except (OSError, ValueError):
+            return None
+        return cls(pid) if running else None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+                if done:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:  # not ours (pytest run another way): alive while its pid is
+                if not Path(f"/proc/{self.pid}").exists():
+                    self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("make-tiny-model", timeout)
+            time.sleep(0.5)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
 
 def pytest_runtest_setup(item):
