@@ -346,6 +346,8 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
         "cmds = serving.build_commands(loaded.spec, loaded.hardware, layout,"
         f" {str(tiny_model_dir)!r}, serving.free_port())\n"
         "for c in cmds:\n    p = serving.free_port(); c.argv[c.argv.index('--port') + 1] = str(p); c.port = p\n"
+        # no compile warm-up: what is killed here is the processes, not a measured engine (~20 s less each)
+        "    c.argv.append('--enforce-eager')\n"
         f"with serving.LocalEngine(cmds, Path({str(tmp_path / 'logs')!r})) as engine:\n"
         "    print('started', engine.url, flush=True)\n    import time; time.sleep(600)\n"
     )
