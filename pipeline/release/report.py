@@ -178,10 +178,21 @@ def _section_performance(
             "standard errors and meet the gate's recovery and floor); a failure fails the layout.</p>"
         )
     if any(lay.get("predicted_max_slo_rate") for lay in bench["layouts"]):
+        how = "".join(
+            f"<br>{_e(lay['layout'])}: "
+            + (
+                f"calibrated {_e(lay['calibration'])}"
+                if lay.get("calibration")
+                else "uncalibrated (no earlier measurement of this layout shape on this hardware and engine)"
+            )
+            for lay in bench["layouts"]
+            if lay.get("predicted_max_slo_rate")
+        )
         out.append(
             "<p class='muted'>predicted: the planner's max SLO rate at the layout's endpoint, published before "
-            "the measurement and where its search started (uncalibrated: the hardware profile's datasheet "
-            "figures x efficiency factors); error = measured / predicted - 1.</p>"
+            "the measurement and where its search started: the hardware profile's datasheet figures x "
+            "efficiency factors, times the median measured / planner ratio of earlier releases on the same "
+            f"hardware, engine and layout shape where there are any; error = measured / predicted - 1.{how}</p>"
         )
     if png and png.exists():
         encoded = base64.b64encode(png.read_bytes()).decode()

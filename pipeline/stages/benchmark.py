@@ -116,6 +116,9 @@ class LayoutResult(BaseModel):
         description="the planner's max SLO rate at this endpoint, written before the measurement; the search's prior",
     )
     prediction_error: float | None = Field(None, description="measured / predicted - 1")
+    planner_rate: float | None = Field(None, description="the planner's own rate, before calibration")
+    calibration_key: str | None = Field(None, description="hardware | engine image | layout shape")
+    calibration: str | None = Field(None, description="how the prediction was calibrated (None: it was not)")
     served_accuracy: ServedAccuracy | None = Field(
         None, description="lm-eval at this layout's endpoint after its search; a failure fails the layout"
     )

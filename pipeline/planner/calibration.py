@@ -1,0 +1,83 @@
+"""Hold the planner to what earlier releases measured on the same hardware and engine.
+
+The step-time model runs on a hardware profile's datasheet figures and efficiency factors; what
+it misses on a given machine and engine version (scheduler overhead, a frontend sharing cores,
+kernels slower than the roofline) shows as the ratio of measured to predicted max SLO rate. Each
+benchmarked layout leaves that ratio in the registry, keyed by hardware profile, engine image and
+the layout's shape; the next release's plan multiplies the planner's own rate by the median of
+the last few ratios for the same key. The planner's own rate is kept beside the calibrated one,
+so every later ratio is taken against the model, never against an earlier calibration.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from pipeline.core.spec import Layout
+
+LAST = 5  # ratios per key: recent enough to follow an engine's changes, enough to damp one noisy run
+
+
+def key(hardware: str, engine: str, layout: Layout) -> str:
+    """What a ratio transfers across: the machine, the engine build and the layout's shape (not its name)."""
+    shape = f"tp{layout.tp}-ep{layout.ep}-pp{layout.pp}-dp{layout.dp}-x{layout.replicas}"
+    return f"{hardware} | {engine} | {shape}"
+
+
+class Observation(BaseModel):
+    """One earlier measurement of a layout against the planner's own (uncalibrated) rate."""
+
+    release_id: int
+    layout: str
+    planner_rate: float = Field(gt=0, description="req/s the step-time model predicted, before calibration")
+    measured: float = Field(gt=0, description="the max SLO rate the search measured, req/s")
+
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.planner_rate
+
+
+class Calibration(BaseModel):
+    """The factor applied to the planner's rate for one key, and the measurements it comes from."""
+
+    key: str
+    factor: float
+    observations: list[Observation]
+
+    def summary(self) -> str:
+        evidence = ", ".join(f"release {o.release_id} {o.layout} {o.ratio:.3g}" for o in self.observations)
+        return f"x{self.factor:.3g}: median of measured / planner ({evidence})"
+
+
+def observations(releases: Iterable[tuple[int, list[dict[str, Any]]]]) -> dict[str, list[Observation]]:
+    """Per key, the usable measurements in the registry's release records (release id, its
+    `predictions`), oldest first. A layout that failed, whose answer is only a bound (probe budget,
+    capacity) or that was recorded before calibration keys existed teaches nothing and is skipped."""
+    found: dict[str, list[Observation]] = {}
+    for release_id, records in sorted(releases, key=lambda r: r[0]):
+        for record in records:
+            if not record.get("calibration_key") or record.get("bound_only"):
+                continue
+            if not (record.get("planner_rate") or 0) > 0 or not (record.get("max_slo_rate") or 0) > 0:
+                continue
+            found.setdefault(record["calibration_key"], []).append(
+                Observation(
+                    release_id=release_id,
+                    layout=record["layout"],
+                    planner_rate=record["planner_rate"],
+                    measured=record["max_slo_rate"],
+                )
+            )
+    return found
+
+
+def calibrate(found: dict[str, list[Observation]], for_key: str, last: int = LAST) -> Calibration | None:
+    """The median ratio of the last `last` measurements for `for_key`; None when there are none."""
+    recent = found.get(for_key, [])[-last:]
+    if not recent:
+        return None
+    return Calibration(key=for_key, factor=round(statistics.median(o.ratio for o in recent), 4), observations=recent)
