@@ -168,3 +168,24 @@ def test_results_are_reused_only_for_bytes_that_verify(small_artifact, evaluatio
     victim.write_bytes(bytes(data))
     changed = evaluate.evaluate(small_artifact, digest, evaluation, use_cache=True)
     assert not changed.cached and len(runs) == 2 * len(evaluation.tasks)
+
+
+def test_each_local_completions_evaluation_keeps_its_own_concurrency(spec_file):
+    """The gate run against an endpoint (backend local-completions) keeps `evaluation.num_concurrent`;
+    the serving-path check keeps `evaluation.served.num_concurrent`; neither borrows the other's."""
+    from pipeline.core.spec import load_spec
+    from pipeline.stages import evaluate as evaluate_stage
+    from pipeline.stages import served_accuracy
+    from tests.conftest import TINY_SPEC
+
+    def endpoint_gate(data):
+        data["evaluation"].update(backend="local-completions", num_concurrent=16, limit=100)
+        data["evaluation"]["served"] = {"limit": 20, "num_concurrent": 2}
+
+    evaluation = load_spec(spec_file(TINY_SPEC, endpoint_gate)).spec.evaluation
+    _, gate_args = evaluate_stage._model_args(Path("/m"), evaluation, "http://127.0.0.1:1")
+    assert gate_args["num_concurrent"] == 16
+    served = served_accuracy.served_evaluation(evaluation)
+    _, served_args = evaluate_stage._model_args(Path("/m"), served, "http://127.0.0.1:1")
+    assert served_args["num_concurrent"] == 2 and served.limit == 20 and served.backend == "local-completions"
+    assert load_spec(TINY_SPEC).spec.evaluation.num_concurrent == 4  # the default

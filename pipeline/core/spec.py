@@ -128,6 +128,9 @@ class EvaluationSpec(Strict):
             ge=1, description="vllm backend: devices the evaluation engine shards over; default: the widest layout's tp"
         ),
     ] = None
+    num_concurrent: Annotated[
+        int, Field(gt=0, description="local-completions backend: requests lm-eval keeps in flight at the endpoint")
+    ] = 4
     served: ServedAccuracySpec = Field(default_factory=ServedAccuracySpec)
 
 

@@ -242,7 +242,7 @@ def _model_args(
         "tokenizer_backend": "huggingface",
         # text prompts: the engine's own tokenizer is part of the serving path being measured
         "tokenized_requests": False,
-        "num_concurrent": evaluation.served.num_concurrent,
+        "num_concurrent": evaluation.num_concurrent,
         "max_retries": 1,
     }
 

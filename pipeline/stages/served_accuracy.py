@@ -57,6 +57,18 @@ def items_for(evaluation: EvaluationSpec) -> int | None:
     return min(limits) if limits else None
 
 
+def served_evaluation(evaluation: EvaluationSpec) -> EvaluationSpec:
+    """The gate's evaluation as the serving-path check runs it: lm-eval's local-completions at the
+    endpoint, on the check's items, with the check's own concurrency (not the gate's)."""
+    return evaluation.model_copy(
+        update={
+            "backend": "local-completions",
+            "limit": items_for(evaluation),
+            "num_concurrent": evaluation.served.num_concurrent,
+        }
+    )
+
+
 def reference(result: EvalResult, task: str, n: int | None) -> TaskScore:
     """One side's in-process score on the first `n` items of `task`."""
     score = next((s for s in result.scores if s.task == task), None)
@@ -82,7 +94,7 @@ def check(
     """Score the spec's tasks at `endpoint` and judge them; the table and GX validation go to `out_dir`."""
     started = time.monotonic()
     n = items_for(evaluation)
-    served_spec = evaluation.model_copy(update={"backend": "local-completions", "limit": n})
+    served_spec = served_evaluation(evaluation)
     base_scores, cand_scores, served_scores = [], [], []
     for i, task in enumerate(evaluation.tasks, start=1):
         log.info(
