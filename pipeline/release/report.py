@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import LoadedSpec
+from pipeline.planner import calibration
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import capacity
 
@@ -352,6 +353,39 @@ def _section_trend(reg: Registry, release_id: int) -> str:
     return "<h2>Re-benchmarks since promotion</h2>" + img + "<table>" + "".join(rows) + "</table>"
 
 
+def _section_planner(reg: Registry, rel: Release) -> str:
+    """How far the planner has been from the measurements for this release's layout shapes, on this
+    hardware and engine, release after release: its own rate, and the calibrated rate each search
+    started at (the calibration's worth shows as the second error shrinking)."""
+    keys = [p["calibration_key"] for p in rel.data.get("predictions") or [] if p.get("calibration_key")]
+    if not keys:
+        return ""
+    found = calibration.observations((r.id, r.data.get("predictions") or []) for r in reg.releases())
+    rows = [o for key in dict.fromkeys(keys) for o in found.get(key, [])[-10:]]
+    if not rows:
+        return ""
+    own, used = calibration.median_abs_errors(rows)
+    out = [
+        "<h2>Planner error across releases</h2>",
+        f"<p class='muted'>the last measurements of this release's layout shapes on {_e(keys[0].split(' | ')[0])} "
+        f"({_e(keys[0].split(' | ')[1])}); error = measured / predicted - 1. Median |error| over {len(rows)}: "
+        f"planner alone {_pct(None if own is None else own * 100)}, as predicted (calibrated where earlier "
+        f"measurements existed) {_pct(None if used is None else used * 100)}.</p>",
+        "<table><tr><th>release</th><th>layout</th><th>planner req/s</th><th>predicted req/s</th>"
+        "<th>measured req/s</th><th>planner error</th><th>prediction error</th></tr>",
+    ]
+    for o in rows:
+        mark = " ★" if o.release_id == rel.id else ""
+        predicted = _num(o.predicted) + (" (calibrated)" if o.calibrated else "")
+        error = o.prediction_error
+        out.append(
+            f"<tr><td>{o.release_id}{mark}</td><td>{_e(o.layout)}</td><td>{_num(o.planner_rate)}</td>"
+            f"<td>{predicted}</td><td>{_num(o.measured)}</td><td>{_pct((o.ratio - 1) * 100)}</td>"
+            f"<td>{_pct(None if error is None else error * 100)}</td></tr>"
+        )
+    return "".join(out) + "</table>"
+
+
 def _section_artifacts(data: dict[str, Any]) -> str:
     rows = [
         (k, data.get(k))
@@ -402,6 +436,7 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
         + _section_performance(bench, data, live, loaded, png)
         + _section_capacity(data)
         + _section_measurement(bench)
+        + _section_planner(reg, rel)
         + _section_trend(reg, rel.id)
         + _section_artifacts(data)
         + _section_audit(reg, rel.id)
