@@ -45,7 +45,7 @@ DEFAULT_SPEC = "configs/releases/tiny-qwen3-moe-cpu.yaml"
             type="array",
             items={"type": "string"},
             title="Layouts to benchmark",
-            description="Names from the spec's layouts; empty: all of them",
+            description="Names from the spec's layouts, generated ones too; empty: all, or the spec's candidates.top_k",
         ),
         "p90_ttft_ms": Param(
             None,
@@ -124,8 +124,11 @@ def model_release():
         return staged
 
     @task
-    def layout_names(spec: dict) -> list[str]:
-        return spec["layouts"]
+    def layout_names(spec: dict, predictions: dict) -> list[str]:
+        """Every layout, or the spec's `candidates.top_k` best predicted (and the live release's)."""
+        from pipeline.entry import flow
+
+        return flow.layouts_to_measure(spec["spec_path"], predictions, spec["release_id"])
 
     @task
     def plan(spec: dict, run_id: str | None = None) -> dict:
@@ -167,8 +170,9 @@ def model_release():
     gate = accuracy_gate(spec, baseline, candidate)
     staged = stage(spec, fp8, gate)
     accuracy = {"baseline": baseline, "candidate": candidate}  # the in-process scores the serving path is held to
-    results = benchmark.partial(spec=spec, staged=staged, predictions=plan(spec), accuracy=accuracy).expand(
-        layout=layout_names(spec)
+    predictions = plan(spec)
+    results = benchmark.partial(spec=spec, staged=staged, predictions=predictions, accuracy=accuracy).expand(
+        layout=layout_names(spec, predictions)
     )
     review_and_promote(spec, slo_gate(spec, select_layout(spec, results)), pool=pools.BENCHMARK)
 

@@ -68,7 +68,8 @@ def test_release_dag_runs_gates_then_review_then_promotion(af_env):
     assert order["slo_gate"] == ["report"] and order["report"] == ["approve"]
     assert order["approve"] == ["promote"] and order["promote"] == ["verify"]
     # the planner's predictions are published before any benchmark starts (each search starts there)
-    assert order["plan"] == ["benchmark"] and order["stage"] == ["benchmark"]
+    assert order["plan"] == ["benchmark", "layout_names"] and order["stage"] == ["benchmark"]
+    assert order["layout_names"] == ["benchmark"]  # which layouts are measured follows the predictions (top_k)
     assert info["approve"] == "ApprovalOperator" and info["defaults"] == ["Reject"]  # no answer in time: Reject
     assert info["params"] == ["layouts", "p90_tpot_ms", "p90_ttft_ms", "spec"]
     assert info["retries"]["accuracy_gate"] == 0 and info["retries"]["slo_gate"] == 0 and info["retries"]["stage"] == 2

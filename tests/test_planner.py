@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from pipeline.core.errors import ReleaseError, SpecError
 from pipeline.core.spec import Architecture, DevicePerformance, Efficiency, Layout, load_spec
 from pipeline.planner import plan as planner
 from pipeline.planner import simulate as sim
@@ -304,3 +305,61 @@ def test_the_report_shows_the_planners_error_across_releases(tmp_path):
     assert own == pytest.approx(1 - 55.0 / 128) and used == pytest.approx(57.4 / 51.0 - 1)  # medians of 3
     assert f"planner alone {own * 100:+.1f}%" in html and f"{used * 100:+.1f}%" in html
     assert report._section_planner(reg, reg.get(reg.open_release("none", "tiny", "s", "", "local").id)) == ""
+
+
+def candidates(data, top_k=2):
+    data["candidates"] = {"max_tp": 1, "engine_args": {"max-num-seqs": [16, 64]}, "top_k": top_k}
+
+
+def test_candidates_generate_named_layouts_from_the_feasible_shapes_and_the_knob_grid(spec_file):
+    loaded = load_spec(spec_file(TINY_SPEC, candidates))
+    layouts = {layout.name: layout for layout in loaded.spec.layouts}
+    # the spec's own first; tp1 x1 with 64 sequences is the spec's `single` already, so not generated twice
+    assert list(layouts) == ["single", "two-replicas", "tp1-seqs16", "tp1-x2-seqs16", "tp1-x2-seqs64"]
+    assert layouts["tp1-x2-seqs16"].replicas == 2 and layouts["tp1-x2-seqs16"].engine_args == {"max-num-seqs": 16}
+    assert loaded.layout("tp1-seqs16").tp == 1  # named like any layout: run params and overrides find it
+    assert loaded.spec.evaluation.tensor_parallel_size == 1  # from the spec's own layouts, not the generated
+    # without max_tp the node's tp2 shapes come too (2 cores: tp2, and tp2 with expert parallelism); without
+    # a grid each shape runs with the engine's defaults, which differ from the spec's own layouts' args
+    wide = load_spec(spec_file(TINY_SPEC, lambda d: d.update(candidates={"engine_args": {}}), name="wide.yaml"))
+    assert [lay.name for lay in wide.spec.layouts][2:] == ["tp1", "tp1-x2", "tp2", "tp2-ep2"]
+
+    def bad(data):
+        data["candidates"] = {"engine_args": {"--max-num-seqs": [8], "tensor-parallel-size": [2]}, "top_k": 0}
+
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file(TINY_SPEC, bad, name="bad.yaml"))
+    assert "candidates.engine_args" in str(err.value) and "candidates.top_k" in str(err.value)
+
+
+def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file, tmp_path, monkeypatch):
+    from pipeline.entry import flow
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
+    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+    path = spec_file(TINY_SPEC, candidates)
+    predictions = flow.plan_layouts(str(path), "manual__topk")
+    ranked = sorted(flow.Predictions.model_validate(predictions).layouts, key=lambda p: -p.predicted_per_server)
+    assert len(ranked) == 5
+    names = [lay.name for lay in load_spec(path).spec.layouts]
+    best = [p.layout for p in ranked[:2]]
+    assert flow.layouts_to_measure(str(path), predictions) == [n for n in names if n in best]
+
+    # the live release's layout is measured whatever its prediction, beside the best two
+    reg = flow.registry()
+    worst = ranked[-1].layout
+    live = reg.open_release("live", load_spec(path).spec.name, str(path), path.read_text(), "local")
+    reg.record(live.id, "promoted", "test", {}, status="live", data={"layout": worst})
+    rel = reg.open_release("now", load_spec(path).spec.name, str(path), path.read_text(), "local")
+    measured = flow.layouts_to_measure(str(path), predictions, rel.id)
+    assert measured == [n for n in names if n in {*best, worst}]
+    [chosen] = [e.detail for e in reg.events(rel.id) if e.kind == "layouts_chosen"]
+    assert set(chosen["skipped"]) == set(names) - {*best, worst} and "live release's" in chosen["reason"]
+
+    # without top_k every layout is measured; naming layouts in the run's params measures exactly those
+    every = spec_file(TINY_SPEC, lambda d: candidates(d, top_k=None), name="every.yaml")
+    assert flow.layouts_to_measure(str(every), flow.plan_layouts(str(every), "manual__every")) == names
+    copy = flow.apply_overrides(path, {"layouts": ["tp1-x2-seqs16", "single"]}, tmp_path / "run")
+    assert [lay.name for lay in load_spec(copy).spec.layouts] == ["tp1-x2-seqs16", "single"]
+    with pytest.raises(ReleaseError, match=r"param layouts: \['tp9'\] not in .* \(known: single, two-replicas, tp1"):
+        flow.apply_overrides(path, {"layouts": ["tp9"]}, tmp_path / "run2")

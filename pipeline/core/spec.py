@@ -8,6 +8,7 @@ spent. Every problem is reported as one line, `file: dotted.field: what is wrong
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -421,6 +422,34 @@ class HardwareProfile(Strict):
     performance: DevicePerformance | None = Field(None, description="datasheet figures for the planner")
 
 
+class CandidatesSpec(Strict):
+    """Layouts generated beside the spec's own, for the planner to rank before anything is measured:
+    every feasible tp x ep x replicas shape of the node (up to `max_tp`), with every combination of
+    the knob grid; each is a named layout (`tp1-x2-seqs16`), so run params and overrides name it."""
+
+    max_tp: Annotated[int | None, Field(ge=1, description="largest tensor-parallel size to generate")] = None
+    engine_args: dict[str, Annotated[list[Scalar], Field(min_length=1)]] = Field(
+        default_factory=dict, description="knob grid: engine arg -> values, e.g. max-num-seqs: [16, 64]"
+    )
+    top_k: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="measure only the k layouts with the best predicted rate per server (the live "
+            "release's layout is always measured); null: every layout",
+        ),
+    ] = None
+
+    @field_validator("engine_args")
+    @classmethod
+    def _flags(cls, value: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+        _check_flags(dict.fromkeys(value, ""))
+        return value
+
+
+KNOB_NAMES = {"max-num-seqs": "seqs", "max-num-batched-tokens": "tokens"}
+
+
 class ReleaseSpec(Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
     description: str = ""
@@ -437,6 +466,9 @@ class ReleaseSpec(Strict):
     rebenchmark: RebenchmarkSpec = Field(default_factory=RebenchmarkSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     capacity: CapacitySpec | None = Field(None, description="the fleet to size and price; needs the hardware's price")
+    candidates: CandidatesSpec | None = Field(
+        None, description="generated layouts and how many of all layouts to measure (planner ranks them)"
+    )
     execution: Literal["local", "kubernetes"] = "local"
 
 
@@ -525,7 +557,58 @@ def load_spec(path: str | Path) -> LoadedSpec:
         raise SpecError(problems)
     if spec.evaluation.tensor_parallel_size is None:  # the weights fit where the widest layout fits them
         spec.evaluation.tensor_parallel_size = max(layout.tp for layout in spec.layouts)
+    spec.layouts = [*spec.layouts, *generated_layouts(spec, hardware)]
     return LoadedSpec(path=path.resolve(), spec=spec, hardware=hardware)
+
+
+def feasible_shapes(spec: ReleaseSpec, hw: HardwareProfile, max_tp: int | None = None) -> list[Layout]:
+    """tp x ep x replicas that validate on this hardware (pp = dp = 1), named by shape."""
+    arch = spec.model.architecture
+    found: list[Layout] = []
+    tp = 1
+    while tp <= min(hw.devices, max_tp or hw.devices):
+        for ep in sorted({1, tp} if arch.is_moe else {1}):
+            for replicas in range(1, hw.devices // tp + 1):
+                name = f"tp{tp}" + (f"-ep{ep}" if ep > 1 else "") + (f"-x{replicas}" if replicas > 1 else "")
+                found.append(Layout(name=name, tp=tp, ep=ep, replicas=replicas))
+        tp *= 2
+    return [layout for layout in found if _fits(spec, hw, layout)]
+
+
+def _fits(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> bool:
+    trial = spec.model_copy(update={"layouts": [layout]})
+    return not [p for p in feasibility_problems(trial, hw) if p[0].startswith("layouts")]
+
+
+def generated_layouts(spec: ReleaseSpec, hw: HardwareProfile) -> list[Layout]:
+    """The `candidates:` section's layouts: feasible shapes x the knob grid, minus any the spec
+    already lists (same shape and engine args, or the same name)."""
+    if spec.candidates is None:
+        return []
+    import itertools
+
+    grid = spec.candidates.engine_args
+    combos = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())] or [{}]
+    own = {(lay.tp, lay.ep, lay.dp, lay.pp, lay.replicas, _args_key(lay.engine_args)) for lay in spec.layouts}
+    names = {lay.name for lay in spec.layouts}
+    out = []
+    for shape in feasible_shapes(spec, hw, spec.candidates.max_tp):
+        for args in combos:
+            suffix = "".join(
+                f"-{KNOB_NAMES.get(k, k.replace('-', ''))}{re.sub(r'[^a-z0-9]', '', str(v).lower())}"
+                for k, v in args.items()
+            )
+            layout = shape.model_copy(update={"name": shape.name + suffix, "engine_args": args})
+            same = (layout.tp, layout.ep, layout.dp, layout.pp, layout.replicas, _args_key(args))
+            if same in own or layout.name in names or not _fits(spec, hw, layout):
+                continue
+            names.add(layout.name)
+            out.append(layout)
+    return out
+
+
+def _args_key(args: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, str(v)) for k, v in args.items()))
 
 
 def local_source(source: str, spec_dir: Path) -> Path | None:

@@ -110,10 +110,16 @@ def apply_overrides(spec_path: Path, overrides: dict[str, Any], out_dir: Path) -
     data = yaml.safe_load(spec_path.read_text())
     if layouts := overrides.get("layouts"):
         known = {layout["name"]: layout for layout in data["layouts"]}
+        if data.get("candidates"):  # generated layouts are named too: the loaded spec knows them
+            generated = load_spec(spec_path).spec.layouts
+            known.update(
+                {lay.name: lay.model_dump(exclude_defaults=True) for lay in generated if lay.name not in known}
+            )
         unknown = [name for name in layouts if name not in known]
         if unknown:
             raise ReleaseError(f"param layouts: {unknown} not in {spec_path} (known: {', '.join(known)})")
         data["layouts"] = [known[name] for name in layouts]
+        data.pop("candidates", None)  # the layouts named are the ones measured: none generated, none skipped
     for key in ("p90_ttft_ms", "p90_tpot_ms"):
         if overrides.get(key):
             data["slo"][key] = float(overrides[key])
@@ -228,6 +234,7 @@ class LayoutPrediction(BaseModel):
         description="req/s at the layout's endpoint (all its replicas): the planner's rate x the calibration"
     )
     planner_rate: float = Field(description="the step-time model's own rate, before calibration")
+    predicted_per_server: float = Field(description="what top_k ranks by: req/s per server, calibrated alike")
     binding_slo: str
     bound: str
     calibrated: bool = Field(
@@ -267,11 +274,13 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
         own = round(p.rate_per_replica * layout.replicas, 4)
         key = calibration.key(loaded.hardware.name, spec.serving.engine_image, layout)
         calibrated = calibration.calibrate(measured, key)
+        factor = calibrated.factor if calibrated else 1.0
         found.append(
             LayoutPrediction(
                 layout=layout.name,
-                predicted_max_slo_rate=round(own * calibrated.factor, 4) if calibrated else own,
+                predicted_max_slo_rate=round(own * factor, 4),
                 planner_rate=own,
+                predicted_per_server=round(p.rate_per_server * factor, 4),
                 binding_slo=p.binding_slo,
                 bound=p.bound,
                 calibrated=calibrated is not None,
@@ -293,6 +302,47 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
     if release_id is not None:
         registry().record(release_id, "predicted", "planner", {"layouts": [p.model_dump() for p in found]})
     return out.model_dump(mode="json")
+
+
+class MeasuredLayouts(BaseModel):
+    """Which layouts the run measures: all, or `candidates.top_k` by predicted rate per server plus the
+    live release's layout; the rest are named with their predictions, skipped."""
+
+    measure: list[str]
+    skipped: dict[str, float] = Field(default_factory=dict, description="layout -> predicted req/s per server")
+    reason: str
+
+
+def layouts_to_measure(spec_path: str, predictions: dict[str, Any], release_id: int | None = None) -> list[str]:
+    loaded = load_spec(spec_path)
+    spec = loaded.spec
+    names = [layout.name for layout in spec.layouts]
+    top_k = spec.candidates.top_k if spec.candidates else None
+    ranked = sorted(Predictions.model_validate(predictions).layouts, key=lambda p: -p.predicted_per_server)
+    if top_k is None or top_k >= len(names):
+        chosen = MeasuredLayouts(measure=names, reason="every layout of the spec")
+    elif len(ranked) < len(names):
+        chosen = MeasuredLayouts(measure=names, reason=f"top_k {top_k}, but not every layout has a prediction")
+    else:
+        live = registry().live(spec.name, spec.promotion.target)
+        live_layout = live.data.get("layout") if live else None
+        best = [p.layout for p in ranked[:top_k]]
+        keep = set(best) | ({live_layout} if live_layout in names else set())
+        chosen = MeasuredLayouts(
+            measure=[n for n in names if n in keep],
+            skipped={p.layout: p.predicted_per_server for p in ranked if p.layout not in keep},
+            reason=f"top_k {top_k} of {len(names)} by predicted req/s per server"
+            + (f", and the live release's {live_layout}" if live_layout in names and live_layout not in best else ""),
+        )
+    log.info(
+        "layouts measured: %s (%s); skipped: %s",
+        ", ".join(chosen.measure),
+        chosen.reason,
+        ", ".join(f"{n} ({r:.4g} req/s/server predicted)" for n, r in chosen.skipped.items()) or "none",
+    )
+    if release_id is not None and chosen.skipped:
+        registry().record(release_id, "layouts_chosen", "planner", chosen.model_dump())
+    return chosen.measure
 
 
 def benchmark_layout(

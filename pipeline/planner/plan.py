@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
-from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec, feasibility_problems, hardware_path
+from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec, feasible_shapes, hardware_path
 from pipeline.planner import simulate as sim
 from pipeline.planner import step_time
 
@@ -59,21 +59,7 @@ class Plan(BaseModel):
 
 def candidate_layouts(spec: ReleaseSpec, hw: HardwareProfile) -> list[Layout]:
     """tp x ep x replicas that validate on this hardware (pp = dp = 1), the spec's own included."""
-    arch = spec.model.architecture
-    found: list[Layout] = []
-    tp = 1
-    while tp <= hw.devices:
-        for ep in sorted({1, tp} if arch.is_moe else {1}):
-            for replicas in range(1, hw.devices // tp + 1):
-                name = f"tp{tp}" + (f"-ep{ep}" if ep > 1 else "") + (f"-x{replicas}" if replicas > 1 else "")
-                found.append(Layout(name=name, tp=tp, ep=ep, replicas=replicas))
-        tp *= 2
-    feasible = []
-    for layout in found:
-        trial = spec.model_copy(update={"layouts": [layout]})
-        if not [p for p in feasibility_problems(trial, hw) if p[0].startswith("layouts")]:
-            feasible.append(layout)
-    return feasible
+    return feasible_shapes(spec, hw)
 
 
 def _requests(
