@@ -454,19 +454,9 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
                 "benchmark_files": selection.get("files", {}),
                 "capacity": selection.get("capacity"),
                 "predictions": [
-                    {
-                        k: r.get(k)
-                        for k in (
-                            "layout",
-                            "predicted_max_slo_rate",
-                            "max_slo_rate",
-                            "prediction_error",
-                            "planner_rate",
-                            "calibration_key",
-                            "calibration",
-                            "bound_only",
-                        )
-                    }
+                    calibration.PredictionRecord.model_validate(
+                        {k: r.get(k) for k in calibration.PredictionRecord.model_fields}
+                    ).model_dump()
                     for r in selection.get("layouts", [])
                 ],
                 "served_accuracy": [

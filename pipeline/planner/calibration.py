@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.core.spec import Layout
 
@@ -26,6 +26,22 @@ def key(hardware: str, engine: str, layout: Layout) -> str:
     """What a ratio transfers across: the machine, the engine build and the layout's shape (not its name)."""
     shape = f"tp{layout.tp}-ep{layout.ep}-pp{layout.pp}-dp{layout.dp}-x{layout.replicas}"
     return f"{hardware} | {engine} | {shape}"
+
+
+class PredictionRecord(BaseModel):
+    """One benchmarked layout's prediction beside its measurement, as a release keeps it (registry
+    `predictions`): what calibration reads back and the report's planner table shows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layout: str
+    predicted_max_slo_rate: float | None = Field(None, description="where the search started (calibrated)")
+    max_slo_rate: float | None = Field(None, description="measured; None: the layout failed")
+    prediction_error: float | None = Field(None, description="measured / predicted - 1")
+    planner_rate: float | None = Field(None, description="the step-time model's own rate")
+    calibration_key: str | None = Field(None, description="hardware | engine image | layout shape")
+    calibration: str | None = Field(None, description="the factor and its evidence; None: uncalibrated")
+    bound_only: bool | None = Field(None, description="the measured rate is only a bound")
 
 
 class Observation(BaseModel):

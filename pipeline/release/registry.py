@@ -25,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
+from pipeline.planner.calibration import PredictionRecord
 from pipeline.stages import capacity
 
 CONN_ID = "model_release_registry"
@@ -109,7 +110,7 @@ class ReleaseData(BaseModel):
     load_seconds: list[float] | None = None
     benchmark_files: dict[str, str] | None = None
     capacity: dict[str, Any] | None = Field(None, description="the CapacityPlan (stages/capacity.py)")
-    predictions: list[dict[str, Any]] | None = Field(
+    predictions: list[PredictionRecord] | None = Field(
         None, description="per benchmarked layout: the planner's max SLO rate, the measured one, measured/predicted - 1"
     )
     served_accuracy: list[dict[str, Any]] | None = Field(
