@@ -850,6 +850,7 @@ def benchmark_layout(
     prior: float | None = None,
     predicted: float | None = None,
     accuracy: tuple[EvalResult, EvalResult] | None = None,
+    answers_without_slo: bool = False,
 ) -> LayoutResult:
     """Start the layout's engines, run the search against their one endpoint, always tear down.
 
@@ -858,7 +859,9 @@ def benchmark_layout(
     the check at that rate). `predicted`: the planner's rate for this layout, kept beside the
     measurement; the search starts from it when no other prior is given. `accuracy`: the gate's
     (baseline, candidate) in-process results; with them, a layout that holds the SLO is then
-    scored by lm-eval at its endpoint (`served_accuracy`) and fails when it answers worse.
+    scored by lm-eval at its endpoint (`served_accuracy`) and fails when it answers worse;
+    `answers_without_slo`: scored also when it holds the SLO at no rate (a re-benchmark's verdict
+    names both faults; a release's layout without a rate has failed already, the check would be time lost).
     """
     started = time.monotonic()
     result = LayoutResult(
@@ -888,7 +891,11 @@ def benchmark_layout(
             )
             result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
             result.unclean_rates = outcome.unclean_rates
-            if accuracy and spec.evaluation.served.enabled and outcome.max_slo_rate is not None:
+            if (
+                accuracy
+                and spec.evaluation.served.enabled
+                and (outcome.max_slo_rate is not None or answers_without_slo)
+            ):
                 checked = served_accuracy.check(
                     engine.url, model_dir, serving.SERVED_NAME, *accuracy, spec.evaluation, out_dir / "served-accuracy"
                 )
