@@ -43,6 +43,8 @@ def quick(data):
     # not measured again (test_measurement proves the re-measuring); 2 of every 5 probes were re-runs
     data["workload"]["interference_retries"] = 0
     data["evaluation"]["served"] = {"limit": 20}  # the serving-path check, on the gate's first 20 items
+    # run 2 names no layouts: the spec's two and two generated ones are ranked, the best one measured
+    data["candidates"] = {"max_tp": 1, "engine_args": {"max-num-seqs": [16]}, "top_k": 1}
     data["serving"]["port"] = free_port()
 
 
@@ -127,7 +129,7 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     report = Path(first.data["report"])
     assert report.exists() and "numbers look good" in report.read_text()
 
-    run_id2, _ = release_run(stack, False, "not this week", ["single"])
+    run_id2, _ = release_run(stack, False, "not this week", [])
     second = reg.by_run(run_id2)
     assert second.status == "rejected"
     assert any(
@@ -135,14 +137,20 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
         for e in reg.events(second.id)
     )
     assert not any(e.kind.startswith("deploy") for e in reg.events(second.id))
-    # what run 1 measured calibrated run 2's plan (same hardware, engine, shape); its search started there
+    # run 2 ranked the spec's layouts and the generated ones and measured the best predicted (top_k 1) and
+    # the live release's layout; the others are on record with their predictions
+    measured = [p["layout"] for p in second.data["predictions"]]
+    chosen = next(e.detail for e in reg.events(second.id) if e.kind == "layouts_chosen")
+    assert first.data["layout"] in measured and 1 <= len(measured) <= 2, (measured, chosen)
+    assert set(chosen["skipped"]) | set(measured) == {"single", "two-replicas", "tp1-seqs16", "tp1-x2-seqs16"}
+    # what run 1 measured calibrated run 2's plan (same hardware, engine, shape); its searches started there
     assert not any(p["calibration"] for p in first.data["predictions"])  # nothing on record before run 1
-    before = next(p for p in first.data["predictions"] if p["layout"] == "single")
-    [again] = second.data["predictions"]
-    assert again["calibration"] and f"release {first.id} single" in again["calibration"]
-    factor = before["max_slo_rate"] / before["planner_rate"]
-    assert again["predicted_max_slo_rate"] == pytest.approx(again["planner_rate"] * factor, rel=1e-2)
-    check_benchmark_outputs(second.data["benchmark_files"], ["single"])  # its first probe at that prediction
+    for again in second.data["predictions"]:
+        before = next(p for p in first.data["predictions"] if p["calibration_key"] == again["calibration_key"])
+        assert again["calibration"] and f"release {first.id} {before['layout']}" in again["calibration"]
+        factor = before["max_slo_rate"] / before["planner_rate"]
+        assert again["predicted_max_slo_rate"] == pytest.approx(again["planner_rate"] * factor, rel=1e-2)
+    check_benchmark_outputs(second.data["benchmark_files"], measured)  # each first probe at its prediction
     assert reg.get(first.id).status == "live" and local_target.current(loaded.spec.name).release_id == first.id
     assert completion(url)
     states = stack["airflow"].client("admin").task_states(run_id2)
@@ -186,7 +194,7 @@ def check_benchmark_outputs(files: dict[str, str], layouts: list[str]) -> str:
         # each probe's client (forked by the bench server) is accounted as the client, not as others
         assert all(p["interference"] is not None and p["interference"]["client"] > 0 for p in r["probes"])
     predictions = json.loads((Path(files["json"]).parent / "predictions.json").read_text())
-    assert [p["layout"] for p in predictions["layouts"]] == layouts
+    assert set(layouts) <= {p["layout"] for p in predictions["layouts"]}  # top_k measures some of those predicted
     rows = Path(files["csv"]).read_text().splitlines()
     assert rows[0].startswith("layout,rate,") and len(rows) == 1 + sum(len(r["probes"]) for r in data["layouts"])
     assert Path(files["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
