@@ -268,7 +268,7 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
             "plan: hardware %r has no performance: figures; the searches start without a prediction",
             loaded.hardware.name,
         )
-    measured = calibration.observations((r.id, r.data.get("predictions") or []) for r in registry().releases())
+    measured = registry().measured_predictions()
     for layout in spec.layouts if loaded.hardware.performance else []:
         p = planner.predict(spec, loaded.hardware, layout, spec.workload.input_len, spec.workload.output_len, True)
         own = round(p.rate_per_replica * layout.replicas, 4)

@@ -57,11 +57,6 @@ class Plan(BaseModel):
     predictions: list[Prediction]  # best first
 
 
-def candidate_layouts(spec: ReleaseSpec, hw: HardwareProfile) -> list[Layout]:
-    """tp x ep x replicas that validate on this hardware (pp = dp = 1), the spec's own included."""
-    return feasible_shapes(spec, hw)
-
-
 def _requests(
     rate: float, input_len: int, output_len: int, lifetime: float, seed: int
 ) -> tuple[list[sim.Request], float]:
@@ -152,7 +147,7 @@ def plan(
     own = {(layout.tp, layout.ep, layout.replicas, layout.dp, layout.pp) for layout in spec.layouts}
     layouts: list[tuple[Layout, bool]] = [(layout, True) for layout in spec.layouts]
     if every_layout:
-        layouts += [(c, False) for c in candidate_layouts(spec, hw) if (c.tp, c.ep, c.replicas, 1, 1) not in own]
+        layouts += [(c, False) for c in feasible_shapes(spec, hw) if (c.tp, c.ep, c.replicas, 1, 1) not in own]
     predictions = []
     for i, (layout, in_spec) in enumerate(layouts, 1):
         prediction = predict(spec, hw, layout, input_len, output_len, in_spec)

@@ -25,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
-from pipeline.planner.calibration import PredictionRecord
+from pipeline.planner.calibration import Observation, PredictionRecord, observations
 from pipeline.stages import capacity
 
 CONN_ID = "model_release_registry"
@@ -305,6 +305,11 @@ class Registry:
             query = query.where(ReleaseRow.status == status)
         with self._session() as s:
             return [Release.model_validate(r, from_attributes=True) for r in s.scalars(query)]
+
+    def measured_predictions(self) -> dict[str, list[Observation]]:
+        """Every release's benchmarked layouts against the planner, per calibration key, oldest first:
+        what the next plan calibrates on and the report's planner table shows."""
+        return observations((r.id, r.data.get("predictions") or []) for r in self.releases())
 
     def events(self, release_id: int) -> list[Event]:
         with self._session() as s:

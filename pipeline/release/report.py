@@ -360,7 +360,7 @@ def _section_planner(reg: Registry, rel: Release) -> str:
     keys = [p["calibration_key"] for p in rel.data.get("predictions") or [] if p.get("calibration_key")]
     if not keys:
         return ""
-    found = calibration.observations((r.id, r.data.get("predictions") or []) for r in reg.releases())
+    found = reg.measured_predictions()
     rows = [o for key in dict.fromkeys(keys) for o in found.get(key, [])[-10:]]
     if not rows:
         return ""

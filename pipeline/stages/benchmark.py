@@ -806,9 +806,6 @@ class Prober:
         self.done.append(probe)
         return probe
 
-    def close(self) -> None:
-        self.bench.close()
-
 
 @contextmanager
 def running_layout(
