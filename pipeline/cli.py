@@ -283,13 +283,16 @@ def _rollout_plan(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    """Predict every feasible layout's max SLO rate from datasheet figures; no engine starts."""
+    """Predict every feasible layout's max SLO rate from the step-time model (fitted by the newest
+    profiling run of this hardware and engine image, else the datasheet's); no engine starts."""
     from pipeline.core.paths import home
     from pipeline.core.spec import load_spec
     from pipeline.planner import plan as planner
+    from pipeline.release.registry import cached
 
     loaded = load_spec(args.spec)
-    result = planner.plan(loaded, args.input_len, args.output_len)
+    fitted = None if args.datasheet else cached().profile(loaded.hardware.name, loaded.spec.serving.engine_image)
+    result = planner.plan(loaded, args.input_len, args.output_len, profile=fitted)
     emit(planner.table(result, limit=None if args.all else 8))
     for line in planner.comparisons(result):
         emit(line)
@@ -297,6 +300,19 @@ def _plan(args: argparse.Namespace) -> int:
     emit(f"chart: {planner.chart(result, png)}")
     if args.json:
         emit(result.model_dump_json(indent=2))
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    """Fit the planner's step-time coefficients on this machine's engine; kept in the registry."""
+    from pipeline.entry import flow
+    from pipeline.planner import profile as profiling
+
+    profiled = flow.profile_engine(args.spec, args.layout, args.model, save=not args.no_save)
+    emit(profiling.table(profiled))
+    emit(profiled.summary() + ("" if args.no_save else " (kept in the registry: `model-release plan` uses it)"))
+    if args.json:
+        emit(profiled.model_dump_json(indent=2))
     return 0
 
 
@@ -499,9 +515,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, help="prompt tokens (default: the spec's workload)")
     p.add_argument("--output-len", type=int, help="output tokens (default: the spec's workload)")
     p.add_argument("--all", action="store_true", help="print every feasible layout, not the best 8")
+    p.add_argument("--datasheet", action="store_true", help="the hardware profile's own figures, not a profiling run's")
     p.add_argument("--png", help="where to write the chart (default: $MODEL_RELEASE_HOME/plans/SPEC-IN-OUT.png)")
     p.add_argument("--json", action="store_true", help="also print the plan as JSON")
     p.set_defaults(func=_plan)
+
+    p = sub.add_parser(
+        "profile",
+        help="fit the planner's step-time coefficients on this machine's engine: a few fixed batch shapes"
+        " through vLLM's client (about a minute and a half on cpu-local, engine start included)",
+    )
+    p.add_argument("spec")
+    p.add_argument("--layout", help="a layout of one replica (default: the spec's first)")
+    p.add_argument("--model", help="model directory the engine loads (default: the spec's model source)")
+    p.add_argument("--no-save", action="store_true", help="print the fit, keep nothing in the registry")
+    p.add_argument("--json", action="store_true", help="also print the profile as JSON")
+    p.set_defaults(func=_profile)
 
     p = sub.add_parser(
         "rollout-plan", help="a progressive rollout's steps: servers old/new, capacity vs peak, expected duration"

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -99,6 +101,8 @@ def test_tensor_parallel_beyond_the_kv_heads_replicates_them():
 
 
 class ConstantStep:
+    request_overhead_s = 0.0
+
     def __init__(self, seconds: float) -> None:
         self.step = seconds
 
@@ -164,9 +168,10 @@ def test_plan_command_prints_the_table_writes_the_chart_and_names_a_profile_with
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "MODEL_RELEASE_REGISTRY_URL": f"sqlite:///{tmp_path / 'registry.db'}"},  # no profile kept
     )
     assert done.returncode == 0, done.stderr
-    assert "predicted, not measured" in done.stdout and "(uncalibrated)" in done.stdout
+    assert "predicted, not measured; step times: cpu-local's datasheet figures" in done.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     result = planner.Plan.model_validate_json(done.stdout[done.stdout.index("{") :])
     assert {p.layout.name for p in result.predictions if p.in_spec} == {"single", "two-replicas"}
@@ -363,3 +368,104 @@ def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file,
     assert [lay.name for lay in load_spec(copy).spec.layouts] == ["tp1-x2-seqs16", "single"]
     with pytest.raises(ReleaseError, match=r"param layouts: \['tp9'\] not in .* \(known: single, two-replicas, tp1"):
         flow.apply_overrides(path, {"layouts": ["tp9"]}, tmp_path / "run2")
+
+
+def test_a_profile_fit_recovers_known_coefficients_and_the_plan_then_uses_them(tmp_path, monkeypatch):
+    """Step times made by known coefficients (plus 3% noise) are fitted back, and a profile kept in the
+    registry changes the release's plan, says so, and starts a calibration key of its own."""
+    from datetime import UTC, datetime
+
+    from pipeline.entry import flow
+    from pipeline.planner import profile as profiling
+
+    loaded = load_spec(TINY_SPEC)
+    spec, hw, single = loaded.spec, loaded.hardware, loaded.layout("single")
+    truth = profiling.Coefficients(
+        step_overhead_ms=7.0, sequence_overhead_us=180, request_overhead_ms=15, compute_scale=0.35, memory_scale=2.0
+    )
+    model = planner.step_time.step_model(spec, single, profiling.at_hand(hw, truth))
+    shapes = profiling.shapes_for(spec, single)
+    assert [s.name for s in shapes] == [
+        "prefill 23", "prefill 47", "prefill 95", "prefill 190", "decode x1", "decode x4", "decode x16", "decode x64"
+    ]  # fmt: skip
+    rng = random.Random(7)
+    measured = [
+        profiling.Measured(
+            shape=s, measured_ms=profiling.expected_ms(model, s) * rng.uniform(0.97, 1.03), datasheet_ms=0.0
+        )
+        for s in shapes
+    ]
+    fitted = profiling.fit(spec, hw, single, measured)
+    assert fitted.step_overhead_ms == pytest.approx(7.0, rel=0.15)
+    assert fitted.request_overhead_ms == pytest.approx(15.0, rel=0.15)
+    again = planner.step_time.step_model(spec, single, profiling.at_hand(hw, fitted))
+    for m in measured:
+        assert profiling.expected_ms(again, m.shape) == pytest.approx(m.measured_ms, rel=0.06), m.shape.name
+    # what the fit is for: the workload's max SLO rate, as the true coefficients would predict it
+    rates = [planner.predict(spec, profiling.at_hand(hw, c), single, 64, 16).rate_per_server for c in (truth, fitted)]
+    assert rates[1] == pytest.approx(rates[0], rel=0.05)
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
+    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+    before = flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__datasheet"))
+    kept = flow.registry().keep_profile(
+        profiling.Profile(
+            hardware=hw.name, engine_image=spec.serving.engine_image, layout="single", measured_at=datetime.now(UTC),
+            coefficients=fitted, shapes=measured, fit_error=0.02, seconds=90.0,
+        )
+    )  # fmt: skip
+    assert flow.registry().profile(hw.name, spec.serving.engine_image) == kept and kept.id
+    assert flow.registry().profile(hw.name, "another-engine:1") is None
+    after = flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__profiled"))
+    direct = planner.predict(spec, kept.hardware_at_hand(hw), single, 64, 16, True)
+    assert after.of("single").planner_rate == pytest.approx(direct.rate_per_replica, 1e-3)
+    assert after.of("single").planner_rate != before.of("single").planner_rate
+    assert after.of("single").calibration_key == before.of("single").calibration_key + f" | profile {kept.id}"
+    assert (
+        "datasheet figures" in before.step_times
+        and f"fitted on the engine at hand (profile {kept.id}" in after.step_times
+    )
+    shown = planner.table(planner.plan(loaded, profile=kept))
+    assert f"fitted on the engine at hand (profile {kept.id} of" in shown
+    assert "datasheet figures" in planner.table(planner.plan(loaded))
+
+
+def test_a_profiling_run_times_each_shape_with_vllms_client(tiny_model_dir, tmp_path):
+    """Against the simulated server (decode streams a token every 5 ms; a prompt waits in an M/M/1 queue
+    at 60/s, whatever its length), vLLM's client times every shape: the decode shapes read 5 ms, and the
+    fit reproduces the measured times."""
+    from pipeline.core import paths
+    from pipeline.planner import profile as profiling
+    from pipeline.stages import benchmark, serving
+
+    loaded = load_spec(TINY_SPEC)
+    spec, hw, single = loaded.spec, loaded.hardware, loaded.layout("single")
+    port = serving.free_port()
+    sim_server = subprocess.Popen(
+        [sys.executable, str(paths.PROJECT_ROOT / "tests" / "simserver.py"), "--port", str(port), "--mu", "60",
+         "--tpot-ms", "5"]
+    )  # fmt: skip
+    bench = benchmark.bench_client(hw, {})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not serving.healthy(url):
+            assert time.monotonic() < deadline, "the simulated server did not start"
+            time.sleep(0.2)
+        shapes = profiling.shapes_for(spec, single)
+        model = planner.step_time.step_model(spec, single, hw)
+        measured = profiling.measure(bench, url, tiny_model_dir, tmp_path, shapes, model)
+    finally:
+        bench.close()
+        sim_server.terminate()
+        sim_server.wait()
+    assert [m.shape for m in measured] == shapes
+    for m in measured:
+        if m.shape.kind == "decode":
+            assert m.measured_ms == pytest.approx(5.0, rel=0.3), m.shape.name
+        else:
+            assert 0 < m.measured_ms < 200, m.shape.name  # an exponential wait of 1/60 s on average
+    assert sorted(p.name for p in tmp_path.glob("shape-*.json")) == [f"shape-{i:02d}.json" for i in range(1, 9)]
+    profile = profiling.fitted_profile(spec, hw, single, measured, 30.0)
+    decode = [m for m in profile.shapes if m.shape.kind == "decode"]
+    assert all(m.fitted_ms == pytest.approx(m.measured_ms, rel=0.25) for m in decode)

@@ -388,6 +388,12 @@ class DevicePerformance(Strict):
     link_gb_s: Annotated[float, Field(ge=0, description="one direction of the link between two devices; 0: none")]
     link_latency_us: Annotated[float, Field(ge=0)] = 5.0
     step_overhead_ms: Annotated[float, Field(ge=0, description="fixed cost of one engine step (scheduling, launch)")]
+    sequence_overhead_us: Annotated[
+        float, Field(ge=0, description="per sequence a step samples: sampling, detokenizing and streaming its token")
+    ] = 0.0
+    request_overhead_ms: Annotated[
+        float, Field(ge=0, description="a request's way in and out of the server (HTTP, tokenizing), on its TTFT")
+    ] = 0.0
     efficiency: Efficiency = Field(default_factory=Efficiency)
     sources: dict[str, str] = Field(default_factory=dict, description="where each figure was found")
 

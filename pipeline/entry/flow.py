@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,12 @@ from pydantic import BaseModel, Field
 from pipeline.core import storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
-from pipeline.core.paths import PROJECT_ROOT, run_dir
+from pipeline.core.paths import PROJECT_ROOT, home, run_dir
 from pipeline.core.spec import LoadedSpec, load_spec, local_source
 from pipeline.planner import calibration
 from pipeline.planner import plan as planner
+from pipeline.planner import profile as profiling
+from pipeline.planner.profile import Profile
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
@@ -250,10 +253,32 @@ class Predictions(BaseModel):
 
     layouts: list[LayoutPrediction]
     file: str
+    step_times: str = Field("", description="where the planner's step times came from: datasheet or profiling run")
 
     def of(self, layout: str) -> LayoutPrediction | None:
         found = next((p for p in self.layouts if p.layout == layout), None)
         return found if found and found.predicted_max_slo_rate > 0 else None
+
+
+def profile_engine(
+    spec_path: str, layout: str | None = None, model_dir: str | None = None, save: bool = True
+) -> Profile:
+    """A profiling run on this machine's engine (`layout`, default the spec's first single-replica one)
+    serving `model_dir` (default: the spec's model source), kept in the registry for the planner."""
+    loaded = load_spec(spec_path)
+    spec = loaded.spec
+    if layout:
+        chosen = loaded.layout(layout)
+    else:
+        single = [candidate for candidate in spec.layouts if candidate.replicas == 1 and candidate.dp == 1]
+        if not single:
+            raise ReleaseError(f"{loaded.path}: no layout of one replica to profile; name one with --layout")
+        chosen = single[0]
+    model = Path(model_dir) if model_dir else Path(sources.materialize(spec, loaded.path.parent).path)
+    out = home() / "profiles" / f"{loaded.hardware.name}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    profiled = profiling.run(spec, loaded.hardware, chosen, model, out)
+    profiling.write(profiled, out / "profile.json")
+    return registry().keep_profile(profiled) if save else profiled
 
 
 def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> dict[str, Any]:
@@ -269,10 +294,14 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
             loaded.hardware.name,
         )
     measured = registry().measured_predictions()
+    fitted = registry().profile(loaded.hardware.name, spec.serving.engine_image)
+    hw = fitted.hardware_at_hand(loaded.hardware) if fitted and loaded.hardware.performance else loaded.hardware
+    if loaded.hardware.performance:
+        log.info("plan: step times: %s", planner.coefficients(loaded.hardware, fitted))
     for layout in spec.layouts if loaded.hardware.performance else []:
-        p = planner.predict(spec, loaded.hardware, layout, spec.workload.input_len, spec.workload.output_len, True)
+        p = planner.predict(spec, hw, layout, spec.workload.input_len, spec.workload.output_len, True)
         own = round(p.rate_per_replica * layout.replicas, 4)
-        key = calibration.key(loaded.hardware.name, spec.serving.engine_image, layout)
+        key = calibration.key(loaded.hardware.name, spec.serving.engine_image, layout, fitted.id if fitted else None)
         calibrated = calibration.calibrate(measured, key)
         factor = calibrated.factor if calibrated else 1.0
         found.append(
@@ -297,10 +326,15 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
             f"calibrated {calibrated.summary()}" if calibrated else f"uncalibrated: no earlier measurement of {key}",
         )
     path = run_dir(run_id) / "benchmark" / "predictions.json"
-    out = Predictions(layouts=found, file=str(path))
+    out = Predictions(layouts=found, file=str(path), step_times=planner.coefficients(loaded.hardware, fitted))
     atomic_write(path, out.model_dump_json(indent=2))
     if release_id is not None:
-        registry().record(release_id, "predicted", "planner", {"layouts": [p.model_dump() for p in found]})
+        registry().record(
+            release_id,
+            "predicted",
+            "planner",
+            {"layouts": [p.model_dump() for p in found], "step_times": out.step_times},
+        )
     return out.model_dump(mode="json")
 
 

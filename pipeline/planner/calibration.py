@@ -22,10 +22,12 @@ from pipeline.core.spec import Layout
 LAST = 5  # ratios per key: recent enough to follow an engine's changes, enough to damp one noisy run
 
 
-def key(hardware: str, engine: str, layout: Layout) -> str:
-    """What a ratio transfers across: the machine, the engine build and the layout's shape (not its name)."""
+def key(hardware: str, engine: str, layout: Layout, profile: int | None = None) -> str:
+    """What a ratio transfers across: the machine, the engine build, the layout's shape (not its name)
+    and the step-time figures the planner ran on (a profiling run's, or the datasheet's): a ratio
+    taken against one set of figures says nothing about another."""
     shape = f"tp{layout.tp}-ep{layout.ep}-pp{layout.pp}-dp{layout.dp}-x{layout.replicas}"
-    return f"{hardware} | {engine} | {shape}"
+    return f"{hardware} | {engine} | {shape}" + (f" | profile {profile}" if profile else "")
 
 
 class PredictionRecord(BaseModel):

@@ -12,13 +12,14 @@ import logging
 import math
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec, feasible_shapes, hardware_path
 from pipeline.planner import simulate as sim
 from pipeline.planner import step_time
+from pipeline.planner.profile import Profile
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Plan(BaseModel):
     output_len: int
     p90_ttft_ms: float
     p90_tpot_ms: float
-    calibrated: bool
+    coefficients: str = Field(description="where the step-time figures come from: the datasheet or a profiling run")
     predictions: list[Prediction]  # best first
 
 
@@ -132,16 +133,30 @@ def predict(
     )
 
 
+def coefficients(hw: HardwareProfile, profile: Profile | None) -> str:
+    """Where a plan's step times come from, said on every output."""
+    if profile:
+        return f"fitted on the engine at hand ({profile.summary()})"
+    return f"{hw.name}'s datasheet figures with its efficiency factors (no profiling run: `model-release profile`)"
+
+
 def plan(
-    loaded: LoadedSpec, input_len: int | None = None, output_len: int | None = None, every_layout: bool = True
+    loaded: LoadedSpec,
+    input_len: int | None = None,
+    output_len: int | None = None,
+    every_layout: bool = True,
+    profile: Profile | None = None,
 ) -> Plan:
-    """Predict the spec's layouts and (with `every_layout`) every other feasible one, best first."""
+    """Predict the spec's layouts and (with `every_layout`) every other feasible one, best first, with
+    the step-time coefficients a profiling run fitted when one is given."""
     spec, hw = loaded.spec, loaded.hardware
     if hw.performance is None:
         raise ReleaseError(
             f"{hardware_path(spec.hardware, loaded.path)}: performance: missing; the planner needs peak_tflops,"
             " memory_gb_s, link_gb_s and step_overhead_ms (see configs/hardware/mi325x-8.yaml)"
         )
+    source = coefficients(hw, profile)
+    hw = profile.hardware_at_hand(hw) if profile else hw
     input_len = input_len or spec.workload.input_len
     output_len = output_len or spec.workload.output_len
     own = {(layout.tp, layout.ep, layout.replicas, layout.dp, layout.pp) for layout in spec.layouts}
@@ -168,7 +183,7 @@ def plan(
         output_len=output_len,
         p90_ttft_ms=spec.slo.p90_ttft_ms,
         p90_tpot_ms=spec.slo.p90_tpot_ms,
-        calibrated=False,
+        coefficients=source,
         predictions=predictions,
     )
 
@@ -186,8 +201,7 @@ def table(plan: Plan, limit: int | None = None) -> str:
     lines = [
         f"{plan.spec} on {plan.hardware}: {plan.input_len} in / {plan.output_len} out, SLO p90 TTFT "
         f"{plan.p90_ttft_ms:g} ms and p90 TPOT {plan.p90_tpot_ms:g} ms",
-        "predicted, not measured: datasheet figures with the profile's efficiency factors"
-        + ("" if plan.calibrated else " (uncalibrated)"),
+        f"predicted, not measured; step times: {plan.coefficients}",
         f"{'#':>2}  {'layout':16} {'devices':>7} {'req/s/server':>12} {'req/s/device':>12} "
         f"{'p90 TTFT ms':>11} {'p90 TPOT ms':>11}  {'stops at':9} bound",
     ]

@@ -24,6 +24,8 @@ __all__ = ["Limits", "Request", "SimResult", "Slo", "max_slo_rate", "poisson_arr
 
 
 class StepTimer(Protocol):
+    request_overhead_s: float  # the server's way in and out, on every TTFT and latency
+
     def seconds(self, batch: Batch) -> float: ...
 
 
@@ -149,7 +151,7 @@ def simulate(
             kv_used -= req.input_len + req.output_len
             if req.arrival >= measure_from:
                 tpot.append((now - first_token[index]) / (req.output_len - 1))
-                latency.append(now - req.arrival)
+                latency.append(now - req.arrival + timer.request_overhead_s)
             done += 1
         progress = {i: did + c for i, c, did in chunks}
         still = []
@@ -163,11 +165,11 @@ def simulate(
             first_token[index] = now
             measured = req.arrival >= measure_from
             if measured:
-                ttft.append(now - req.arrival)
+                ttft.append(now - req.arrival + timer.request_overhead_s)
             if req.output_len <= 1:
                 kv_used -= req.input_len + req.output_len
                 if measured:
-                    latency.append(now - req.arrival)
+                    latency.append(now - req.arrival + timer.request_overhead_s)
                 done += 1
             else:
                 decoding += 1

@@ -112,6 +112,8 @@ class StepModel:
         self.latency = perf.link_latency_us * 1e-6
         self.half_rows = eff.gemm_half_rows
         self.kv_bytes_per_token = arch.num_layers * 2 * self.kv_heads * hd * kv_bytes  # on each device
+        self.sequence_s = perf.sequence_overhead_us * 1e-6
+        self.request_overhead_s = perf.request_overhead_ms / 1e3  # added to every TTFT by the simulation
 
     def experts_touched(self, tokens: int) -> float:
         """Expected distinct experts a batch routes to (uniform top-k routing): their weights are read."""
@@ -171,7 +173,7 @@ class StepModel:
 
     def seconds(self, batch: Batch) -> float:
         """The step's time; the simulation calls this once per step, so it builds no records."""
-        total = self.perf.step_overhead_ms / 1e3 + self.link_seconds(batch.tokens)
+        total = self.perf.step_overhead_ms / 1e3 + self.sequence_s * batch.sampled + self.link_seconds(batch.tokens)
         for _, flops, nbytes, flops_per_s, bytes_per_s in self._terms(batch):
             total += max(flops / flops_per_s, nbytes / bytes_per_s)
         return total
@@ -190,7 +192,13 @@ class StepModel:
             )
         )
         parts.append(
-            Part(name="step overhead", flops=0.0, bytes=0.0, seconds=self.perf.step_overhead_ms / 1e3, bound="overhead")
+            Part(
+                name="step overhead",
+                flops=0.0,
+                bytes=0.0,
+                seconds=self.perf.step_overhead_ms / 1e3 + self.sequence_s * batch.sampled,
+                bound="overhead",
+            )
         )
         return StepCost(parts=parts)
 

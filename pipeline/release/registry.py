@@ -26,6 +26,7 @@ from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
 from pipeline.planner.calibration import Observation, PredictionRecord, observations
+from pipeline.planner.profile import Profile
 from pipeline.stages import capacity
 
 CONN_ID = "model_release_registry"
@@ -76,6 +77,18 @@ class EventRow(Base):
     actor: Mapped[str] = mapped_column(String(200))
     status_after: Mapped[str | None] = mapped_column(String(20), nullable=True)
     detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class ProfileRow(Base):
+    """A profiling run's fitted step-time coefficients (planner/profile.py), per hardware and engine image."""
+
+    __tablename__ = "planner_profiles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    hardware: Mapped[str] = mapped_column(String(200), index=True)
+    engine_image: Mapped[str] = mapped_column(String(500))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    data: Mapped[dict] = mapped_column(JSON, doc="the Profile")
 
 
 class ReleaseData(BaseModel):
@@ -310,6 +323,31 @@ class Registry:
         """Every release's benchmarked layouts against the planner, per calibration key, oldest first:
         what the next plan calibrates on and the report's planner table shows."""
         return observations((r.id, r.data.get("predictions") or []) for r in self.releases())
+
+    def keep_profile(self, profile: Profile) -> Profile:
+        """Keep a profiling run; the planner uses the newest for its hardware and engine image."""
+        with self._session() as s:
+            row = ProfileRow(
+                hardware=profile.hardware,
+                engine_image=profile.engine_image,
+                at=profile.measured_at,
+                data=profile.model_dump(mode="json", exclude={"id"}),
+            )
+            s.add(row)
+            s.flush()
+            return profile.model_copy(update={"id": row.id})
+
+    def profile(self, hardware: str, engine_image: str) -> Profile | None:
+        """The newest profiling run on `hardware` with `engine_image`; None: the datasheet's figures stand."""
+        query = (
+            select(ProfileRow)
+            .where(ProfileRow.hardware == hardware, ProfileRow.engine_image == engine_image)
+            .order_by(ProfileRow.id.desc())
+            .limit(1)
+        )
+        with self._session() as s:
+            row = s.scalar(query)
+            return Profile.model_validate({**row.data, "id": row.id}) if row else None
 
     def events(self, release_id: int) -> list[Event]:
         with self._session() as s:

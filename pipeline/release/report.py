@@ -365,10 +365,12 @@ def _section_planner(reg: Registry, rel: Release) -> str:
     if not rows:
         return ""
     own, used = calibration.median_abs_errors(rows)
+    parts = keys[0].split(" | ")
+    figures = f"step times fitted by {parts[3]}" if len(parts) > 3 else "step times from the datasheet figures"
     out = [
         "<h2>Planner error across releases</h2>",
-        f"<p class='muted'>the last measurements of this release's layout shapes on {_e(keys[0].split(' | ')[0])} "
-        f"({_e(keys[0].split(' | ')[1])}); error = measured / predicted - 1. Median |error| over {len(rows)}: "
+        f"<p class='muted'>the last measurements of this release's layout shapes on {_e(parts[0])} "
+        f"({_e(parts[1])}; {_e(figures)}); error = measured / predicted - 1. Median |error| over {len(rows)}: "
         f"planner alone {_pct(None if own is None else own * 100)}, as predicted (calibrated where earlier "
         f"measurements existed) {_pct(None if used is None else used * 100)}.</p>",
         "<table><tr><th>release</th><th>layout</th><th>planner req/s</th><th>predicted req/s</th>"

@@ -1,0 +1,113 @@
+"""The planner held to the engine on this machine, in one run: profile, predict, then measure.
+
+    .venv/bin/python benchmarks/planner.py [--spec configs/releases/tiny-qwen3-moe-cpu.yaml]
+        [--seqs 64,16,8] [--two-replicas]
+
+1. A profiling run (pipeline/planner/profile.py) on the spec's first layout fits the step-time
+   coefficients to this machine's engine (nothing is kept in the registry).
+2. The planner predicts each layout's max SLO rate with them, and with the hardware profile's own
+   figures for comparison; both are written to disk before any measurement starts.
+3. Each layout's SLO search (the release's own benchmark_layout, its bracket started from the
+   prediction, as the release DAG starts it) measures it.
+Prints predicted vs measured max SLO rate per layout, the error, and both rankings. The layouts are
+the spec's first at several max-num-seqs (the knob the planner's scheduler simulation turns on) and,
+with --two-replicas, the spec's two-replica layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.core.files import atomic_write
+from pipeline.core.spec import Layout, load_spec
+from pipeline.planner import plan as planner
+from pipeline.planner import profile as profiling
+from pipeline.stages import benchmark, sources
+
+
+def variants(first: Layout, seqs: list[int]) -> list[Layout]:
+    return [
+        first.model_copy(
+            update={"name": f"{first.name}-seqs{n}", "engine_args": {**first.engine_args, "max-num-seqs": n}}
+        )
+        for n in seqs
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", default=str(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml"))
+    parser.add_argument("--seqs", default="64,16,8", help="max-num-seqs of the first layout's variants")
+    parser.add_argument("--two-replicas", action="store_true", help="also the spec's layout of two replicas")
+    parser.add_argument("--out", help="where profiles, predictions and probes go (default: a temporary dir)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loaded = load_spec(args.spec)
+    spec, hw = loaded.spec, loaded.hardware
+    layouts = variants(spec.layouts[0], [int(n) for n in args.seqs.split(",")])
+    if args.two_replicas:
+        layouts += [layout for layout in spec.layouts if layout.replicas == 2][:1]
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="planner-bench-"))
+    model = Path(sources.materialize(spec, loaded.path.parent).path)
+    started = time.monotonic()
+
+    profiled = profiling.run(spec, hw, spec.layouts[0], model, out / "profile")
+    profiling.write(profiled, out / "profile.json")
+    at_hand = profiled.hardware_at_hand(hw)
+    wl = spec.workload
+    predicted = {
+        layout.name: {
+            "profiled": planner.predict(spec, at_hand, layout, wl.input_len, wl.output_len).rate_per_server,
+            "datasheet": planner.predict(spec, hw, layout, wl.input_len, wl.output_len).rate_per_server,
+        }
+        for layout in layouts
+    }
+    atomic_write(out / "predictions.json", json.dumps(predicted, indent=2))  # before any measurement
+    measured = {}
+    for layout in layouts:
+        result = benchmark.benchmark_layout(
+            spec, hw, layout, model, out / layout.name, predicted=predicted[layout.name]["profiled"]
+        )
+        measured[layout.name] = result
+    wall = time.monotonic() - started
+
+    print(f"\n{spec.name} on {hw.name}: {wl.input_len} in / {wl.output_len} out, p90 TTFT {spec.slo.p90_ttft_ms:g} ms,"
+          f" p90 TPOT {spec.slo.p90_tpot_ms:g} ms; {wall / 60:.1f} min in all")  # fmt: skip
+    print(profiling.table(profiled))
+    print(profiled.summary())
+    print(f"\n{'layout':22} {'datasheet':>10} {'profiled':>10} {'measured':>10} {'error':>8} {'probes':>7}")
+    errors = []
+    for layout in layouts:
+        r, p = measured[layout.name], predicted[layout.name]
+        rate = r.max_slo_rate
+        error = rate / p["profiled"] - 1 if rate and p["profiled"] else None
+        if error is not None:
+            errors.append(abs(error))
+        shown = "n/a" if error is None else f"{error:+.1%}"
+        print(
+            f"{layout.name:22} {p['datasheet']:10.4g} {p['profiled']:10.4g} {rate or float('nan'):10.4g}"
+            f" {shown:>8} {len(r.probes):7d}" + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
+        )
+    by_prediction = sorted(predicted, key=lambda n: -predicted[n]["profiled"])
+    by_measurement = sorted(measured, key=lambda n: -(measured[n].max_slo_rate or 0))
+    print(f"ranking predicted: {' > '.join(by_prediction)}")
+    print(
+        f"ranking measured:  {' > '.join(by_measurement)}  ({'same' if by_prediction == by_measurement else 'differs'})"
+    )
+    if errors:
+        inside = sum(e <= 0.15 for e in errors)
+        print(f"within 15%: {inside} of {len(errors)}; largest |error| {max(errors):.1%}")
+    print(f"files: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""Fit the step-time model to the engine at hand: a short profiling run of fixed batch shapes.
+
+A hardware profile's figures are a datasheet's (on cpu-local, orders of magnitude) with
+efficiency factors guessed once; what a given machine and engine build spend on a step
+(scheduling, launches, kernels slower than the roofline, a frontend streaming every token) only a
+running engine shows. A handful of fixed shapes, each run by vLLM's own client against one
+replica: one prompt of a given length at a time (its time to first token is a prefill step of
+that many tokens, plus the frontend's way in and out) and B requests at once that then decode
+together (their inter-token latency is a decode step of B). Three coefficients are fitted to
+those step times: the step overhead and scales on the profile's compute and memory figures
+(least squares on the log, so a 2 ms and a 40 ms step count alike). They are kept in the registry
+per hardware profile and engine image, and the planner uses them in place of the datasheet's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+from scipy.optimize import nnls
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.files import atomic_write
+from pipeline.core.spec import (
+    DevicePerformance,
+    HardwareProfile,
+    Layout,
+    ReleaseSpec,
+    SloSpec,
+    WorkloadSpec,
+    arg_number,
+)
+from pipeline.planner import step_time
+from pipeline.stages import benchmark
+
+log = logging.getLogger(__name__)
+
+DECODE_PROMPT, DECODE_TOKENS = 16, 64  # short prompts, enough tokens for a steady decode
+PREFILL_REQUESTS = 8
+UNJUDGED = SloSpec(p90_ttft_ms=600_000, p90_tpot_ms=600_000)  # a shape is timed, not judged
+
+
+class Shape(BaseModel):
+    """One fixed batch: `batch` requests of `input_len` prompt tokens, sent at once."""
+
+    kind: Literal["prefill", "decode"]
+    batch: int = Field(ge=1)
+    input_len: int = Field(ge=1)
+    output_len: int = Field(ge=1)
+
+    @property
+    def name(self) -> str:
+        return f"prefill {self.input_len}" if self.kind == "prefill" else f"decode x{self.batch}"
+
+    def step(self) -> step_time.Batch:
+        """The engine step the shape's measurement reads: the whole prompt, or one token for each of `batch`
+        sequences at the decode's mean context."""
+        if self.kind == "prefill":
+            n = self.input_len
+            return step_time.Batch(tokens=n, pairs=n * (n + 1) / 2, context=0, sampled=1)
+        context = self.input_len + self.output_len // 2
+        return step_time.Batch(
+            tokens=self.batch, pairs=self.batch * context, context=self.batch * context, sampled=self.batch
+        )
+
+
+def expected_ms(model: step_time.StepModel, shape: Shape) -> float:
+    """What the shape's measurement should read under `model`: a prefill's TTFT carries the request's way in and out."""
+    return (model.seconds(shape.step()) + (model.request_overhead_s if shape.kind == "prefill" else 0.0)) * 1e3
+
+
+class Measured(BaseModel):
+    shape: Shape
+    measured_ms: float = Field(description="median TTFT (prefill) or median inter-token latency (decode)")
+    fitted_ms: float | None = None
+    datasheet_ms: float = Field(description="the step-time model with the profile's own figures")
+
+
+class Coefficients(BaseModel):
+    step_overhead_ms: float
+    sequence_overhead_us: float = Field(0.0, description="per sequence a step samples")
+    request_overhead_ms: float = Field(0.0, description="on every TTFT: the server's way in and out")
+    compute_scale: float = Field(description="x the profile's peak_tflops x compute efficiency")
+    memory_scale: float = Field(description="x the profile's memory_gb_s x memory efficiency")
+
+    def apply(self, perf: DevicePerformance) -> DevicePerformance:
+        return perf.model_copy(
+            update={
+                "peak_tflops": {k: v * self.compute_scale for k, v in perf.peak_tflops.items()},
+                "memory_gb_s": perf.memory_gb_s * self.memory_scale,
+                "step_overhead_ms": self.step_overhead_ms,
+                "sequence_overhead_us": self.sequence_overhead_us,
+                "request_overhead_ms": self.request_overhead_ms,
+            }
+        )
+
+
+def at_hand(hw: HardwareProfile, coefficients: Coefficients) -> HardwareProfile:
+    """`hw` with its performance figures as `coefficients` make them."""
+    if hw.performance is None:
+        raise ReleaseError(f"hardware {hw.name!r}: no performance: section for the step-time model")
+    return hw.model_copy(update={"performance": coefficients.apply(hw.performance)})
+
+
+class Profile(BaseModel):
+    """A profiling run's fit, what the planner reads back (registry `profiles`)."""
+
+    hardware: str
+    engine_image: str
+    layout: str
+    measured_at: datetime
+    coefficients: Coefficients
+    shapes: list[Measured]
+    fit_error: float = Field(description="median |fitted / measured - 1| over the shapes")
+    seconds: float = Field(description="the run, engine start included")
+    id: int | None = Field(None, description="the registry's row, once kept")
+
+    def hardware_at_hand(self, hw: HardwareProfile) -> HardwareProfile:
+        return at_hand(hw, self.coefficients)
+
+    def summary(self) -> str:
+        c = self.coefficients
+        return (
+            f"profile {self.id or '(unsaved)'} of {self.measured_at:%Y-%m-%d %H:%M} UTC on layout {self.layout}:"
+            f" step overhead {c.step_overhead_ms:.3g} ms + {c.sequence_overhead_us:.3g} us per sequence,"
+            f" request overhead {c.request_overhead_ms:.3g} ms, compute x{c.compute_scale:.3g},"
+            f" memory x{c.memory_scale:.3g} of the profile's figures; fit within {self.fit_error:.1%} (median)"
+        )
+
+
+def shapes_for(spec: ReleaseSpec, layout: Layout) -> list[Shape]:
+    """Prompts from a few dozen tokens up to the workload's (or what the context allows), decode batches
+    from 1 up to the layout's max-num-seqs: what a step of the real load carries, bracketed."""
+    args = {**spec.serving.engine_args, **layout.engine_args}
+    max_len = int(arg_number(args, "max-model-len") or 4 * spec.workload.input_len)
+    seqs = int(arg_number(args, "max-num-seqs") or 256)
+    # a quarter of the context spare: vLLM's random prompts re-tokenize to a few more tokens than asked
+    longest = max(16, min((max_len - 2) * 3 // 4, 4 * spec.workload.input_len))
+    prompts = sorted({max(8, longest // 8), max(8, longest // 4), max(8, longest // 2), longest})
+    batches = sorted({b for b in (1, 4, 16, 64) if b <= seqs} | {seqs if seqs <= 64 else 64})
+    return [Shape(kind="prefill", batch=1, input_len=p, output_len=2) for p in prompts] + [
+        Shape(kind="decode", batch=b, input_len=DECODE_PROMPT, output_len=DECODE_TOKENS) for b in batches
+    ]
+
+
+def fit(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, measured: list[Measured]) -> Coefficients:
+    """The coefficients whose times are nearest the measured ones (relative least squares): a grid over the
+    two roofline scales, and at each the three overheads (per step, per sampled sequence, per request's
+    first token) by non-negative least squares on what the roofline leaves unexplained."""
+    steps = [m.shape.step() for m in measured]
+    seconds = np.array([m.measured_ms / 1e3 for m in measured])
+    prefill = np.array([1.0 if m.shape.kind == "prefill" else 0.0 for m in measured])
+    design = np.column_stack([np.ones(len(steps)), np.array([b.sampled for b in steps], float), prefill])
+    weighted = design / seconds[:, None]
+    scales = [10 ** (k / 20) for k in range(-60, 41)]  # 1e-3 .. 1e2 in 12% steps
+    best: tuple[float, Coefficients] | None = None
+    for cs in scales:
+        for ms in scales[::2]:
+            trial = Coefficients(step_overhead_ms=0.0, compute_scale=cs, memory_scale=ms)
+            model = step_time.step_model(spec, layout, at_hand(hw, trial))
+            variable = np.array([model.seconds(s) for s in steps])
+            if np.any(variable >= seconds * 1.5):
+                continue  # the roofline alone is far slower than measured: no overhead can fix that
+            (step_s, sequence_s, request_s), _ = nnls(weighted, (seconds - variable) / seconds)
+            total = variable + design @ np.array([step_s, sequence_s, request_s])
+            error = float(np.sum(np.log(np.maximum(total, 1e-9) / seconds) ** 2))
+            if best is None or error < best[0]:
+                found = trial.model_copy(
+                    update={
+                        "step_overhead_ms": round(float(step_s) * 1e3, 3),
+                        "sequence_overhead_us": round(float(sequence_s) * 1e6, 2),
+                        "request_overhead_ms": round(float(request_s) * 1e3, 3),
+                    }
+                )
+                best = (error, found)
+    if best is None:
+        raise ReleaseError("profile: no coefficients fit the measured step times (every roofline is slower)")
+    return best[1]
+
+
+def requests(shape: Shape) -> int:
+    """A decode shape's batch at once; a prefill shape's prompts one after another, for a median."""
+    return shape.batch if shape.kind == "decode" else PREFILL_REQUESTS
+
+
+def bench_args(shape: Shape, url: str, model_dir: Path, out_dir: Path, name: str) -> list[str]:
+    """`vllm bench serve` for one shape: its requests at once, at most `batch` in flight."""
+    workload = WorkloadSpec(input_len=shape.input_len, output_len=shape.output_len, num_prompts=1, seed=0)
+    n = requests(shape)
+    cmd = benchmark.bench_command([], url, str(model_dir), workload, UNJUDGED, math.inf, n, 0, out_dir, name)
+    return [*cmd, "--max-concurrency", str(shape.batch)]
+
+
+def measure(
+    bench: benchmark.BenchClient,
+    url: str,
+    model_dir: Path,
+    out_dir: Path,
+    shapes: list[Shape],
+    model: step_time.StepModel,
+) -> list[Measured]:
+    """Each shape through vLLM's client against the running server at `url`, beside `model`'s time for it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    measured: list[Measured] = []
+    for i, shape in enumerate(shapes, 1):
+        name = f"shape-{i:02d}.json"
+        code, _ = bench.run(bench_args(shape, url, model_dir, out_dir, name), out_dir / f"{name}.log")
+        if code != 0 or not (out_dir / name).exists():
+            text = (out_dir / f"{name}.log").read_text(errors="replace")
+            raise ReleaseError(f"profile: vllm bench serve failed on {shape.name} ({code}):\n{text[-2000:]}")
+        data = json.loads((out_dir / name).read_text())
+        if int(data.get("completed", 0)) < requests(shape):
+            raise ReleaseError(f"profile: {shape.name}: only {data.get('completed')} requests completed ({name})")
+        value = float(data["median_ttft_ms"] if shape.kind == "prefill" else data["median_itl_ms"])
+        measured.append(
+            Measured(shape=shape, measured_ms=round(value, 3), datasheet_ms=round(expected_ms(model, shape), 3))
+        )
+        log.info(
+            "profile %d/%d: %s: %.3g ms (the profile's figures: %.3g ms)",
+            i,
+            len(shapes),
+            shape.name,
+            value,
+            measured[-1].datasheet_ms,
+        )
+    return measured
+
+
+def fitted_profile(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, measured: list[Measured], seconds: float
+) -> Profile:
+    coefficients = fit(spec, hw, layout, measured)
+    fitted = step_time.step_model(spec, layout, at_hand(hw, coefficients))
+    for m in measured:
+        m.fitted_ms = round(expected_ms(fitted, m.shape), 3)
+    error = statistics.median(abs((m.fitted_ms or 0) / m.measured_ms - 1) for m in measured)
+    profile = Profile(
+        hardware=hw.name,
+        engine_image=spec.serving.engine_image,
+        layout=layout.name,
+        measured_at=datetime.now(UTC),
+        coefficients=coefficients,
+        shapes=measured,
+        fit_error=round(error, 4),
+        seconds=round(seconds, 1),
+    )
+    log.info("profile: %s", profile.summary())
+    return profile
+
+
+def run(
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    layout: Layout,
+    model_dir: Path,
+    out_dir: Path,
+    shapes: list[Shape] | None = None,
+) -> Profile:
+    """Start `layout` (one replica is profiled), run each shape, fit; always tears the engine down."""
+    if layout.replicas != 1 or layout.pp != 1 or layout.dp != 1:
+        raise ReleaseError(f"layout {layout.name!r}: profile a layout of one tp x ep replica (replicas 1, pp 1, dp 1)")
+    started = time.monotonic()
+    shapes = shapes or shapes_for(spec, layout)
+    model = step_time.step_model(spec, layout, hw)
+    with benchmark.running_layout(spec, hw, layout, model_dir, out_dir) as (engine, prober):
+        measured = measure(prober.bench, engine.url, model_dir, out_dir, shapes, model)
+    return fitted_profile(spec, hw, layout, measured, time.monotonic() - started)
+
+
+def table(profile: Profile) -> str:
+    rows = [f"{'shape':16} {'measured ms':>12} {'fitted ms':>10} {'datasheet ms':>13}"]
+    for m in profile.shapes:
+        rows.append(f"{m.shape.name:16} {m.measured_ms:12.3g} {m.fitted_ms or math.nan:10.3g} {m.datasheet_ms:13.3g}")
+    return "\n".join(rows)
+
+
+def write(profile: Profile, path: Path) -> Path:
+    atomic_write(path, profile.model_dump_json(indent=2))
+    return path
