@@ -308,7 +308,7 @@ def test_the_report_shows_the_planners_error_across_releases(tmp_path):
         calibration.observations((r.id, r.data["predictions"]) for r in releases)[key]
     )
     assert own == pytest.approx(1 - 55.0 / 128) and used == pytest.approx(57.4 / 51.0 - 1)  # medians of 3
-    assert f"planner alone {own * 100:+.1f}%" in html and f"{used * 100:+.1f}%" in html
+    assert f"planner alone {own:.1%}" in html and f"existed) {used:.1%}" in html
     assert report._section_planner(reg, reg.get(reg.open_release("none", "tiny", "s", "", "local").id)) == ""
 
 

@@ -328,6 +328,11 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:+.1f}%"
 
 
+def _size(fraction: float | None) -> str:
+    """An error's size (no sign): a median of |error|."""
+    return "—" if fraction is None else f"{fraction:.1%}"
+
+
 def _section_trend(reg: Registry, release_id: int) -> str:
     """Re-benchmarks since promotion (issue: drift after an engine or image upgrade)."""
     import tempfile
@@ -371,8 +376,7 @@ def _section_planner(reg: Registry, rel: Release) -> str:
         "<h2>Planner error across releases</h2>",
         f"<p class='muted'>the last measurements of this release's layout shapes on {_e(parts[0])} "
         f"({_e(parts[1])}; {_e(figures)}); error = measured / predicted - 1. Median |error| over {len(rows)}: "
-        f"planner alone {_pct(None if own is None else own * 100)}, as predicted (calibrated where earlier "
-        f"measurements existed) {_pct(None if used is None else used * 100)}.</p>",
+        f"planner alone {_size(own)}, as predicted (calibrated where earlier measurements existed) {_size(used)}.</p>",
         "<table><tr><th>release</th><th>layout</th><th>planner req/s</th><th>predicted req/s</th>"
         "<th>measured req/s</th><th>planner error</th><th>prediction error</th></tr>",
     ]
