@@ -6,10 +6,12 @@ efficiency factors guessed once; what a given machine and engine build spend on 
 running engine shows. A handful of fixed shapes, each run by vLLM's own client against one
 replica: one prompt of a given length at a time (its time to first token is a prefill step of
 that many tokens, plus the frontend's way in and out) and B requests at once that then decode
-together (their inter-token latency is a decode step of B). Three coefficients are fitted to
-those step times: the step overhead and scales on the profile's compute and memory figures
-(least squares on the log, so a 2 ms and a 40 ms step count alike). They are kept in the registry
-per hardware profile and engine image, and the planner uses them in place of the datasheet's.
+together (their inter-token latency is a decode step of B). Five coefficients are fitted to
+those times: the step overhead, a cost per sequence sampled in a step, a request overhead on every
+TTFT, and scales on the profile's compute and memory figures (relative least squares, so a 2 ms
+and a 40 ms step count alike). They are kept in the registry per hardware profile and engine
+image, and the planner uses them in place of the datasheet's. What they do not capture yet: costs
+that only appear under load (README, "Fitted on the engine at hand").
 """
 
 from __future__ import annotations
