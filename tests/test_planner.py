@@ -101,7 +101,7 @@ def test_tensor_parallel_beyond_the_kv_heads_replicates_them():
 
 
 class ConstantStep:
-    request_overhead_s = 0.0
+    request_overhead_s = admission_s = 0.0
 
     def __init__(self, seconds: float) -> None:
         self.step = seconds
@@ -401,6 +401,19 @@ def test_a_profile_fit_recovers_known_coefficients_and_the_plan_then_uses_them(t
     again = planner.step_time.step_model(spec, single, profiling.at_hand(hw, fitted))
     for m in measured:
         assert profiling.expected_ms(again, m.shape) == pytest.approx(m.measured_ms, rel=0.06), m.shape.name
+    # a steady load shows how much of a request's overhead its admitting step pays: the split is found back
+    engine_paid = truth.model_copy(update={"request_overhead_ms": 6.0, "admission_ms": 9.0})
+    rate = 0.6 * profiling.max_rate(spec, profiling.at_hand(hw, engine_paid), single)
+    steady = profiling.Steady(
+        rate=rate,
+        requests=100,
+        measured_tpot_ms=profiling.steady_tpot_ms(spec, profiling.at_hand(hw, engine_paid), single, rate),
+    )
+    split = profiling.split_request_overhead(spec, hw, single, truth, steady)
+    assert split.admission_ms == pytest.approx(9.0, abs=1.5) and split.request_overhead_ms == pytest.approx(
+        6.0, abs=1.5
+    )
+    assert steady.fitted_tpot_ms == pytest.approx(steady.measured_tpot_ms, rel=0.1)
     # what the fit is for: the workload's max SLO rate, as the true coefficients would predict it
     rates = [planner.predict(spec, profiling.at_hand(hw, c), single, 64, 16).rate_per_server for c in (truth, fitted)]
     assert rates[1] == pytest.approx(rates[0], rel=0.05)

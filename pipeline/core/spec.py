@@ -394,6 +394,9 @@ class DevicePerformance(Strict):
     request_overhead_ms: Annotated[
         float, Field(ge=0, description="a request's way in and out of the server (HTTP, tokenizing), on its TTFT")
     ] = 0.0
+    admission_ms: Annotated[
+        float, Field(ge=0, description="engine time a request costs the step that admits it (input processing)")
+    ] = 0.0
     efficiency: Efficiency = Field(default_factory=Efficiency)
     sources: dict[str, str] = Field(default_factory=dict, description="where each figure was found")
 

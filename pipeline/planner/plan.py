@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -22,8 +21,6 @@ from pipeline.planner import step_time
 from pipeline.planner.profile import Profile
 
 log = logging.getLogger(__name__)
-
-MAX_SIMULATED_REQUESTS = 20000
 
 
 class Prediction(BaseModel):
@@ -58,18 +55,6 @@ class Plan(BaseModel):
     predictions: list[Prediction]  # best first
 
 
-def _requests(
-    rate: float, input_len: int, output_len: int, lifetime: float, seed: int
-) -> tuple[list[sim.Request], float]:
-    """Enough Poisson arrivals for a steady state: one request lifetime to warm up, three measured."""
-    warmup = lifetime
-    n = min(MAX_SIMULATED_REQUESTS, max(200, math.ceil(rate * 4 * lifetime)))
-    arrivals = sim.poisson_arrivals(rate, n, seed)
-    return [sim.Request(arrival=a, input_len=input_len, output_len=output_len) for a in arrivals], min(
-        warmup, arrivals[-1] / 4
-    )
-
-
 def predict(
     spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, input_len: int, output_len: int, in_spec: bool = False
 ) -> Prediction:
@@ -88,7 +73,7 @@ def predict(
     seed = spec.workload.seed
 
     def run(rate: float) -> sim.SimResult:
-        requests, warmup = _requests(rate, input_len, output_len, lifetime, seed)
+        requests, warmup = sim.steady_requests(rate, input_len, output_len, lifetime, seed)
         return sim.simulate(model, limits, requests, measure_from=warmup)
 
     search = sim.max_slo_rate(run, slo)
@@ -96,7 +81,7 @@ def predict(
     ttft = tpot = step_ms = per_step = None
     binding, bound = "-", "no rate meets the SLO"
     if search.rate > 0:
-        requests, warmup = _requests(search.rate, input_len, output_len, lifetime, seed)
+        requests, warmup = sim.steady_requests(search.rate, input_len, output_len, lifetime, seed)
         at = sim.simulate(model, limits, requests, breakdown=model.cost, measure_from=warmup)
         total = sum(at.seconds_by_bound.values()) or 1.0
         shares = {k: round(v / total, 3) for k, v in sorted(at.seconds_by_bound.items(), key=lambda kv: -kv[1])}

@@ -40,6 +40,7 @@ from pipeline.core.spec import (
     WorkloadSpec,
     arg_number,
 )
+from pipeline.planner import simulate as sim
 from pipeline.planner import step_time
 from pipeline.stages import benchmark
 
@@ -90,6 +91,7 @@ class Coefficients(BaseModel):
     step_overhead_ms: float
     sequence_overhead_us: float = Field(0.0, description="per sequence a step samples")
     request_overhead_ms: float = Field(0.0, description="on every TTFT: the server's way in and out")
+    admission_ms: float = Field(0.0, description="the part of a request's overhead its admitting step pays")
     compute_scale: float = Field(description="x the profile's peak_tflops x compute efficiency")
     memory_scale: float = Field(description="x the profile's memory_gb_s x memory efficiency")
 
@@ -101,8 +103,19 @@ class Coefficients(BaseModel):
                 "step_overhead_ms": self.step_overhead_ms,
                 "sequence_overhead_us": self.sequence_overhead_us,
                 "request_overhead_ms": self.request_overhead_ms,
+                "admission_ms": self.admission_ms,
             }
         )
+
+
+class Steady(BaseModel):
+    """The workload's own requests at a steady Poisson rate: the one shape in which requests arrive while
+    others decode, so it shows what a request costs the engine's steps (not only its own latency)."""
+
+    rate: float
+    requests: int
+    measured_tpot_ms: float = Field(description="median TPOT, vLLM's client")
+    fitted_tpot_ms: float | None = None
 
 
 def at_hand(hw: HardwareProfile, coefficients: Coefficients) -> HardwareProfile:
@@ -121,6 +134,7 @@ class Profile(BaseModel):
     measured_at: datetime
     coefficients: Coefficients
     shapes: list[Measured]
+    steady: Steady | None = Field(None, description="what split the request overhead into latency and engine time")
     fit_error: float = Field(description="median |fitted / measured - 1| over the shapes")
     seconds: float = Field(description="the run, engine start included")
     id: int | None = Field(None, description="the registry's row, once kept")
@@ -133,7 +147,8 @@ class Profile(BaseModel):
         return (
             f"profile {self.id or '(unsaved)'} of {self.measured_at:%Y-%m-%d %H:%M} UTC on layout {self.layout}:"
             f" step overhead {c.step_overhead_ms:.3g} ms + {c.sequence_overhead_us:.3g} us per sequence,"
-            f" request overhead {c.request_overhead_ms:.3g} ms, compute x{c.compute_scale:.3g},"
+            f" request overhead {c.request_overhead_ms:.3g} ms + {c.admission_ms:.3g} ms of its admitting step,"
+            f" compute x{c.compute_scale:.3g},"
             f" memory x{c.memory_scale:.3g} of the profile's figures; fit within {self.fit_error:.1%} (median)"
         )
 
@@ -236,10 +251,84 @@ def measure(
     return measured
 
 
+STEADY_SHARE = 0.6  # of the shapes' predicted max rate: loaded enough that admissions overlap decodes
+STEADY_SECONDS = 8
+
+
+def max_rate(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> float:
+    """The simulated max SLO rate of one replica under `hw`'s figures and the spec's workload."""
+    model = step_time.step_model(spec, layout, hw)
+    limits = step_time.engine_limits(spec, layout, hw, model)
+    slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
+    wl = spec.workload
+    lifetime = slo.p90_ttft_s + (wl.output_len - 1) * slo.p90_tpot_s
+
+    def run(rate: float) -> sim.SimResult:
+        requests, warmup = sim.steady_requests(rate, wl.input_len, wl.output_len, lifetime, wl.seed)
+        return sim.simulate(model, limits, requests, measure_from=warmup)
+
+    return sim.max_slo_rate(run, slo).rate
+
+
+def steady_tpot_ms(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, rate: float) -> float:
+    """The simulated median TPOT of the workload at `rate`."""
+    model = step_time.step_model(spec, layout, hw)
+    limits = step_time.engine_limits(spec, layout, hw, model)
+    wl = spec.workload
+    lifetime = spec.slo.p90_ttft_ms / 1e3 + (wl.output_len - 1) * spec.slo.p90_tpot_ms / 1e3
+    requests, warmup = sim.steady_requests(rate, wl.input_len, wl.output_len, lifetime, wl.seed)
+    return sim.simulate(model, limits, requests, measure_from=warmup).p("tpot_s", 50) * 1e3
+
+
+def measure_steady(
+    bench: benchmark.BenchClient, url: str, model_dir: Path, out_dir: Path, spec: ReleaseSpec, rate: float
+) -> Steady:
+    n = max(100, math.ceil(rate * STEADY_SECONDS))
+    name = "steady.json"
+    cmd = benchmark.bench_command([], url, str(model_dir), spec.workload, UNJUDGED, rate, n, 1, out_dir, name)
+    code, _ = bench.run(cmd, out_dir / f"{name}.log")
+    if code != 0 or not (out_dir / name).exists():
+        text = (out_dir / f"{name}.log").read_text(errors="replace")
+        raise ReleaseError(f"profile: vllm bench serve failed on the steady load ({code}):\n{text[-2000:]}")
+    data = json.loads((out_dir / name).read_text())
+    steady = Steady(rate=round(rate, 3), requests=n, measured_tpot_ms=round(float(data["median_tpot_ms"]), 3))
+    log.info("profile: steady load at %.3g req/s: median TPOT %.3g ms", rate, steady.measured_tpot_ms)
+    return steady
+
+
+def split_request_overhead(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, coefficients: Coefficients, steady: Steady
+) -> Coefficients:
+    """How much of the request overhead the engine pays (in the step that admits the request) rather
+    than the request alone (latency): the share whose simulated TPOT at the steady rate is nearest."""
+    total = coefficients.request_overhead_ms + coefficients.admission_ms
+    best: tuple[float, Coefficients, float] | None = None
+    for tenth in range(11):
+        trial = coefficients.model_copy(
+            update={
+                "admission_ms": round(total * tenth / 10, 3),
+                "request_overhead_ms": round(total * (10 - tenth) / 10, 3),
+            }
+        )
+        tpot = steady_tpot_ms(spec, at_hand(hw, trial), layout, steady.rate)
+        error = abs(math.log(max(tpot, 1e-6) / steady.measured_tpot_ms))
+        if best is None or error < best[0]:
+            best = (error, trial, tpot)
+    assert best is not None
+    steady.fitted_tpot_ms = round(best[2], 3)
+    return best[1]
+
+
 def fitted_profile(
-    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, measured: list[Measured], seconds: float
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    layout: Layout,
+    measured: list[Measured],
+    seconds: float,
+    coefficients: Coefficients | None = None,
+    steady: Steady | None = None,
 ) -> Profile:
-    coefficients = fit(spec, hw, layout, measured)
+    coefficients = coefficients or fit(spec, hw, layout, measured)
     fitted = step_time.step_model(spec, layout, at_hand(hw, coefficients))
     for m in measured:
         m.fitted_ms = round(expected_ms(fitted, m.shape), 3)
@@ -251,6 +340,7 @@ def fitted_profile(
         measured_at=datetime.now(UTC),
         coefficients=coefficients,
         shapes=measured,
+        steady=steady,
         fit_error=round(error, 4),
         seconds=round(seconds, 1),
     )
@@ -274,13 +364,23 @@ def run(
     model = step_time.step_model(spec, layout, hw)
     with benchmark.running_layout(spec, hw, layout, model_dir, out_dir) as (engine, prober):
         measured = measure(prober.bench, engine.url, model_dir, out_dir, shapes, model)
-    return fitted_profile(spec, hw, layout, measured, time.monotonic() - started)
+        coefficients = fit(spec, hw, layout, measured)
+        rate = STEADY_SHARE * max_rate(spec, at_hand(hw, coefficients), layout)
+        steady = measure_steady(prober.bench, engine.url, model_dir, out_dir, spec, rate)
+    coefficients = split_request_overhead(spec, hw, layout, coefficients, steady)
+    return fitted_profile(spec, hw, layout, measured, time.monotonic() - started, coefficients, steady)
 
 
 def table(profile: Profile) -> str:
     rows = [f"{'shape':16} {'measured ms':>12} {'fitted ms':>10} {'datasheet ms':>13}"]
     for m in profile.shapes:
         rows.append(f"{m.shape.name:16} {m.measured_ms:12.3g} {m.fitted_ms or math.nan:10.3g} {m.datasheet_ms:13.3g}")
+    if profile.steady:
+        st = profile.steady
+        rows.append(
+            f"{f'steady {st.rate:.3g}/s':16} {st.measured_tpot_ms:12.3g} {st.fitted_tpot_ms or math.nan:10.3g}"
+            f" {'-':>13}  (median TPOT of the workload)"
+        )
     return "\n".join(rows)
 
 

@@ -25,6 +25,7 @@ __all__ = ["Limits", "Request", "SimResult", "Slo", "max_slo_rate", "poisson_arr
 
 class StepTimer(Protocol):
     request_overhead_s: float  # the server's way in and out, on every TTFT and latency
+    admission_s: float  # engine time a request costs the step that admits it
 
     def seconds(self, batch: Batch) -> float: ...
 
@@ -126,6 +127,7 @@ def simulate(
             chunk = min(req.input_len, budget)
             chunks.append((index, chunk, 0))
             budget -= chunk
+        admitted = sum(1 for _, _, did in chunks if did == 0)
         prompt_tokens = sum(c for _, c, _ in chunks)
         completing = [i for i, c, did in chunks if did + c == requests[i].input_len]
         batch = Batch(
@@ -134,7 +136,7 @@ def simulate(
             context=decode_context + sum(did for _, _, did in chunks),
             sampled=decoding + len(completing),
         )
-        seconds = timer.seconds(batch)
+        seconds = timer.seconds(batch) + admitted * timer.admission_s
         tokens += batch.tokens
         if breakdown is not None:
             for part in breakdown(batch).parts:
@@ -200,6 +202,21 @@ class Slo(BaseModel):
 
 def within(result: SimResult, slo: Slo) -> bool:
     return result.p("ttft_s", 90) <= slo.p90_ttft_s and result.p("tpot_s", 90) <= slo.p90_tpot_s
+
+
+MAX_SIMULATED_REQUESTS = 20000
+
+
+def steady_requests(
+    rate: float, input_len: int, output_len: int, lifetime: float, seed: int
+) -> tuple[list[Request], float]:
+    """Enough Poisson arrivals for a steady state: one request lifetime to warm up, three measured.
+    -> (requests, when measuring starts)."""
+    n = min(MAX_SIMULATED_REQUESTS, max(200, math.ceil(rate * 4 * lifetime)))
+    arrivals = poisson_arrivals(rate, n, seed)
+    return [Request(arrival=a, input_len=input_len, output_len=output_len) for a in arrivals], min(
+        lifetime, arrivals[-1] / 4
+    )
 
 
 class RateSearch(BaseModel):

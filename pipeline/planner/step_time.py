@@ -114,6 +114,7 @@ class StepModel:
         self.kv_bytes_per_token = arch.num_layers * 2 * self.kv_heads * hd * kv_bytes  # on each device
         self.sequence_s = perf.sequence_overhead_us * 1e-6
         self.request_overhead_s = perf.request_overhead_ms / 1e3  # added to every TTFT by the simulation
+        self.admission_s = perf.admission_ms / 1e3  # added to the step that admits a request, by the simulation
 
     def experts_touched(self, tokens: int) -> float:
         """Expected distinct experts a batch routes to (uniform top-k routing): their weights are read."""
