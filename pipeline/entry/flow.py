@@ -270,7 +270,7 @@ def profile_engine(
     if layout:
         chosen = loaded.layout(layout)
     else:
-        single = [candidate for candidate in spec.layouts if candidate.replicas == 1 and candidate.dp == 1]
+        single = [candidate for candidate in spec.layouts if profiling.profilable(candidate)]
         if not single:
             raise ReleaseError(f"{loaded.path}: no layout of one replica to profile; name one with --layout")
         chosen = single[0]

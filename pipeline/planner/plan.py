@@ -69,20 +69,13 @@ def predict(
     model = step_time.step_model(spec, layout, hw)
     limits = step_time.engine_limits(spec, layout, hw, model)
     slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
-    lifetime = slo.p90_ttft_s + (output_len - 1) * slo.p90_tpot_s
-    seed = spec.workload.seed
-
-    def run(rate: float) -> sim.SimResult:
-        requests, warmup = sim.steady_requests(rate, input_len, output_len, lifetime, seed)
-        return sim.simulate(model, limits, requests, measure_from=warmup)
-
+    run = sim.workload(model, limits, slo, input_len, output_len, spec.workload.seed)
     search = sim.max_slo_rate(run, slo)
     shares: dict[str, float] = {}
     ttft = tpot = step_ms = per_step = None
     binding, bound = "-", "no rate meets the SLO"
     if search.rate > 0:
-        requests, warmup = sim.steady_requests(search.rate, input_len, output_len, lifetime, seed)
-        at = sim.simulate(model, limits, requests, breakdown=model.cost, measure_from=warmup)
+        at = run(search.rate, model.cost)
         total = sum(at.seconds_by_bound.values()) or 1.0
         shares = {k: round(v / total, 3) for k, v in sorted(at.seconds_by_bound.items(), key=lambda kv: -kv[1])}
         ttft, tpot = at.p("ttft_s", 90) * 1e3, at.p("tpot_s", 90) * 1e3

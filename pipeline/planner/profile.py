@@ -21,6 +21,7 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -229,11 +230,8 @@ def measure(
     measured: list[Measured] = []
     for i, shape in enumerate(shapes, 1):
         name = f"shape-{i:02d}.json"
-        code, _ = bench.run(bench_args(shape, url, model_dir, out_dir, name), out_dir / f"{name}.log")
-        if code != 0 or not (out_dir / name).exists():
-            text = (out_dir / f"{name}.log").read_text(errors="replace")
-            raise ReleaseError(f"profile: vllm bench serve failed on {shape.name} ({code}):\n{text[-2000:]}")
-        data = json.loads((out_dir / name).read_text())
+        path, _ = bench.serve(bench_args(shape, url, model_dir, out_dir, name), out_dir, name, f" on {shape.name}")
+        data = json.loads(path.read_text())
         if int(data.get("completed", 0)) < requests(shape):
             raise ReleaseError(f"profile: {shape.name}: only {data.get('completed')} requests completed ({name})")
         value = float(data["median_ttft_ms"] if shape.kind == "prefill" else data["median_itl_ms"])
@@ -255,29 +253,25 @@ STEADY_SHARE = 0.6  # of the shapes' predicted max rate: loaded enough that admi
 STEADY_SECONDS = 8
 
 
-def max_rate(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> float:
-    """The simulated max SLO rate of one replica under `hw`'s figures and the spec's workload."""
+def _workload(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> tuple[Callable[..., sim.SimResult], sim.Slo]:
+    """One replica of `layout` under `hw`'s figures and the spec's workload, as a function of the rate."""
     model = step_time.step_model(spec, layout, hw)
     limits = step_time.engine_limits(spec, layout, hw, model)
     slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
     wl = spec.workload
-    lifetime = slo.p90_ttft_s + (wl.output_len - 1) * slo.p90_tpot_s
+    return sim.workload(model, limits, slo, wl.input_len, wl.output_len, wl.seed), slo
 
-    def run(rate: float) -> sim.SimResult:
-        requests, warmup = sim.steady_requests(rate, wl.input_len, wl.output_len, lifetime, wl.seed)
-        return sim.simulate(model, limits, requests, measure_from=warmup)
 
+def max_rate(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> float:
+    """The simulated max SLO rate of one replica under `hw`'s figures and the spec's workload."""
+    run, slo = _workload(spec, hw, layout)
     return sim.max_slo_rate(run, slo).rate
 
 
 def steady_tpot_ms(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, rate: float) -> float:
     """The simulated median TPOT of the workload at `rate`."""
-    model = step_time.step_model(spec, layout, hw)
-    limits = step_time.engine_limits(spec, layout, hw, model)
-    wl = spec.workload
-    lifetime = spec.slo.p90_ttft_ms / 1e3 + (wl.output_len - 1) * spec.slo.p90_tpot_ms / 1e3
-    requests, warmup = sim.steady_requests(rate, wl.input_len, wl.output_len, lifetime, wl.seed)
-    return sim.simulate(model, limits, requests, measure_from=warmup).p("tpot_s", 50) * 1e3
+    run, _ = _workload(spec, hw, layout)
+    return run(rate).p("tpot_s", 50) * 1e3
 
 
 def measure_steady(
@@ -286,11 +280,8 @@ def measure_steady(
     n = max(100, math.ceil(rate * STEADY_SECONDS))
     name = "steady.json"
     cmd = benchmark.bench_command([], url, str(model_dir), spec.workload, UNJUDGED, rate, n, 1, out_dir, name)
-    code, _ = bench.run(cmd, out_dir / f"{name}.log")
-    if code != 0 or not (out_dir / name).exists():
-        text = (out_dir / f"{name}.log").read_text(errors="replace")
-        raise ReleaseError(f"profile: vllm bench serve failed on the steady load ({code}):\n{text[-2000:]}")
-    data = json.loads((out_dir / name).read_text())
+    path, _ = bench.serve(cmd, out_dir, name, " on the steady load")
+    data = json.loads(path.read_text())
     steady = Steady(rate=round(rate, 3), requests=n, measured_tpot_ms=round(float(data["median_tpot_ms"]), 3))
     log.info("profile: steady load at %.3g req/s: median TPOT %.3g ms", rate, steady.measured_tpot_ms)
     return steady
@@ -348,6 +339,11 @@ def fitted_profile(
     return profile
 
 
+def profilable(layout: Layout) -> bool:
+    """One tp x ep replica: what the step-time model describes and one engine's shapes measure."""
+    return layout.replicas == 1 and layout.pp == 1 and layout.dp == 1
+
+
 def run(
     spec: ReleaseSpec,
     hw: HardwareProfile,
@@ -357,7 +353,7 @@ def run(
     shapes: list[Shape] | None = None,
 ) -> Profile:
     """Start `layout` (one replica is profiled), run each shape, fit; always tears the engine down."""
-    if layout.replicas != 1 or layout.pp != 1 or layout.dp != 1:
+    if not profilable(layout):
         raise ReleaseError(f"layout {layout.name!r}: profile a layout of one tp x ep replica (replicas 1, pp 1, dp 1)")
     started = time.monotonic()
     shapes = shapes or shapes_for(spec, layout)

@@ -199,6 +199,10 @@ class Slo(BaseModel):
     p90_ttft_s: float
     p90_tpot_s: float
 
+    def lifetime(self, output_len: int) -> float:
+        """A request's life at the SLO's limits: how long a steady state takes to warm up."""
+        return self.p90_ttft_s + (output_len - 1) * self.p90_tpot_s
+
 
 def within(result: SimResult, slo: Slo) -> bool:
     return result.p("ttft_s", 90) <= slo.p90_ttft_s and result.p("tpot_s", 90) <= slo.p90_tpot_s
@@ -217,6 +221,20 @@ def steady_requests(
     return [Request(arrival=a, input_len=input_len, output_len=output_len) for a in arrivals], min(
         lifetime, arrivals[-1] / 4
     )
+
+
+def workload(
+    timer: StepTimer, limits: Limits, slo: Slo, input_len: int, output_len: int, seed: int
+) -> Callable[..., SimResult]:
+    """One replica under Poisson arrivals of one workload, as a function of the rate (and an optional
+    `breakdown`), measured in the steady state: what a rate search and a prediction's details run."""
+    lifetime = slo.lifetime(output_len)
+
+    def run(rate: float, breakdown: Callable[[Batch], StepCost] | None = None) -> SimResult:
+        requests, warmup = steady_requests(rate, input_len, output_len, lifetime, seed)
+        return simulate(timer, limits, requests, breakdown=breakdown, measure_from=warmup)
+
+    return run
 
 
 class RateSearch(BaseModel):

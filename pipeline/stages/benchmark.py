@@ -746,6 +746,15 @@ class BenchClient:
         result = json.loads(answer[0])
         return int(result["rc"]), float(result["cpu_s"])
 
+    def serve(self, argv: list[str], out_dir: Path, name: str, what: str = "") -> tuple[Path, float]:
+        """`run`, with its result file `out_dir/name` (log beside it) required. -> (result file, CPU
+        seconds); a failed run is a ReleaseError with the log's tail (`what`: what it measured)."""
+        code, cpu_s = self.run(argv, out_dir / f"{name}.log")
+        if code != 0 or not (out_dir / name).exists():
+            text = (out_dir / f"{name}.log").read_text(errors="replace")
+            raise ReleaseError(f"vllm bench serve failed{what} ({code}):\n{text[-2000:]}")
+        return out_dir / name, cpu_s
+
     def close(self) -> None:
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -794,13 +803,10 @@ class Prober:
         before = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
         self.bench.ensure()  # its one-time start-up (the vLLM import) stays outside the probe's window
         window = interference.Window(engine_groups=set(self.engine.groups), client_group=self.bench.group)
-        code, client_s = self.bench.run(cmd[len(self.client) :], self.out_dir / f"{name}.log")
+        path, client_s = self.bench.serve(cmd[len(self.client) :], self.out_dir, name)
         seen = window.close(client_s)
         after = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
-        if code != 0 or not (self.out_dir / name).exists():
-            text = (self.out_dir / f"{name}.log").read_text(errors="replace")
-            raise ReleaseError(f"vllm bench serve failed ({code}):\n{text[-2000:]}")
-        probe = parse_result(self.out_dir / name, rate, n, self.spec.slo)
+        probe = parse_result(path, rate, n, self.spec.slo)
         probe.interference = seen
         probe.engine = engine_metrics.view(before, after)
         self.done.append(probe)
