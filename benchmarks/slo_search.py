@@ -1,6 +1,7 @@
 """SLO search vs a uniform sweep, against a simulated server with a known true answer, in one run.
 
-    .venv/bin/python benchmarks/slo_search.py [--mu 60] [--ttft-ms 200] [--prompts 300]
+    .venv/bin/python benchmarks/slo_search.py [--mu 60] [--ttft-ms 200] [--prompts 300] [--show-probes]
+    .venv/bin/python benchmarks/slo_search.py --in-process 200 [--noise 0.1]
 
 The server (tests/simserver.py) is an M/M/1 prefill queue: p90 TTFT = ln(10)/(mu - rate), so
 the true highest rate within the SLO is mu - ln(10)/limit. Load comes from the real
@@ -37,6 +38,15 @@ def main() -> None:
     parser.add_argument("--min-probe-seconds", type=float, default=6.0)
     parser.add_argument("--prior-off", type=float, default=0.25, help="prior = truth x (1 +- this)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the uniform sweep (its many runs)")
+    parser.add_argument("--show-probes", action="store_true", help="print each search's probes in order")
+    parser.add_argument(
+        "--in-process",
+        type=int,
+        metavar="SEEDS",
+        help="instead: the same searches against the M/M/1 model itself (no server, no client), with each "
+        "p90 off by up to --noise, over SEEDS seeds: the search's own statistics, free of this machine's noise",
+    )
+    parser.add_argument("--noise", type=float, default=0.1, help="--in-process: relative p90 noise (uniform)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     slo = SloSpec(p90_ttft_ms=args.ttft_ms, p90_tpot_ms=50, resolution=0.05)
@@ -44,6 +54,8 @@ def main() -> None:
         input_len=16, output_len=8, num_prompts=args.prompts, seed=0, min_probe_seconds=args.min_probe_seconds
     )
     truth = true_max_rate(args.mu, args.ttft_ms)
+    if args.in_process:
+        return in_process(args, workload, slo, truth)
     tokenizer = tiny_model.build()
     port = serving.free_port()
     server = subprocess.Popen(
@@ -103,10 +115,43 @@ def main() -> None:
         load = sum(p.duration_s for p in ps)
         err = f"{100 * (rate - truth) / truth:+.1f}%" if rate else "n/a"
         print(f"{name:28} {len(ps):5d} {load:8.1f} {wall:8.1f} {rate or math.nan:8.2f} {err:>8}")
+    if args.show_probes:
+        for name, ps, _, _ in rows:
+            trail = ", ".join(
+                f"{p.rate:.1f}{'+' if p.passed else '-'}({p.p90_ttft_ms:.0f} ms)" for p in ps if not p.superseded
+            )
+            print(f"{name}: {trail}")
     if sweep:
         print(f"runs ratio search/sweep: {len(probes) / len(sweep):.2f}")
     mean_prior = sum(len(o.probes) for _, o, _ in with_prior) / len(with_prior)
     print(f"runs ratio search from a prior / without (mean of both priors): {mean_prior / len(probes):.2f}")
+
+
+def in_process(args: argparse.Namespace, workload: WorkloadSpec, slo: SloSpec, truth: float) -> None:
+    """Mean runs and |error| per start over many seeds, against the model's own p90s."""
+    from tests.test_benchmark import mm1_run
+
+    logging.disable(logging.WARNING)
+    starts = [("bracket + bisection", None), *((f"from a prior {f - 1:+.0%}", f) for f in (1.25, 0.75))]
+    print(f"M/M/1 model in-process: mu={args.mu:g}, limit {args.ttft_ms:g} ms, p90 noise up to {args.noise:.0%}, "
+          f"{args.in_process} seeds; true max rate {truth:.2f} req/s")  # fmt: skip
+    print(f"{'start':28} {'mean runs':>9} {'max':>4} {'mean |error|':>12} {'max |error|':>11} {'no answer':>9}")
+    means = {}
+    for name, factor in starts:
+        runs, errors, missing = [], [], 0
+        for seed in range(args.in_process):
+            run = mm1_run(args.mu, slo, noise=args.noise, seed=seed)
+            found = benchmark.slo_search(run, workload, slo, prior=truth * factor if factor else None)
+            runs.append(len(found.probes))
+            if found.max_slo_rate is None:
+                missing += 1
+            else:
+                errors.append(abs(found.max_slo_rate / truth - 1))
+        means[name] = sum(runs) / len(runs)
+        print(f"{name:28} {means[name]:9.2f} {max(runs):4d} {sum(errors) / max(len(errors), 1):12.1%} "
+              f"{max(errors, default=0):11.1%} {missing:9d}")  # fmt: skip
+    with_prior = (means[starts[1][0]] + means[starts[2][0]]) / 2
+    print(f"runs ratio from a prior / without: {with_prior / means[starts[0][0]]:.2f}")
 
 
 if __name__ == "__main__":

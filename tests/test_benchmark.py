@@ -171,7 +171,7 @@ def test_search_finds_the_true_rate_with_half_the_runs_of_a_sweep(mu, limit):
     assert outcome.max_slo_rate <= truth  # the answer is a rate that passed
     sweep, swept = benchmark.uniform_sweep(mm1_run(mu, slo), outcome.capacity, workload, slo)
     assert len(outcome.probes) <= len(sweep) / 2
-    assert not outcome.bound_only and "bisected" in outcome.stop_reason
+    assert not outcome.bound_only and "narrowed" in outcome.stop_reason
     assert len(outcome.deciding_p90_ttft_ms) == 2 and outcome.spread is not None  # the answer was repeated
 
 
@@ -222,6 +222,41 @@ def test_a_prior_starts_the_bracket_and_a_failed_repeat_moves_the_answer_down():
     assert failed and outcome.max_slo_rate is not None and outcome.max_slo_rate < failed[0]
     assert not outcome.bound_only and len(outcome.deciding_p90_ttft_ms) == 2
     assert abs(outcome.max_slo_rate - truth) / truth <= 0.1
+
+
+def test_a_prior_25_percent_off_needs_fewer_probes_than_no_prior_and_lands_within_5_percent():
+    """The planner's promise: a prediction off by 25% either way saves probes. The margins of two
+    probes put the next one near the edge (a secant), where halving the bracket took 9-10 runs."""
+    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    workload = WorkloadSpec(input_len=1, output_len=2)
+    truth = true_max_rate(60.0, 200.0)
+    with_prior, without = [], []
+    for seed in range(6):
+        run = mm1_run(60.0, slo, noise=0.08, seed=seed)
+        without.append(benchmark.slo_search(run, workload, slo))
+        with_prior += [benchmark.slo_search(run, workload, slo, prior=truth * f) for f in (1.25, 0.75)]
+    for outcome in with_prior + without:
+        assert not outcome.bound_only and abs(outcome.max_slo_rate - truth) / truth <= 0.05, outcome.stop_reason
+    mean = sum(len(o.probes) for o in with_prior) / len(with_prior)
+    assert mean < sum(len(o.probes) for o in without) / len(without)
+    assert mean <= 6, [len(o.probes) for o in with_prior]
+
+
+def test_an_engine_failing_every_request_is_called_missed_in_growing_steps():
+    """Fast latencies from an engine whose every request errors say nothing about the edge: the
+    search steps down blind (1.25x, then squared) instead of creeping by its margin."""
+    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    steady = mm1_run(1e6, slo)
+
+    def broken(rate: float, n: int, seed: int) -> benchmark.Probe:
+        probe = steady(rate, n, seed)
+        probe.failed, probe.failed_fraction = n, 1.0
+        benchmark.judge(probe, slo)
+        return probe
+
+    outcome = benchmark.slo_search(broken, WorkloadSpec(input_len=1, output_len=2), slo, prior=50.0)
+    assert outcome.max_slo_rate is None and "SLO missed" in outcome.stop_reason, outcome.stop_reason
+    assert len(outcome.probes) <= 6
 
 
 def test_a_probe_beside_a_cpu_hog_is_measured_again_and_flagged_when_it_stays_dirty():

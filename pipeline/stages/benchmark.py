@@ -7,8 +7,8 @@ probe and reads the JSON it saves. The search keeps its whole state as typed rec
 
 Why this search: latency against offered load is flat, then bends up sharply near capacity.
 A saturation probe (every request at once) measures that capacity, which brackets the
-answer from above; bisection on the offered rate then needs log2(1/resolution) probes
-instead of a sweep's 1/resolution. Why order statistics: a p90 from n requests is itself a
+answer from above; a secant on each probe's latency margin (safeguarded by bisection) then
+needs a few probes instead of a sweep's 1/resolution. Why order statistics: a p90 from n requests is itself a
 random quantity; when the SLO limit falls inside its 95% interval the verdict is noise, so
 the probe is repeated with more requests before it is trusted.
 """
@@ -104,7 +104,7 @@ class LayoutResult(BaseModel):
     max_slo_rate: float | None = Field(None, description="req/s at the layout's endpoint (all its replicas)")
     per_server: float | None = None
     per_device: float | None = None
-    bound_only: bool = Field(False, description="the answer is a bound (probe budget, capacity), not a bisected value")
+    bound_only: bool = Field(False, description="the answer is a bound (probe budget, capacity), not a narrowed value")
     stop_reason: str = ""
     burst_rps: float | None = Field(None, description="throughput of the opening burst (the search's scale only)")
     deciding_p90_ttft_ms: list[float] = Field(default_factory=list, description="p90 TTFT of each run at the answer")
@@ -290,6 +290,34 @@ RunProbe = Callable[[float, int, int], Probe]  # (rate, num_prompts, seed) -> Pr
 UP, UP_WITH_PRIOR = 2.0, 1.25  # first bracket steps: from a burst's rough scale, or from a known answer
 MAX_STEP = 4.0
 FLOOR = 0.02  # below this share of the starting rate the SLO is called missed
+AIM_ABOVE, AIM_BELOW = 0.25, 0.25
+NEAR_MISS = 0.99  # the margin a failed probe counts with when its latencies held (it failed on errors or pace)
+
+
+def margin(probe: Probe, slo: SloSpec) -> float:
+    """limit / p90 of the latency nearest its limit: above 1 inside the SLO, 1 at its edge.
+
+    Why this scale: for a queue it falls about linearly with the offered rate up to the knee
+    (M/M/1: p90 TTFT = ln 10 / (mu - rate), so limit / p90 is linear in the rate), so a line
+    through two probes lands near the edge where halving the bracket needs several probes more."""
+    return min(
+        slo.p90_ttft_ms / max(probe.p90_ttft_ms, 1e-9),
+        slo.p90_tpot_ms / max(probe.p90_tpot_ms, 1e-9),
+    )
+
+
+def hopeless(probe: Probe) -> bool:
+    """Failed on errors or on pace: more requests would not change the verdict."""
+    return any("achieved" in r or "failed" in r for r in probe.reasons)
+
+
+def crossing(points: list[tuple[float, float]]) -> float | None:
+    """The rate at which the line through two (rate, margin) points reaches margin 1; None unless
+    the margin falls as the rate rises (noise can make two probes say otherwise)."""
+    (r1, y1), (r2, y2) = points
+    if r1 == r2 or (y2 - y1) / (r2 - r1) >= 0:
+        return None
+    return r1 + (1 - y1) * (r2 - r1) / (y2 - y1)
 
 
 class SearchOutcome(BaseModel):
@@ -320,15 +348,19 @@ def is_clean(probe: Probe, workload: WorkloadSpec) -> bool:
 def slo_search(
     run: RunProbe, workload: WorkloadSpec, slo: SloSpec, max_probes: int = 16, prior: float | None = None
 ) -> SearchOutcome:
-    """Bracket the highest rate that holds the SLO with steady-state probes, bisect, confirm.
+    """Bracket the highest rate that holds the SLO with steady-state probes, narrow, confirm.
 
     Without a prior, a burst of `num_prompts` requests gives only the scale (a burst measures
     start-up as much as the engine); the bracket comes from steady probes at half that rate and
     up or down by 2x (then 4x) until the verdict flips. With a prior (a prediction, or the rate a
-    release was promoted at) the first probe is at the prior and the steps start at 1.25x. Bisection then
-    narrows the bracket to half the resolution, and the answer is repeated `workload.repeats`
-    times: a repeat that fails moves the answer down. A probe whose interference (CPU used by
-    other processes) exceeds `workload.max_interference` cores is run again.
+    release was promoted at) the first probe is at the prior and the steps start at 1.25x. From
+    two probes on one side, the next goes where the line through their margins (`margin`) meets
+    the SLO's edge, within those steps. Inside a bracket each probe aims just past the secant's
+    edge (a quarter of the resolution), on the side the last probe did not land on, and bisects
+    when one side won twice running, until the bracket is half the resolution wide; the answer
+    is repeated `workload.repeats` times: a repeat that fails moves the answer down. A probe
+    whose interference (CPU used by other processes) exceeds `workload.max_interference` cores
+    is run again.
     """
     out = SearchOutcome(probes=[])
     runs: dict[float, list[Probe]] = {}  # counted runs per rate
@@ -381,8 +413,7 @@ def slo_search(
                     rate,
                     dirty + 1,
                 )
-            hopeless = result.reasons and any("achieved" in r or "failed" in r for r in result.reasons)
-            if result.conclusive or math.isinf(rate) or hopeless:
+            if result.conclusive or math.isinf(rate) or hopeless(result):
                 break
             if doublings == MAX_PROMPT_DOUBLINGS:
                 log.warning("probe at %.3g req/s stays inconclusive with %d requests; counting it as a fail", rate, n)
@@ -414,6 +445,14 @@ def slo_search(
             out.stop_reason += f"; no clean measurement at {', '.join(f'{r:.3g}' for r in out.unclean_rates)} req/s"
         return out
 
+    def point(rate: float) -> tuple[float, float]:
+        """(rate, margin) of the counted runs at a rate: the worst margin, on its verdict's side; 0 where
+        requests failed or the engine fell behind (no latency says how far off that is)."""
+        if any(hopeless(p) for p in runs[rate]):
+            return rate, 0.0
+        worst = min(margin(p, slo) for p in runs[rate])
+        return rate, max(worst, 1.0) if holds(rate) else min(worst, NEAR_MISS)
+
     if prior:
         start, step = prior, UP_WITH_PRIOR
     else:
@@ -422,65 +461,78 @@ def slo_search(
         if burst.achieved_rate <= 0:
             return finish(None, "no request completed in the opening burst")
         start, step = burst.achieved_rate / 2, UP
-    lo: float | None = None
-    hi: float | None = None
-    rate = start
-    # bracket: steady probes up (or down) by `step` until the verdict flips
-    # (each step in the same direction is the previous one squared, up to MAX_STEP: a prior far off
-    # costs a few probes, not a dozen)
-    if probe(rate).passed:
-        lo = rate
-        while hi is None:
+    res = slo.resolution
+    probe(start)
+    verdicts: list[bool] = []  # of the probes inside a bracket: the same verdict twice means the secant stalls
+    while True:
+        # fails trump passes above them: a rate that failed (a repeat, noise) caps the answer
+        failed = [r for r in runs if not holds(r)]
+        hi = min(failed, default=None)
+        lo = max((r for r in runs if holds(r) and (hi is None or r < hi)), default=None)
+        if hi is None:
+            # all passed: step up, or go to where the line through the two highest passes meets the edge
+            assert lo is not None
             if spent():
                 return finish(
                     lo, f"probe budget ({max_probes}) spent while bracketing; {lo:.3g} is a lower bound", True
                 )
-            rate *= step
-            step = min(step * step, MAX_STEP)
-            if probe(rate).passed:
-                lo = rate
+            passes = sorted(r for r in runs if holds(r))[-2:]
+            edge = crossing([point(r) for r in passes]) if len(passes) == 2 else None
+            # where latency grows at least in proportion to the rate (near the knee it grows faster),
+            # the edge lies below lo x its margin: no step beyond that
+            cap = lo * min(step, max(point(lo)[1], 1 + res / 2))
+            if edge is None:
+                rate, step = cap, min(step * step, MAX_STEP)
             else:
-                hi = rate
-    while True:
-        while lo is None:
-            hi = rate
-            rate /= step
-            step = min(step * step, MAX_STEP)
+                rate = min(max(edge * (1 + AIM_ABOVE * res), lo * (1 + res / 2)), cap)
+        elif lo is None:
+            # all failed: step down, or to where the line through the two lowest fails meets the edge
+            fails = sorted(failed)[:2]
+            edge = crossing([point(r) for r in fails]) if len(fails) == 2 else None
+            # the same reasoning puts the edge above hi x its margin
+            floor = hi * max(1 / step, min(point(hi)[1], 1 - res / 2))
+            if edge is None:
+                rate, step = floor, min(step * step, MAX_STEP)
+            else:
+                rate = max(min(edge * (1 - AIM_BELOW * res), hi * (1 - res / 2)), floor)
             if rate < start * FLOOR:
                 return finish(None, f"SLO missed even at {hi:.3g} req/s")
             if spent():
                 return finish(None, f"probe budget ({max_probes}) spent; the SLO fails down to {hi:.3g} req/s", True)
-            if probe(rate).passed:
-                lo = rate
-        assert hi is not None
-        # bisect to half the resolution, so the reported (last passing) rate is within the
-        # resolution of the true boundary even when the boundary sits at the top of the bracket
-        while (hi - lo) / hi > slo.resolution / 2:
+        elif (hi - lo) / hi > res / 2:
+            # narrow the bracket to half the resolution, so the reported (last passing) rate is within
+            # the resolution of the true edge even when the edge sits at the top of the bracket: aim just
+            # past the secant's edge, on the side the last probe did not land on, so that two probes
+            # close a bracket around a good estimate; bisect when the same side won twice running
             if spent():
                 return finish(lo, f"probe budget ({max_probes}) spent; {lo:.3g} is a lower bound", True)
-            mid = (lo + hi) / 2
-            if probe(mid).passed:
-                lo = mid
+            edge = crossing([point(lo), point(hi)])
+            width = hi - lo
+            last_passed = [p for p in out.probes if not p.superseded][-1].passed
+            if edge is None or verdicts[-2:] in ([True, True], [False, False]):
+                rate = (lo + hi) / 2
             else:
-                hi = mid
-        # confirm: the answer must pass again; one failing repeat means it does not hold
-        while holds(lo) and len(runs[lo]) < 1 + workload.repeats:
+                rate = edge * (1 + AIM_ABOVE * res if last_passed else 1 - AIM_BELOW * res)
+                rate = min(max(rate, lo + width / 10), hi - width / 10)
+            verdicts.append(probe(rate).passed)
+            continue
+        elif len(runs[lo]) < 1 + workload.repeats:
+            # confirm: the answer must pass again; a failing repeat makes it a fail and the loop goes on below it
             if spent():
                 return finish(
                     lo,
                     f"probe budget ({max_probes}) spent before the answer was repeated; {lo:.3g} is a lower bound",
                     True,
                 )
-            probe(lo)
-        if holds(lo):
+            if probe(lo).passed is False:
+                log.warning("the answer %.3g req/s failed its repeat; searching below it", lo)
+                verdicts.clear()
+            continue
+        else:
             return finish(
-                lo,
-                f"bisected to {slo.resolution / 2:.1%}: passes at {lo:.3g} ({len(runs[lo])} runs), fails at {hi:.3g}",
+                lo, f"narrowed to {res / 2:.1%}: passes at {lo:.3g} ({len(runs[lo])} runs), fails at {hi:.3g}"
             )
-        log.warning("the answer %.3g req/s failed its repeat; searching below it", lo)
-        hi, rate, step = lo, lo, UP_WITH_PRIOR
-        below = [r for r in runs if r < hi and holds(r)]
-        lo = max(below) if below else None
+        probe(rate)
 
 
 def uniform_sweep(
