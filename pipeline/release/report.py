@@ -370,12 +370,14 @@ def _section_planner(reg: Registry, rel: Release) -> str:
     if not rows:
         return ""
     own, used = calibration.median_abs_errors(rows)
-    parts = keys[0].split(" | ")
-    figures = f"step times fitted by {parts[3]}" if len(parts) > 3 else "step times from the datasheet figures"
+    first = calibration.CalibrationKey.parse(keys[0])
+    figures = (
+        f"step times fitted by profile {first.profile}" if first.profile else "step times from the datasheet figures"
+    )
     out = [
         "<h2>Planner error across releases</h2>",
-        f"<p class='muted'>the last measurements of this release's layout shapes on {_e(parts[0])} "
-        f"({_e(parts[1])}; {_e(figures)}); error = measured / predicted - 1. Median |error| over {len(rows)}: "
+        f"<p class='muted'>the last measurements of this release's layout shapes on {_e(first.hardware)} "
+        f"({_e(first.engine)}; {_e(figures)}); error = measured / predicted - 1. Median |error| over {len(rows)}: "
         f"planner alone {_size(own)}, as predicted (calibrated where earlier measurements existed) {_size(used)}.</p>",
         "<table><tr><th>release</th><th>layout</th><th>planner req/s</th><th>predicted req/s</th>"
         "<th>measured req/s</th><th>planner error</th><th>prediction error</th></tr>",
