@@ -8,13 +8,15 @@ import urllib.request
 import pytest
 import sqlalchemy
 
-from pipeline.core import storage
+from pipeline.core import artifacts, storage
 from pipeline.core.spec import load_spec
 from pipeline.release import local_target, promote, report
 from pipeline.release.registry import Registry, audit_trail
+from pipeline.stages import evaluate
 from tests.conftest import TINY_SPEC
 from tests.load import LoadClient
 from tests.s3server import free_port
+from tests.test_benchmark import mismatched_tokenizer
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -48,15 +50,17 @@ def candidate(
     run="run-1",
     rate=50.0,
     layout="single",
+    evaluation=None,
 ):
-    """A release with the given evidence recorded, the way the DAG's tasks record it."""
+    """A release with the given evidence recorded, the way the DAG's tasks record it (`evaluation`:
+    the gate's in-process baseline and candidate results, which rollouts hold the served answers to)."""
     loaded = load_spec(spec_path)
     target = loaded.spec.promotion.target
     rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), target)
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
     reg.record(rel.id, "staged", "pipeline", data={"s3_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash})
     if accuracy is not None:
-        reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy})
+        reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy}, data={"evaluation": evaluation})
     if slo is not None:
         reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data={"layout": layout, "rate_per_server": rate})
     if approver:
@@ -248,7 +252,7 @@ def completion(url: str) -> str:
 
 
 @pytest.mark.slow
-def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spec, fp8_artifact):
+def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spec, fp8_artifact, tmp_path):
     reg = Registry()
 
     def own_name(data, extra=None):  # its own live slot: never touches a `make demo` running beside it
@@ -281,14 +285,38 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
         assert reg.get(bad.id).status == "rolled_back" and reg.get(first.id).status == "live"
         assert local_target.current(name).release_id == first.id and completion(url)
 
+        # the gate's in-process scores of this artifact: each step's smoke test holds the new
+        # release's served answers to them, on the first 20 items of each task
+        gate_side = evaluate.evaluate(
+            artifact, artifacts.verify(artifact).content_hash(), load_spec(spec).spec.evaluation, use_cache=True
+        ).model_dump(mode="json")
+        scores = {"baseline": gate_side, "candidate": gate_side}
+
+        # a release whose engine answers through a tokenizer that does not match the model starts and
+        # is healthy, but is aborted before its first step takes traffic; the first keeps serving
+        wrong = str(mismatched_tokenizer(artifact, tmp_path / "wrong-tokenizer"))
+        garbled_spec = tiny_spec(
+            lambda d: own_name(d, lambda d: d["layouts"][0]["engine_args"].update({"tokenizer": wrong})),
+            name="garbled.yaml",
+        )
+        garbled, _ = candidate(reg, garbled_spec, artifact, run="garbled", evaluation=scores)
+        with pytest.raises(promote.DeployFailed, match=r"aborted before step 1 .*serving-path accuracy: .*tiny_add"):
+            promote.promote(reg, garbled.id)
+        assert reg.get(garbled.id).status == "rolled_back" and local_target.current(name).release_id == first.id
+        checked = [e.detail for e in reg.events(garbled.id) if e.kind == "rollout_accuracy"]
+        assert [(c["step"], c["passed"], c["limit"]) for c in checked] == [(1, False, 20)], checked
+
         # from here on a client sends half the live release's SLO rate through the live endpoint
         rate = reg.get(first.id).facts.rate_per_server / 2
         with LoadClient(url, rate) as load:
             # a good second release takes the traffic in the spec's steps, each judged on live p90s
+            # after its answers passed
             second_spec = tiny_spec(own_name, name="second.yaml")
-            second, _ = candidate(reg, second_spec, artifact, run="second")
+            second, _ = candidate(reg, second_spec, artifact, run="second", evaluation=scores)
             assert promote.promote(reg, second.id).status == "live"
             assert reg.get(first.id).status == "superseded" and completion(url)
+            checked = [e.detail for e in reg.events(second.id) if e.kind == "rollout_accuracy"]
+            assert [(c["step"], c["passed"]) for c in checked] == [(1, True), (2, True)], checked
             steps = [e.detail for e in reg.events(second.id) if e.kind == "rollout_step"]
             assert [(s["fraction"], s["passed"], s["inconclusive"]) for s in steps] == [
                 (0.5, True, False),

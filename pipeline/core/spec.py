@@ -115,6 +115,14 @@ class ServedAccuracySpec(Strict):
         Field(gt=0, description="the first N items of each task (of the gate's items); null: all the gate's"),
     ] = 50
     num_concurrent: Annotated[int, Field(gt=0, description="requests lm-eval keeps in flight")] = 4
+    rollout_limit: Annotated[
+        int | None,
+        Field(
+            gt=0,
+            description="a local rollout's smoke test: the first N items at the new release's own engine before "
+            "each step takes traffic (before the switch, with no live release); a failure aborts; null: no check",
+        ),
+    ] = 20
 
 
 class EvaluationSpec(Strict):

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -30,10 +31,15 @@ from pipeline.core.paths import home
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, duration_seconds
 from pipeline.release import analysis, local_prometheus
 from pipeline.stages import engine_metrics, serving
+from pipeline.stages.served_accuracy import ServedAccuracy
 
 log = logging.getLogger(__name__)
 
 SMOKE_PROMPT = "12+34="
+
+# (the new release's own engine URL, rollout step) -> its serving-path accuracy check: the
+# caller holds the gate's scores and records the evidence; a failed check aborts the step
+Answers = Callable[[str, int], ServedAccuracy]
 
 
 class Deployment(BaseModel):
@@ -327,8 +333,28 @@ def prometheus_root(name: str) -> Path:
     return state_dir(name) / "prometheus"
 
 
-def _progressive(spec: ReleaseSpec, old: Deployment, new: Deployment) -> list[analysis.StepAnalysis]:
+def answered_wrong(answers: Answers | None, dep: Deployment, step: int) -> list[str]:
+    """Before a step takes traffic: the new release's answers on the gate's first items, at one of
+    its replicas (each step asks the next). Returns why they fail; empty when they pass or when
+    there is no check."""
+    if answers is None:
+        return []
+    checked = answers(f"http://127.0.0.1:{dep.ports[(step - 1) % len(dep.ports)]}", step)
+    log.info(
+        "release %d, step %d: serving-path accuracy %s: %s",
+        dep.release_id,
+        step,
+        "passed" if checked.passed else "FAILED",
+        checked.summary(),
+    )
+    return [] if checked.passed else ["serving-path accuracy: " + "; ".join(checked.failures)]
+
+
+def _progressive(
+    spec: ReleaseSpec, old: Deployment, new: Deployment, answers: Answers | None = None
+) -> list[analysis.StepAnalysis]:
     """Shift traffic to `new` step by step; after each step's window, the PromQL analysis decides.
+    Before each step takes traffic, `answers` checks the new release's answers.
 
     Raises RolloutAborted at the first failed step (the caller sends all traffic back to `old`)."""
     plan = spec.rollout
@@ -340,6 +366,18 @@ def _progressive(spec: ReleaseSpec, old: Deployment, new: Deployment) -> list[an
     window = duration_seconds(plan.analysis_window)
     steps: list[analysis.StepAnalysis] = []
     for number, fraction in enumerate(plan.steps, 1):
+        wrong = answered_wrong(answers, new, number)
+        if wrong:
+            steps.append(
+                analysis.StepAnalysis(
+                    step=number, fraction=fraction, window_s=0, passed=False, reasons=wrong, queries={}
+                )
+            )
+            raise RolloutAborted(
+                f"rollout of release {new.release_id} aborted before step {number} ({fraction:.0%} of traffic): "
+                + "; ".join(wrong),
+                steps,
+            )
         _point_front(spec, split(old, new, fraction), f"{new.release_id}@{fraction:g}", shares=fraction < 1)
         log.info(
             "rollout of release %d, step %d/%d: %.0f%% of traffic on it, analysis in %d s",
@@ -373,12 +411,20 @@ def _progressive(spec: ReleaseSpec, old: Deployment, new: Deployment) -> list[an
 
 
 def deploy(
-    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, release_id: int, timeout: float = 900
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    layout: Layout,
+    model_dir: Path,
+    release_id: int,
+    timeout: float = 900,
+    answers: Answers | None = None,
 ) -> tuple[Deployment, str, list[analysis.StepAnalysis]]:
     """Start the release beside the current one, smoke-test it, move traffic to it, stop the old one.
 
     With a healthy release live, traffic moves in the spec's rollout steps, each judged on live
     metrics; otherwise the front switches at once (nothing to compare with, nobody to protect).
+    `answers` checks the new release's answers before each step (before the switch when it is
+    the only step): answers that got worse abort it like a failed analysis.
     The old release is drained before it stops: no request is dropped. Returns the new deployment,
     the smoke completion's text and the step analyses. On failure the previous release (if any)
     serves all traffic again and LocalDeployFailed (RolloutAborted, with the analyses) says why.
@@ -397,7 +443,9 @@ def deploy(
             for port in dep.ports:
                 text = smoke(f"http://127.0.0.1:{port}")
             if fallback and fallback.release_id != release_id:
-                steps = _progressive(spec, fallback, dep)
+                steps = _progressive(spec, fallback, dep, answers)
+            elif wrong := answered_wrong(answers, dep, 1):
+                raise LocalDeployFailed(f"release {release_id} not switched to: " + "; ".join(wrong))
             _point_front(spec, _only(dep), str(release_id))
             text = smoke(endpoint(spec))
         except BaseException:

@@ -22,7 +22,9 @@ from pipeline.k8s import manifests
 from pipeline.release import analysis, local_target, rollout_plan
 from pipeline.release.analysis import StepAnalysis
 from pipeline.release.registry import Registry, Release
-from pipeline.stages import serving
+from pipeline.stages import served_accuracy, serving
+from pipeline.stages.evaluate import EvalResult
+from pipeline.stages.served_accuracy import ServedAccuracy
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,14 @@ def release_spec(rel: Release) -> LoadedSpec:
         copy,
     )
     return load_spec(copy)
+
+
+def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:
+    """The in-process (baseline, candidate) results the accuracy gate recorded for this release."""
+    recorded = rel.data.get("evaluation")
+    if not recorded:
+        return None  # released before the registry kept them: the served answers are not checked
+    return EvalResult.model_validate(recorded["baseline"]), EvalResult.model_validate(recorded["candidate"])
 
 
 def last_event(reg: Registry, release_id: int, *kinds: str) -> Any:
@@ -139,11 +149,46 @@ def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
     return serving.serving_copy(loaded, staged)
 
 
+def rollout_answers(
+    reg: Registry, rel: Release, loaded: LoadedSpec, model_dir: Path, actor: str
+) -> local_target.Answers | None:
+    """The smoke test of each local rollout step: the gate's tasks at the new release's engine, on
+    the first `evaluation.served.rollout_limit` items, held to the gate's in-process scores; each
+    check is a `rollout_accuracy` event. None when the spec turns it off or the release predates
+    the registry keeping the gate's scores."""
+    evaluation = loaded.spec.evaluation
+    gate = gate_results(rel)
+    if gate is None or not evaluation.served.enabled or evaluation.served.rollout_limit is None:
+        return None
+    smaller = evaluation.model_copy(
+        update={"served": evaluation.served.model_copy(update={"limit": evaluation.served.rollout_limit})}
+    )
+
+    def answers(url: str, step: int) -> ServedAccuracy:
+        out = home() / "releases" / str(rel.id) / "rollout-accuracy" / f"step-{step}"
+        checked = served_accuracy.check(url, model_dir, serving.SERVED_NAME, *gate, smaller, out)
+        reg.record(
+            rel.id,
+            "rollout_accuracy",
+            actor,
+            {"step": step, "endpoint": url, "summary": checked.summary(), **checked.model_dump(mode="json")},
+        )
+        return checked
+
+    return answers
+
+
 def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str) -> None:
     layout = loaded.layout(rel.data["layout"])
+    model_dir = serving_dir(loaded, rel.data)
     try:
         dep, text, steps = local_target.deploy(
-            loaded.spec, loaded.hardware, layout, serving_dir(loaded, rel.data), rel.id
+            loaded.spec,
+            loaded.hardware,
+            layout,
+            model_dir,
+            rel.id,
+            answers=rollout_answers(reg, rel, loaded, model_dir, actor),
         )
     except ReleaseError as exc:
         if isinstance(exc, local_target.RolloutAborted):
@@ -344,8 +389,14 @@ def rollback(
     )
     try:
         if target == "local":
+            model_dir = serving_dir(loaded, rel.data)
             dep, text, steps = local_target.deploy(
-                loaded.spec, loaded.hardware, loaded.layout(rel.data["layout"]), serving_dir(loaded, rel.data), rel.id
+                loaded.spec,
+                loaded.hardware,
+                loaded.layout(rel.data["layout"]),
+                model_dir,
+                rel.id,
+                answers=rollout_answers(reg, rel, loaded, model_dir, actor),
             )
             _record_steps(reg, rel.id, steps, actor)
             detail = {"endpoint": local_target.endpoint(loaded.spec), "smoke_text": text}

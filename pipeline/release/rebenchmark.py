@@ -134,14 +134,6 @@ def measure(
     return result
 
 
-def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:
-    """The in-process (baseline, candidate) results the accuracy gate recorded for this release."""
-    recorded = rel.data.get("evaluation")
-    if not recorded:
-        return None  # released before the registry kept them: the served answers are not checked
-    return EvalResult.model_validate(recorded["baseline"]), EvalResult.model_validate(recorded["candidate"])
-
-
 def rebenchmark(
     reg: Registry, release_id: int, out_dir: Path, loaded: LoadedSpec | None = None, context: Any = None
 ) -> Verdict:
@@ -153,7 +145,9 @@ def rebenchmark(
     rel = reg.get(release_id)
     loaded = loaded or promote.release_spec(rel)
     try:
-        result = measure(loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir, gate_results(rel))
+        result = measure(
+            loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir, promote.gate_results(rel)
+        )
         error = None
     except MeasurementCancelled as exc:
         return cancelled(reg, rel, str(exc), versions(loaded))
