@@ -171,25 +171,31 @@ def rollout_answers(
             rel.id,
             "rollout_accuracy",
             actor,
-            {"step": step, "endpoint": url, "summary": checked.summary(), **checked.model_dump(mode="json")},
+            {"step": step, "summary": checked.summary(), **checked.model_dump(mode="json")},
         )
         return checked
 
     return answers
 
 
-def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str) -> None:
-    layout = loaded.layout(rel.data["layout"])
+def _local_rollout(
+    reg: Registry, rel: Release, loaded: LoadedSpec, actor: str
+) -> tuple[local_target.Deployment, str, list[StepAnalysis]]:
+    """The release's serving copy, rolled out over the live local release (a promotion or a rollback)."""
     model_dir = serving_dir(loaded, rel.data)
+    return local_target.deploy(
+        loaded.spec,
+        loaded.hardware,
+        loaded.layout(rel.data["layout"]),
+        model_dir,
+        rel.id,
+        answers=rollout_answers(reg, rel, loaded, model_dir, actor),
+    )
+
+
+def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str) -> None:
     try:
-        dep, text, steps = local_target.deploy(
-            loaded.spec,
-            loaded.hardware,
-            layout,
-            model_dir,
-            rel.id,
-            answers=rollout_answers(reg, rel, loaded, model_dir, actor),
-        )
+        dep, text, steps = _local_rollout(reg, rel, loaded, actor)
     except ReleaseError as exc:
         if isinstance(exc, local_target.RolloutAborted):
             _record_steps(reg, rel.id, exc.steps, actor)
@@ -389,15 +395,7 @@ def rollback(
     )
     try:
         if target == "local":
-            model_dir = serving_dir(loaded, rel.data)
-            dep, text, steps = local_target.deploy(
-                loaded.spec,
-                loaded.hardware,
-                loaded.layout(rel.data["layout"]),
-                model_dir,
-                rel.id,
-                answers=rollout_answers(reg, rel, loaded, model_dir, actor),
-            )
+            dep, text, steps = _local_rollout(reg, rel, loaded, actor)
             _record_steps(reg, rel.id, steps, actor)
             detail = {"endpoint": local_target.endpoint(loaded.spec), "smoke_text": text}
             data = {"deployment": dep.model_dump()}

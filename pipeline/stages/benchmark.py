@@ -8,9 +8,9 @@ probe and reads the JSON it saves. The search keeps its whole state as typed rec
 Why this search: latency against offered load is flat, then bends up sharply near capacity.
 A saturation probe (every request at once) measures that capacity, which brackets the
 answer from above; a secant on each probe's latency margin (safeguarded by bisection) then
-needs a few probes instead of a sweep's 1/resolution. Why order statistics: a p90 from n requests is itself a
-random quantity; when the SLO limit falls inside its 95% interval the verdict is noise, so
-the probe is repeated with more requests before it is trusted.
+needs a few probes instead of a sweep's 1/resolution. Why order statistics: a p90 from n
+requests is itself a random quantity; when the SLO limit falls inside its 95% interval the
+verdict is noise, so the probe is repeated with more requests before it is trusted.
 """
 
 from __future__ import annotations
@@ -290,8 +290,8 @@ RunProbe = Callable[[float, int, int], Probe]  # (rate, num_prompts, seed) -> Pr
 UP, UP_WITH_PRIOR = 2.0, 1.25  # first bracket steps: from a burst's rough scale, or from a known answer
 MAX_STEP = 4.0
 FLOOR = 0.02  # below this share of the starting rate the SLO is called missed
-AIM_ABOVE, AIM_BELOW = 0.25, 0.25
-NEAR_MISS = 0.99  # the margin a failed probe counts with when its latencies held (it failed on errors or pace)
+AIM = 0.25  # share of the resolution a probe aims past the estimated edge, on the side it should land on
+NEAR_MISS = 0.99  # the margin a failed probe counts with when its latencies held (counted as a fail, inconclusive)
 
 
 def margin(probe: Probe, slo: SloSpec) -> float:
@@ -484,7 +484,7 @@ def slo_search(
             if edge is None:
                 rate, step = cap, min(step * step, MAX_STEP)
             else:
-                rate = min(max(edge * (1 + AIM_ABOVE * res), lo * (1 + res / 2)), cap)
+                rate = min(max(edge * (1 + AIM * res), lo * (1 + res / 2)), cap)
         elif lo is None:
             # all failed: step down, or to where the line through the two lowest fails meets the edge
             fails = sorted(failed)[:2]
@@ -494,7 +494,7 @@ def slo_search(
             if edge is None:
                 rate, step = floor, min(step * step, MAX_STEP)
             else:
-                rate = max(min(edge * (1 - AIM_BELOW * res), hi * (1 - res / 2)), floor)
+                rate = max(min(edge * (1 - AIM * res), hi * (1 - res / 2)), floor)
             if rate < start * FLOOR:
                 return finish(None, f"SLO missed even at {hi:.3g} req/s")
             if spent():
@@ -512,7 +512,7 @@ def slo_search(
             if edge is None or verdicts[-2:] in ([True, True], [False, False]):
                 rate = (lo + hi) / 2
             else:
-                rate = edge * (1 + AIM_ABOVE * res if last_passed else 1 - AIM_BELOW * res)
+                rate = edge * (1 + AIM * res if last_passed else 1 - AIM * res)
                 rate = min(max(rate, lo + width / 10), hi - width / 10)
             verdicts.append(probe(rate).passed)
             continue
@@ -524,7 +524,7 @@ def slo_search(
                     f"probe budget ({max_probes}) spent before the answer was repeated; {lo:.3g} is a lower bound",
                     True,
                 )
-            if probe(lo).passed is False:
+            if not probe(lo).passed:
                 log.warning("the answer %.3g req/s failed its repeat; searching below it", lo)
                 verdicts.clear()
             continue
