@@ -4,9 +4,10 @@
 One DAG per release spec in `configs/releases/` with `execution: kubernetes`, the same flow as
 `model_release` up to the SLO gate. The heavy steps run as pods on the cluster, from the worker
 image, each one `model-release` CLI sub-command: quantize, evaluate baseline and candidate,
-stage, fetch, and one benchmark per layout on a whole GPU node. The light steps run here, in
-the Airflow worker: validate the spec, the accuracy gate and the layout selection on the pods'
-results in storage, the SLO gate.
+stage, fetch, and one benchmark per layout the planner chose (the spec's `candidates.top_k` best
+predicted, and the live release's), each on a whole GPU node and starting from its prediction.
+The light steps run here, in the Airflow worker: validate the spec, the planner (seconds, no GPU),
+the accuracy gate and the layout selection on the pods' results in storage, the SLO gate.
 
 Pods, resources and placement come from `pipeline/k8s/pods.py`; this file only wires tasks.
 """
@@ -58,6 +59,29 @@ def release_dag(loaded: LoadedSpec):
             return flow.record_staged(spec["release_id"], staged)
 
         @task
+        def plan(spec: dict, run_id: str | None = None) -> dict:
+            """Every layout's max SLO rate, predicted and stored before any GPU time; each search starts there."""
+            from pipeline.entry import pod_steps
+
+            return pod_steps.plan_layouts(spec_path, run_id, spec["release_id"])
+
+        @task
+        def layout_names(spec: dict, predictions: dict) -> list[str]:
+            """Every layout, or the spec's `candidates.top_k` best predicted (and the live release's)."""
+            from pipeline.entry import flow
+
+            return flow.layouts_to_measure(spec_path, predictions, spec["release_id"])
+
+        @task
+        def benchmark_arguments(
+            names: list[str], fetched: dict, predictions: dict, run_id: str | None = None
+        ) -> list[list[str]]:
+            """One benchmark pod's arguments per chosen layout: the fetched copy, the layout's prediction."""
+            from pipeline.entry import pod_steps
+
+            return pod_steps.benchmark_arguments(spec_path, list(names), fetched, predictions, run_id)
+
+        @task
         def select_layout(refs: list[dict], run_id: str | None = None) -> dict:
             """Best layout by SLO rate per server, from the benchmark pods' stored results."""
             from pipeline.entry import pod_steps
@@ -76,18 +100,18 @@ def release_dag(loaded: LoadedSpec):
         candidate = pod("evaluate_candidate", "evaluate", side="candidate")
         stage = pod("stage", "stage")
         fetch = pod("fetch", "fetch")
-        benchmarks = [
-            pod(f"benchmark_{layout.name}", "benchmark", layout=layout.name) for layout in loaded.spec.layouts
-        ]
 
         spec = validate()
         spec >> [quantize, baseline]
         # GPU steps run one after another: one node suffices, and layouts are measured on the same one.
         chain([quantize, baseline], candidate)
-        chain(accuracy_gate(spec, baseline.output, candidate.output), stage, fetch, *benchmarks)
+        chain(accuracy_gate(spec, baseline.output, candidate.output), stage, fetch)
         stage >> record_staged(spec, stage.output)
-        measured: list = [b.output for b in benchmarks]  # XComArgs, resolved to dicts when the task runs
-        review_and_promote(spec, slo_gate(spec, select_layout(measured)))
+        predictions = plan(spec)
+        benchmarks = KubernetesPodOperator.partial(
+            task_id="benchmark", max_active_tis_per_dagrun=1, **pods.pod_operator_partial_kwargs(loaded, "benchmark")
+        ).expand(arguments=benchmark_arguments(layout_names(spec, predictions), fetch.output, predictions))
+        review_and_promote(spec, slo_gate(spec, select_layout(benchmarks.output)))
 
     return release()
 

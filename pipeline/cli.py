@@ -139,7 +139,7 @@ def _benchmark(args: argparse.Namespace) -> int:
     emit(
         json.dumps(
             pod_steps.benchmark_layout(
-                str(Path(args.spec).resolve()), args.layout, args.model, args.results, args.run_id
+                str(Path(args.spec).resolve()), args.layout, args.model, args.results, args.run_id, args.predictions
             )
         )
     )
@@ -443,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model directory the engine loads")
     p.add_argument("--run-id", required=True)
     p.add_argument("--results", required=True, help="s3://bucket/prefix or a directory")
+    p.add_argument(
+        "--predictions", help="the planner's predictions (s3:// or a path): the search starts from this layout's"
+    )
     p.set_defaults(func=_benchmark)
 
     p = sub.add_parser(

@@ -12,6 +12,7 @@ import copy
 import json
 import re
 import shlex
+from pathlib import Path
 
 import kubernetes
 import kubernetes_validate
@@ -28,10 +29,14 @@ from tests.conftest import PROD_SPEC
 
 K8S_VERSION = "1.31"
 DAG_ID = "model_release_k8s__qwen3_235b_a22b_fp8"
-BENCHMARKS = ["benchmark_tp8-ep8", "benchmark_tp4-ep4-x2"]
-HEAVY = ["quantize", "evaluate_baseline", "evaluate_candidate", "stage", "fetch", *BENCHMARKS]
+STEPS = ["quantize", "evaluate_baseline", "evaluate_candidate", "stage", "fetch"]
+BENCHMARKS = ["benchmark[tp8-ep8]", "benchmark[tp4-ep4-x2]"]  # one mapped pod per layout measured
+HEAVY = [*STEPS, *BENCHMARKS]
 LIGHT = [
     "validate",
+    "plan",
+    "layout_names",
+    "benchmark_arguments",
     "accuracy_gate",
     "record_staged",
     "select_layout",
@@ -88,17 +93,39 @@ class FakeTI:
         return XCOMS[task_ids]
 
 
+PREDICTIONS = (
+    f"s3://model-release-weights/qwen3-235b-a22b-fp8/runs/{flow.run_dir(RUN_ID).name}/benchmark/predictions.json"
+)
+
+
+def benchmark_pod(loaded, arguments: list[str]) -> dict:
+    """A mapped benchmark pod: the DAG's partial arguments with one of `benchmark_arguments`' lists."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    op = KubernetesPodOperator(
+        task_id="benchmark",
+        arguments=arguments,
+        **pods.pod_operator_partial_kwargs(loaded, "benchmark", settings=pods.ClusterSettings()),
+    )
+    return kubernetes.client.ApiClient().sanitize_for_serialization(op.build_pod_request_obj({}, dry_run=True))
+
+
 @pytest.fixture(scope="module")
-def rendered(dagbag):
-    """task id -> the pod the operator would create, as the JSON it would send."""
+def rendered(dagbag, prod):
+    """task id -> the pod the operator would create, as the JSON it would send; the benchmark pods
+    from the arguments the `benchmark_arguments` task makes for the spec's two layouts."""
     dag = dagbag.dags[DAG_ID]
     out = {}
-    for task_id in HEAVY:
+    for task_id in STEPS:
         op = copy.deepcopy(dag.get_task(task_id))
         context = {"ti": FakeTI(dag, op), "run_id": RUN_ID, "dag": dag, "task": op, "dag_run": None}
         op.render_template_fields(context)
         pod = op.build_pod_request_obj(context, dry_run=True)  # dry run: no kube config needed
         out[task_id] = kubernetes.client.ApiClient().sanitize_for_serialization(pod)
+    layouts = [task_id.removeprefix("benchmark[").removesuffix("]") for task_id in BENCHMARKS]
+    arguments = pod_steps.benchmark_arguments(str(PROD_SPEC), layouts, XCOMS["fetch"], {"file": PREDICTIONS}, RUN_ID)
+    for task_id, args in zip(BENCHMARKS, arguments, strict=True):
+        out[task_id] = benchmark_pod(prod, args)
     return out
 
 
@@ -149,9 +176,11 @@ def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
     dag = dagbag.dags[DAG_ID]
-    assert set(dag.task_ids) == {*HEAVY, *LIGHT}
-    for task_id in HEAVY:
+    assert set(dag.task_ids) == {*STEPS, "benchmark", *LIGHT}
+    for task_id in STEPS:
         assert isinstance(dag.get_task(task_id), KubernetesPodOperator), task_id
+    benchmark = dag.get_task("benchmark")  # mapped over the layouts the plan chose, one pod at a time
+    assert issubclass(benchmark.operator_class, KubernetesPodOperator) and benchmark.max_active_tis_per_dagrun == 1
     for task_id in LIGHT:
         assert not isinstance(dag.get_task(task_id), KubernetesPodOperator), task_id
 
@@ -162,8 +191,10 @@ def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
     assert up("evaluate_candidate") == {"quantize", "evaluate_baseline"}  # one GPU step at a time
     assert up("accuracy_gate") == {"validate", "evaluate_baseline", "evaluate_candidate"}
     assert up("stage") == {"accuracy_gate"} and up("fetch") == {"stage"}
-    assert up(BENCHMARKS[0]) == {"fetch"} and up(BENCHMARKS[1]) == {BENCHMARKS[0]}
-    assert up("select_layout") == set(BENCHMARKS) and up("slo_gate") == {"validate", "select_layout"}
+    # the planner before any GPU time: its predictions choose the layouts and start each search
+    assert up("plan") == {"validate"} and up("layout_names") == {"validate", "plan"}
+    assert up("benchmark_arguments") == {"layout_names", "fetch", "plan"} and up("benchmark") == {"benchmark_arguments"}
+    assert up("select_layout") == {"benchmark"} and up("slo_gate") == {"validate", "select_layout"}
     # the same review and promotion tail as the local DAG: gates in code, a reviewer, then DOKS
     assert (
         up("approve") == {"validate", "report"}  # the release it asks about: validate's output
@@ -217,7 +248,7 @@ def test_benchmark_pod_takes_the_whole_gpu_node(rendered, prod, task_id):
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "model-release-nfs"}
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
-    layout = task_id.removeprefix("benchmark_")
+    layout = task_id.removeprefix("benchmark[").removesuffix("]")
     argv = cli_argv(pod)
     assert argv[:4] == [
         "benchmark",
@@ -228,6 +259,7 @@ def test_benchmark_pod_takes_the_whole_gpu_node(rendered, prod, task_id):
     assert argv[argv.index("--model") + 1] == XCOMS["fetch"]["path"]
     assert argv[argv.index("--results") + 1] == "s3://model-release-weights/qwen3-235b-a22b-fp8/runs"
     assert argv[argv.index("--run-id") + 1] == RUN_ID
+    assert argv[argv.index("--predictions") + 1] == PREDICTIONS  # where its search starts
 
 
 @pytest.mark.parametrize("task_id", HEAVY)
@@ -345,6 +377,43 @@ def test_light_tasks_select_a_layout_from_the_pods_stored_results(spec_file, tmp
         )["selection"]["best"]
         == "tp4-ep4-x2"
     )
+
+
+def test_the_plan_is_stored_before_the_pods_and_only_the_top_k_layouts_get_one(spec_file, tmp_path, monkeypatch):
+    """The light tasks before the benchmark pods, for real on the production spec with generated
+    candidates (staging on an NFS directory here): plan, choose, one pod's arguments per choice."""
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
+    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+
+    def edit(data):
+        data["staging"] = {"nfs": {"path": str(tmp_path / "nfs")}}
+        data["candidates"] = {"max_tp": 8, "top_k": 2}
+
+    path = str(spec_file(PROD_SPEC, edit))
+    loaded = load_spec(path)
+    release = flow.validate_spec(path, RUN_ID)["release_id"]
+    predictions = pod_steps.plan_layouts(path, RUN_ID, release)
+    stored = f"{pods.run_uri(pods.base_uri(loaded), RUN_ID)}/benchmark/predictions.json"
+    assert predictions["file"] == stored and json.loads(Path(stored).read_text())["layouts"] == predictions["layouts"]
+    ranked = sorted(predictions["layouts"], key=lambda p: -p["predicted_per_server"])
+    assert len(ranked) == len(loaded.spec.layouts) > 2  # the spec's two and the generated ones
+    names = flow.layouts_to_measure(path, predictions, release)
+    assert sorted(names) == sorted(p["layout"] for p in ranked[:2])
+    chosen = next(e.detail for e in flow.registry().events(release) if e.kind == "layouts_chosen")
+    assert set(chosen["skipped"]) == {p["layout"] for p in ranked[2:]}
+
+    arguments = pod_steps.benchmark_arguments(path, names, XCOMS["fetch"], predictions, RUN_ID)
+    assert len(arguments) == 2
+    for name, args in zip(names, arguments, strict=True):
+        pod = benchmark_pod(loaded, args)
+        assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True) == K8S_VERSION
+        parsed = cli.build_parser().parse_args(cli_argv(pod))
+        assert (parsed.layout, parsed.model, parsed.predictions) == (name, XCOMS["fetch"]["path"], stored)
+        # what the pod's search starts from: its own layout's prediction, read back from storage
+        prior = pod_steps.layout_prediction(parsed.predictions, name, loaded)
+        assert prior is not None and prior.predicted_max_slo_rate == next(
+            p["predicted_max_slo_rate"] for p in ranked if p["layout"] == name
+        )
 
 
 def test_reading_a_missing_result_names_it(prod, tmp_path):

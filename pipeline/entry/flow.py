@@ -390,7 +390,7 @@ def benchmark_layout(
     """`accuracy`: {"baseline", "candidate"} in-process results (the evaluate tasks' records);
     with them the layout's endpoint is scored on the same items after its search."""
     loaded = load_spec(spec_path)
-    chosen = loaded.layout(layout)
+    loaded.layout(layout)  # an unknown name fails before the serving copy is made
     model = serving.serving_copy(loaded, staged)
     predicted = Predictions.model_validate(predictions).of(layout) if predictions else None
     reference = (
@@ -401,20 +401,34 @@ def benchmark_layout(
         if accuracy
         else None
     )
+    result = measure_layout(loaded, layout, model, run_id, predicted, reference)
+    return json.loads(result.model_dump_json())  # inf/nan as strings: XCom is strict JSON
+
+
+def measure_layout(
+    loaded: LoadedSpec,
+    layout: str,
+    model: Path,
+    run_id: str,
+    predicted: LayoutPrediction | None,
+    accuracy: tuple[evaluate_stage.EvalResult, evaluate_stage.EvalResult] | None,
+) -> benchmark.LayoutResult:
+    """One layout's search from its prediction (when there is one), kept beside the measurement;
+    what the local task and the benchmark pod both run."""
     result = benchmark.benchmark_layout(
         loaded.spec,
         loaded.hardware,
-        chosen,
+        loaded.layout(layout),
         model,
         run_dir(run_id) / "benchmark" / layout,
         predicted=predicted.predicted_max_slo_rate if predicted else None,
-        accuracy=reference,
+        accuracy=accuracy,
     )
     if predicted:  # what the next release's calibration compares with
         result.planner_rate, result.calibration_key = predicted.planner_rate, predicted.calibration_key
         result.calibration = predicted.calibration
     log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
-    return json.loads(result.model_dump_json())  # inf/nan as strings: XCom is strict JSON
+    return result
 
 
 def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) -> dict[str, Any]:

@@ -6,8 +6,9 @@ A pod's full result (a side's lm-eval scores, a layout's probes) is a JSON file 
 spec's connection; else `<staging.nfs.path>/runs`, which the workers must then mount.
 
 The pod side (`evaluate_side`, `benchmark_layout`) is what the CLI's `evaluate --side` and
-`benchmark` sub-commands call; the Airflow side (`accuracy_gate`, `select_layout`) wraps the
-same `flow` functions the local DAG uses, so both DAGs decide by the same code.
+`benchmark` sub-commands call; the Airflow side (`plan_layouts`, `benchmark_arguments`,
+`accuracy_gate`, `select_layout`) wraps the same `flow` functions the local DAG uses, so both
+DAGs plan and decide by the same code.
 """
 
 from __future__ import annotations
@@ -86,12 +87,16 @@ def evaluate_side(spec_path: str, side: str, results: str, run_id: str, candidat
     return {"side": side, "result_uri": uri, "model_manifest_hash": result["model_manifest_hash"]}
 
 
-def benchmark_layout(spec_path: str, layout: str, model_dir: str, results: str, run_id: str) -> dict[str, Any]:
-    """One layout's SLO search on this (whole) node; probes and engine logs stay in the run
-    directory on the shared volume, the LayoutResult goes to storage. The evaluation pods'
-    results of this run (stored before the gate) are what the layout's served answers are held to."""
+def benchmark_layout(
+    spec_path: str, layout: str, model_dir: str, results: str, run_id: str, predictions: str | None = None
+) -> dict[str, Any]:
+    """One layout's SLO search on this (whole) node, from the planner's prediction for it (the `plan`
+    task's file in storage, `predictions`); probes and engine logs stay in the run directory on the
+    shared volume, the LayoutResult goes to storage. The evaluation pods' results of this run
+    (stored before the gate) are what the layout's served answers are held to."""
     loaded = load_spec(spec_path)
-    chosen = loaded.layout(layout)
+    loaded.layout(layout)  # an unknown name fails before anything is read
+    predicted = layout_prediction(predictions, layout, loaded) if predictions else None
     try:
         sides = [
             EvalResult.model_validate(read(f"{pods.run_uri(results, run_id)}/evaluate-{side}.json", loaded))
@@ -100,19 +105,22 @@ def benchmark_layout(spec_path: str, layout: str, model_dir: str, results: str, 
     except ReleaseError as exc:  # a benchmark by hand, outside a release run
         log.warning("no evaluation results of run %s (%s): the served answers are not checked", run_id, exc)
         sides = []
-    result = benchmark.benchmark_layout(
-        loaded.spec,
-        loaded.hardware,
-        chosen,
-        Path(model_dir),
-        flow.run_dir(run_id) / "benchmark" / layout,
-        accuracy=(sides[0], sides[1]) if sides else None,
+    result = flow.measure_layout(
+        loaded, layout, Path(model_dir), run_id, predicted, (sides[0], sides[1]) if sides else None
     )
-    log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
     uri = write(
         f"{pods.run_uri(results, run_id)}/benchmark/{layout}.json", json.loads(result.model_dump_json()), loaded
     )
     return {"layout": layout, "status": result.status, "result_uri": uri}
+
+
+def layout_prediction(uri: str, layout: str, loaded: LoadedSpec) -> flow.LayoutPrediction | None:
+    """A layout's prediction from the `plan` task's stored file; None (said in the log) when the
+    planner had none for it, and the search starts without a prior."""
+    predicted = flow.Predictions.model_validate(read(uri, loaded)).of(layout)
+    if predicted is None:
+        log.warning("%s: no prediction for layout %s: its search starts without one", uri, layout)
+    return predicted
 
 
 def rebenchmark_uri(results: str, run_id: str, release_id: int) -> str:
@@ -170,6 +178,32 @@ def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
             )
         )
     return out
+
+
+def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> dict[str, Any]:
+    """The planner's predictions, as the local DAG's `plan` task makes them, published to storage
+    before any benchmark pod starts; `file` is their URI there, which each pod reads its prior from."""
+    loaded = load_spec(spec_path)
+    predictions = flow.plan_layouts(spec_path, run_id, release_id)
+    published = publish_run_dir(loaded, run_id)
+    predictions["file"] = published[predictions["file"]]
+    return predictions
+
+
+def benchmark_arguments(
+    spec_path: str, layouts: list[str], fetched: dict[str, Any], predictions: dict[str, Any], run_id: str
+) -> list[list[str]]:
+    """The benchmark pods' container arguments, one per layout the plan chose to measure, each on
+    the fetched serving copy and starting from its prediction."""
+    loaded = load_spec(spec_path)
+    return [
+        pods.shell(
+            pods.cli_args(
+                loaded, "benchmark", layout=name, model=fetched["path"], predictions=predictions["file"], run_id=run_id
+            )
+        )
+        for name in layouts
+    ]
 
 
 def judge_remeasured(release_id: int, run_id: str, context: Any = None) -> dict[str, Any]:

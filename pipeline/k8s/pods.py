@@ -144,6 +144,7 @@ def cli_args(
     nfs_path: str | None = None,
     manifest_hash: str | None = None,
     promoted_rate: float | None = None,
+    predictions: str | None = None,
 ) -> list[str]:
     """The `model-release` arguments of a step. Inputs default to the upstream pods' XCom in the
     kubernetes DAG (task ids quantize, stage, fetch); full results go to storage under
@@ -174,6 +175,7 @@ def cli_args(
             run_id,
             "--results",
             base_uri(loaded),
+            *(["--predictions", predictions] if predictions else []),
         ]
     if step == "rebenchmark":  # a live release: its figures come from the registry (pod_steps.remeasure_arguments)
         if release is None or not manifest_hash or promoted_rate is None or not (s3_uri or nfs_path):
