@@ -162,6 +162,7 @@ def _remeasure(args: argparse.Namespace) -> int:
                 args.promoted_rate,
                 args.results,
                 args.run_id,
+                args.evaluation,
             )
         )
     )
@@ -462,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--promoted-rate", type=float, required=True, help="req/s the release was promoted at")
     p.add_argument("--run-id", required=True)
     p.add_argument("--results", required=True, help="s3://bucket/prefix or a directory")
+    p.add_argument(
+        "--evaluation", help="the accuracy gate's results it was released on (s3:// or a path): answers held to them"
+    )
     p.set_defaults(func=_remeasure)
 
     p = sub.add_parser(

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from pipeline import __version__, cli
+from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import load_spec
 from pipeline.entry import flow, pod_steps
@@ -142,7 +143,12 @@ def mounts_of(pod: dict) -> dict[str, dict]:
 
 
 def cli_argv(pod: dict) -> list[str]:
-    script = container(pod)["args"][0]
+    return script_argv(container(pod)["args"])
+
+
+def script_argv(arguments: list[str]) -> list[str]:
+    """The `model-release` argv inside a pod's `sh -c` arguments (`pods.shell`)."""
+    [script] = arguments
     match = re.fullmatch(
         r"set -e; model-release (.*) > /airflow/xcom/return\.json; cat /airflow/xcom/return\.json", script
     )
@@ -598,6 +604,56 @@ def test_rebenchmark_pod_runs_the_release_own_layout_and_artifact_on_a_whole_nod
         RUN_ID,
     )
     assert args.results == "s3://model-release-weights/qwen3-235b-a22b-fp8/runs"
+
+
+def test_rebenchmark_pod_holds_the_fresh_answers_to_the_gate_results_the_release_was_promoted_on(
+    spec_file, release_env, tmp_path, monkeypatch
+):
+    """The pod has no registry: the light task stores the release's in-process gate results beside
+    the run, the pod reads them back (`remeasure --evaluation`) and hands them to the same
+    measurement a local re-benchmark runs; a release recorded without them is measured unchecked."""
+    from pipeline.release import rebenchmark
+    from pipeline.stages.evaluate import EvalResult, TaskScore
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
+    loaded = load_spec(spec_file(PROD_SPEC, lambda d: d.update(staging={"nfs": {"path": str(tmp_path / "nfs")}})))
+    reg, rel = live_prod_release(loaded, {"nfs_path": XCOMS["stage"]["nfs_path"]})
+    _, unchecked = live_prod_release(loaded, {"nfs_path": XCOMS["stage"]["nfs_path"]}, layout="tp8-ep8")
+
+    def side(name: str, score: float) -> dict:
+        task = TaskScore(task="gsm8k", metric="exact_match", score=score, stderr=0.01, samples=4, items=[score] * 4)
+        found = EvalResult(
+            model_path=f"/models/{name}",
+            model_manifest_hash=HASH,
+            backend="vllm",
+            scores=[task],
+            settings={},
+            seconds=1,
+        )
+        return found.model_dump(mode="json")
+
+    gate = {"baseline": side("bf16", 0.9), "candidate": side("fp8", 0.88)}
+    reg.record(rel.id, "accuracy_gate", "gate", {"passed": True}, data={"evaluation": gate})
+
+    checked, plain = pod_steps.remeasure_arguments([rel.id, unchecked.id], RUN_ID)
+    args = cli.build_parser().parse_args(script_argv(checked))
+    assert args.evaluation == pod_steps.evaluation_uri(pods.base_uri(loaded), RUN_ID, rel.id)
+    assert cli.build_parser().parse_args(script_argv(plain)).evaluation is None
+
+    handed = {}
+
+    def measure(loaded, staged, layout, promoted_rate, out_dir, accuracy=None):
+        handed[layout] = accuracy
+        raise ReleaseError("engine did not start")  # stored as the pod's result, for the judge
+
+    monkeypatch.setattr(rebenchmark, "measure", measure)
+    staged = {"nfs_path": XCOMS["stage"]["nfs_path"], "manifest_hash": HASH}
+    for release, layout, evaluation in ((rel, "tp4-ep4-x2", args.evaluation), (unchecked, "tp8-ep8", None)):
+        out = pod_steps.remeasure(str(loaded.path), release.id, layout, staged, 2.2, args.results, RUN_ID, evaluation)
+        assert out["status"] == "error"
+    baseline, candidate = handed["tp4-ep4-x2"]
+    assert (baseline.scores[0].score, candidate.scores[0].score) == (0.9, 0.88)
+    assert baseline.model_path == "/models/bf16" and handed["tp8-ep8"] is None
 
 
 def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(

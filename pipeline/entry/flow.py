@@ -393,14 +393,7 @@ def benchmark_layout(
     loaded.layout(layout)  # an unknown name fails before the serving copy is made
     model = serving.serving_copy(loaded, staged)
     predicted = Predictions.model_validate(predictions).of(layout) if predictions else None
-    reference = (
-        (
-            evaluate_stage.EvalResult.model_validate(accuracy["baseline"]),
-            evaluate_stage.EvalResult.model_validate(accuracy["candidate"]),
-        )
-        if accuracy
-        else None
-    )
+    reference = promotion.evaluation_pair(accuracy) if accuracy else None
     result = measure_layout(loaded, layout, model, run_id, predicted, reference)
     return json.loads(result.model_dump_json())  # inf/nan as strings: XCom is strict JSON
 

@@ -127,6 +127,10 @@ def rebenchmark_uri(results: str, run_id: str, release_id: int) -> str:
     return f"{pods.run_uri(results, run_id)}/rebenchmark/release-{release_id}.json"
 
 
+def evaluation_uri(results: str, run_id: str, release_id: int) -> str:
+    return f"{pods.run_uri(results, run_id)}/rebenchmark/release-{release_id}-evaluation.json"
+
+
 def remeasure(
     spec_path: str,
     release_id: int,
@@ -135,13 +139,24 @@ def remeasure(
     promoted_rate: float,
     results: str,
     run_id: str,
+    evaluation: str | None = None,
 ) -> dict[str, Any]:
-    """A live release's re-benchmark on this node. A measurement that cannot be made (artifact
-    gone, engine will not start) is stored too, with its reason: the judge alerts with it."""
+    """A live release's re-benchmark on this node; with `evaluation` (the gate's in-process results,
+    stored by `remeasure_arguments`) the fresh engine's answers are held to them, as a local
+    re-benchmark's are. A measurement that cannot be made (artifact gone, engine will not start)
+    is stored too, with its reason: the judge alerts with it."""
     loaded = load_spec(spec_path)
     try:
+        accuracy = promote.evaluation_pair(read(evaluation, loaded)) if evaluation else None
+        if accuracy is None:
+            log.warning("release %d: no accuracy gate results: the served answers are not checked", release_id)
         result = rebenchmark.measure(
-            loaded, staged, layout, promoted_rate, flow.run_dir(run_id) / "rebenchmark" / f"release-{release_id}"
+            loaded,
+            staged,
+            layout,
+            promoted_rate,
+            flow.run_dir(run_id) / "rebenchmark" / f"release-{release_id}",
+            accuracy,
         )
         body = {"status": "ok", "result": json.loads(result.model_dump_json())}
     except ReleaseError as exc:
@@ -156,16 +171,29 @@ def remeasure(
 
 
 def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
-    """The re-benchmark pods' container arguments, one per live release, from its registry row."""
+    """The re-benchmark pods' container arguments, one per live release, from its registry row; the
+    gate's in-process results it was released on go to storage first, for the pod to hold the fresh
+    engine's answers to (a release recorded before the registry kept them has none)."""
     reg = flow.registry()
     out = []
     for release_id in release_ids:
         rel = reg.get(release_id)
+        loaded = promote.release_spec(rel)
         data = rel.data
+        gate = promote.gate_results(rel)
+        evaluation = (
+            write(
+                evaluation_uri(pods.base_uri(loaded), run_id, release_id),
+                {"baseline": gate[0].model_dump(mode="json"), "candidate": gate[1].model_dump(mode="json")},
+                loaded,
+            )
+            if gate
+            else None
+        )
         out.append(
             pods.shell(
                 pods.cli_args(
-                    promote.release_spec(rel),
+                    loaded,
                     "rebenchmark",
                     release=rel.id,
                     layout=data["layout"],
@@ -174,6 +202,7 @@ def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
                     manifest_hash=data["manifest_hash"],
                     promoted_rate=data["max_slo_rate"],
                     run_id=run_id,
+                    evaluation=evaluation,
                 )
             )
         )

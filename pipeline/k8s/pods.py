@@ -145,6 +145,7 @@ def cli_args(
     manifest_hash: str | None = None,
     promoted_rate: float | None = None,
     predictions: str | None = None,
+    evaluation: str | None = None,
 ) -> list[str]:
     """The `model-release` arguments of a step. Inputs default to the upstream pods' XCom in the
     kubernetes DAG (task ids quantize, stage, fetch); full results go to storage under
@@ -197,6 +198,7 @@ def cli_args(
             run_id,
             "--results",
             base_uri(loaded),
+            *(["--evaluation", evaluation] if evaluation else []),
         ]
     raise ValueError(f"unknown step {step!r}")
 

@@ -62,7 +62,13 @@ def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:
     recorded = rel.data.get("evaluation")
     if not recorded:
         return None  # released before the registry kept them: the served answers are not checked
-    return EvalResult.model_validate(recorded["baseline"]), EvalResult.model_validate(recorded["candidate"])
+    return evaluation_pair(recorded)
+
+
+def evaluation_pair(stored: dict[str, Any]) -> tuple[EvalResult, EvalResult]:
+    """(baseline, candidate) from their stored form, {"baseline": ..., "candidate": ...} (the
+    registry's release data, the release DAG's XCom, a file handed to a pod)."""
+    return EvalResult.model_validate(stored["baseline"]), EvalResult.model_validate(stored["candidate"])
 
 
 def last_event(reg: Registry, release_id: int, *kinds: str) -> Any:
