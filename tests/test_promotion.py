@@ -360,6 +360,54 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
     assert local_target.current(name) is None
 
 
+def test_a_first_release_whose_answers_got_worse_is_never_switched_to(tiny_spec, tmp_path, monkeypatch):
+    """Nothing live: no steps, so the answers are checked before the front is pointed at the new
+    engine; answers that got worse leave nothing live and the engine stopped. (Engines and the
+    check are stand-ins here: the real ones are exercised by the local-target test above.)"""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from pipeline.stages.served_accuracy import ServedAccuracy
+
+    class Engine(BaseHTTPRequestHandler):  # answers like vLLM's /v1/completions, nothing more
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"choices": [{"text": " 17"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    loaded = load_spec(tiny_spec(lambda d: d.update(name="tiny-first-refused")))
+    port = server.server_address[1]
+    started = local_target.Deployment(
+        release_id=7, layout="single", model_dir=str(tmp_path), pgids=[4242], ports=[port], log_dir=str(tmp_path)
+    )
+    stopped, asked = [], []
+    monkeypatch.setattr(local_target, "_start_engines", lambda *args, **kwargs: started)
+    monkeypatch.setattr(local_target, "_stop_groups", lambda pgids, grace=30: stopped.append(pgids))
+
+    def answers(url: str, step: int) -> ServedAccuracy:
+        asked.append((url, step))
+        return ServedAccuracy(
+            passed=False, endpoint=url, limit=20, tasks=[], failures=["tiny_add: recovery 0.10 < 0.95"], seconds=1
+        )
+
+    try:
+        with pytest.raises(local_target.LocalDeployFailed, match=r"release 7 not switched to: .*tiny_add: recovery"):
+            local_target.deploy(loaded.spec, loaded.hardware, loaded.layout("single"), tmp_path, 7, answers=answers)
+    finally:
+        server.shutdown()
+    assert asked == [(f"http://127.0.0.1:{port}", 1)]  # asked once, at the engine itself, before any switch
+    assert stopped == [[4242]] and local_target.current(loaded.spec.name) is None
+    assert not (local_target.state_dir(loaded.spec.name) / "front").exists()  # no front was ever pointed
+
+
 def test_cli_releases_show_prints_the_audit_trail(tiny_spec, small_artifact, capsys):
     from pipeline import cli
 
