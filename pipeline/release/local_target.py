@@ -359,10 +359,7 @@ def _progressive(
     Raises RolloutAborted at the first failed step (the caller sends all traffic back to `old`)."""
     plan = spec.rollout
     root = prometheus_root(spec.name)
-    base = local_prometheus.ensure(root)  # its own: `prometheus_url` is the cluster's, for Kubernetes
-    for dep in (old, new):
-        local_prometheus.scrape(root, dep.release_id, dep.layout, dep.ports)
-        local_prometheus.wait_scraped(base, dep.release_id, len(dep.ports))
+    base = ""
     window = duration_seconds(plan.analysis_window)
     steps: list[analysis.StepAnalysis] = []
     for number, fraction in enumerate(plan.steps, 1):
@@ -378,6 +375,11 @@ def _progressive(
                 + "; ".join(wrong),
                 steps,
             )
+        if not base:  # scraped once its answers passed: a release that answers wrong never is
+            base = local_prometheus.ensure(root)  # its own: `prometheus_url` is the cluster's, for Kubernetes
+            for dep in (old, new):
+                local_prometheus.scrape(root, dep.release_id, dep.layout, dep.ports)
+                local_prometheus.wait_scraped(base, dep.release_id, len(dep.ports))
         _point_front(spec, split(old, new, fraction), f"{new.release_id}@{fraction:g}", shares=fraction < 1)
         log.info(
             "rollout of release %d, step %d/%d: %.0f%% of traffic on it, analysis in %d s",
