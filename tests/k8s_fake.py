@@ -6,12 +6,21 @@ metadata.generation when its spec changed; a merge patch of a Deployment's scale
 sets its replicas (what `kubectl scale` sends); GET, LIST (with an equality labelSelector) and
 DELETE work on the same store. Every change of a Deployment's replicas is kept in `history`
 (replicas per release, per replica group), so a test can check how many servers ran at once.
-A Deployment controller runs on every read of a Deployment, per scenario of the release its
-pods belong to:
+A Deployment controller runs on every change and every read of a Deployment, as the real one
+does it: a ReplicaSet per pod template (named by the template's hash, owned by the Deployment;
+the older ones scaled to zero), and Pods owned by each ReplicaSet, created and deleted to its
+replicas, with the template's labels and a Ready condition; the Deployment's status counts those
+pods. Deleting a Deployment deletes what it owns. Pods become ready per scenario of the release
+they belong to:
 
-- "ready": the first read after a change shows the rollout in progress, the next one done;
-- "never_ready": the new pod never becomes available;
+- "ready": the first read after a change shows the rollout in progress (new pods not ready), the
+  next one done;
+- "never_ready": the new pods never become ready;
 - "smoke_fails": ready, but the service proxy answers completions with HTTP 500.
+
+A Service's proxy reaches only ready pods that match its selector (their endpoints). Every change
+of ready pods is kept in `ready_history` (ready servers per release), so a test can check that
+serving capacity, not only what was asked for, never dropped.
 
 Every request is recorded (method, path, content type, query, Authorization header) for the tests to inspect.
 """
@@ -19,6 +28,7 @@ Every request is recorded (method, path, content type, query, Authorization head
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 import socket
@@ -58,6 +68,7 @@ class FakeCluster:
         self.requests: list[Request] = []
         self.reads: dict[tuple, int] = {}
         self.history: list[dict[str, int]] = []  # after each change: release -> pods of its largest group
+        self.ready_history: list[dict[str, int]] = []  # after each change of ready pods: release -> ready servers
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
@@ -105,14 +116,34 @@ class FakeCluster:
         return out
 
     def ready_pods(self) -> dict[str, int]:
-        """release -> ready pods (summed over its replica groups), from the Deployments' last status."""
+        """release -> its ready pods (summed over its replica groups)."""
         out: dict[str, int] = {}
         with self.lock:
-            for (_, plural, _, _), obj in self.objects.items():
-                if plural == "deployments":
-                    release = obj["metadata"].get("labels", {}).get(RELEASE_LABEL, "")
-                    out[release] = out.get(release, 0) + (obj.get("status") or {}).get("readyReplicas", 0)
+            for pod in self._objects("pods"):
+                release = pod["metadata"]["labels"].get(RELEASE_LABEL, "")
+                out[release] = out.get(release, 0) + _ready(pod)
         return out
+
+    def ready_servers(self) -> dict[str, int]:
+        """release -> servers whose every replica group has a ready pod (the fewest ready pods of its groups)."""
+        with self.lock:
+            return self.ready_servers_locked()
+
+    def ready_servers_locked(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for deployment in self._objects("deployments"):
+            meta = deployment["metadata"]
+            ready = sum(
+                _ready(pod)
+                for _, rs in self._owned(meta["namespace"], "replicasets", meta["uid"])
+                for _, pod in self._owned(meta["namespace"], "pods", rs["metadata"]["uid"])
+            )
+            release = meta.get("labels", {}).get(RELEASE_LABEL, "")
+            out[release] = min(out.get(release, ready), ready)
+        return out
+
+    def _objects(self, plural: str) -> list[dict]:
+        return [obj for (_, kind_plural, _, _), obj in self.objects.items() if kind_plural == plural]
 
     def scenario_for(self, labels: dict[str, str] | None) -> str:
         return self.scenarios.get((labels or {}).get(RELEASE_LABEL, ""), self.scenario)
@@ -140,6 +171,7 @@ class FakeCluster:
             self.reads[key] = 0
             if obj.get("kind") == "Deployment":
                 self.history.append(self.servers())
+                self._reconcile(key)
             return code, copy.deepcopy(obj)
 
     def scale(self, key: tuple, patch: dict) -> tuple[int, dict]:
@@ -156,6 +188,7 @@ class FakeCluster:
                 obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
                 self.reads[key] = 0
                 self.history.append(self.servers())
+                self._reconcile(key)
             return 200, {
                 "kind": "Scale",
                 "apiVersion": "autoscaling/v1",
@@ -171,43 +204,103 @@ class FakeCluster:
                 return None
             if obj.get("kind") == "Deployment":
                 self.reads[key] = self.reads.get(key, 0) + 1
-                obj["status"] = self._deployment_status(obj, self.reads[key])
+                self._reconcile(key)
             return copy.deepcopy(obj)
 
-    def _deployment_status(self, obj: dict, reads: int) -> dict:
-        want = obj["spec"].get("replicas", 1)
-        generation = obj["metadata"]["generation"]
-        pod_labels = obj["spec"]["template"]["metadata"].get("labels")
-        if want == 0 or (self.scenario_for(pod_labels) != "never_ready" and reads >= 2):
-            return {
-                "observedGeneration": generation,
-                "replicas": want,
-                "updatedReplicas": want,
-                "readyReplicas": want,
-                "availableReplicas": want,
-                "conditions": [
-                    {
-                        "type": "Available",
-                        "status": "True",
-                        "reason": "MinimumReplicasAvailable",
-                        "message": "Deployment has minimum availability.",
-                    }
-                ],
+    # -------------------------------------------------------- the Deployment controller (lock held)
+
+    def _reconcile(self, key: tuple) -> None:
+        """The Deployment's ReplicaSets and their Pods to its spec, then its status from those pods."""
+        deployment = self.objects[key]
+        gv, _, ns, name = key
+        meta, spec = deployment["metadata"], deployment["spec"]
+        template = spec["template"]
+        pod_hash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+        owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": meta["uid"]}
+        current = (gv, "replicasets", ns, f"{name}-{pod_hash}")
+        if current not in self.objects:
+            labels = {**template["metadata"].get("labels", {}), "pod-template-hash": pod_hash}
+            self.objects[current] = {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": _meta(current[3], ns, labels, owner),
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": labels},
+                    "template": {**template, "metadata": {**template["metadata"], "labels": labels}},
+                },
             }
-        return {
-            "observedGeneration": generation,
-            "replicas": want,
-            "updatedReplicas": want,
-            "unavailableReplicas": want,
+        ready_now = self.scenario_for(template["metadata"].get("labels")) != "never_ready" and self.reads[key] >= 2
+        for rs_key, rs in self._owned(ns, "replicasets", meta["uid"]):
+            rs["spec"]["replicas"] = spec.get("replicas", 1) if rs_key == current else 0
+            rs_meta = rs["metadata"]
+            pods = self._owned(ns, "pods", rs_meta["uid"])
+            for pod_key, _ in pods[rs["spec"]["replicas"] :]:
+                del self.objects[pod_key]
+            for _ in range(rs["spec"]["replicas"] - len(pods)):
+                pod_name = f"{rs_meta['name']}-{uuid.uuid4().hex[:5]}"
+                rs_owner = {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": rs_meta["name"],
+                    "uid": rs_meta["uid"],
+                }
+                self.objects[("v1", "pods", ns, pod_name)] = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": _meta(pod_name, ns, rs["spec"]["selector"]["matchLabels"], rs_owner),
+                    "spec": copy.deepcopy(template["spec"]),
+                    "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]},
+                }
+            if ready_now and rs_key == current:
+                for _, pod in self._owned(ns, "pods", rs_meta["uid"]):
+                    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        pods = [
+            pod
+            for _, rs in self._owned(ns, "replicasets", meta["uid"])
+            for _, pod in self._owned(ns, "pods", rs["metadata"]["uid"])
+        ]
+        updated = [pod for _, pod in self._owned(ns, "pods", self.objects[current]["metadata"]["uid"])]
+        ready = sum(_ready(pod) for pod in updated)
+        want = spec.get("replicas", 1)
+        available = ready >= want
+        deployment["status"] = {
+            "observedGeneration": meta["generation"],
+            "replicas": len(pods),
+            "updatedReplicas": len(updated),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            **({"unavailableReplicas": len(pods) - ready} if len(pods) > ready else {}),
             "conditions": [
                 {
                     "type": "Available",
-                    "status": "False",
-                    "reason": "MinimumReplicasUnavailable",
-                    "message": "Deployment does not have minimum availability.",
+                    "status": "True" if available else "False",
+                    "reason": "MinimumReplicasAvailable" if available else "MinimumReplicasUnavailable",
+                    "message": f"Deployment {'has' if available else 'does not have'} minimum availability.",
                 }
             ],
         }
+        self._note_ready()
+
+    def _owned(self, ns: str, plural: str, owner_uid: str) -> list[tuple[tuple, dict]]:
+        return [
+            (key, obj)
+            for key, obj in self.objects.items()
+            if key[1:3] == (plural, ns)
+            and any(ref["uid"] == owner_uid for ref in obj["metadata"].get("ownerReferences", []))
+        ]
+
+    def _delete_owned(self, ns: str, owner_uid: str) -> None:
+        """Garbage collection: what the object owns goes with it (ReplicaSets, then their pods)."""
+        for plural in ("replicasets", "pods"):
+            for key, obj in self._owned(ns, plural, owner_uid):
+                del self.objects[key]
+                self._delete_owned(ns, obj["metadata"]["uid"])
+
+    def _note_ready(self) -> None:
+        groups = self.ready_servers_locked()
+        if not self.ready_history or self.ready_history[-1] != groups:
+            self.ready_history.append(groups)
 
     def proxy_completion(self, namespace: str, service: str, body: dict) -> tuple[int, dict]:
         svc = self.get("services", namespace, service)
@@ -217,11 +310,12 @@ class FakeCluster:
         if self.scenario_for(selector) == "smoke_fails":
             return 500, {"object": "error", "message": "EngineCore died", "code": 500}
         served = set()
-        for (_, plural, ns, _), obj in self.objects.items():
-            pod = obj.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
-            if plural == "deployments" and ns == namespace and all(pod.get(k) == v for k, v in selector.items()):
-                argv = obj["spec"]["template"]["spec"]["containers"][0]["command"]
-                served.add(argv[argv.index("--served-model-name") + 1])
+        with self.lock:
+            for (_, plural, ns, _), obj in self.objects.items():
+                labels = obj["metadata"].get("labels", {})
+                if (plural, ns) == ("pods", namespace) and _ready(obj) and _selects(selector, labels):
+                    argv = obj["spec"]["containers"][0]["command"]
+                    served.add(argv[argv.index("--served-model-name") + 1])
         if not served:
             return 503, _status(503, f'no endpoints available for service "{service}"')
         if body.get("model") not in served:
@@ -232,6 +326,22 @@ class FakeCluster:
             "model": body["model"],
             "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
         }
+
+
+def _meta(name: str, namespace: str, labels: dict[str, str], owner: dict) -> dict:
+    """An owned object's metadata, as the controllers set it (the owner is their controller)."""
+    reference = {**owner, "controller": True, "blockOwnerDeletion": True}
+    uid = str(uuid.uuid4())
+    return {"name": name, "namespace": namespace, "labels": dict(labels), "uid": uid, "ownerReferences": [reference]}
+
+
+def _ready(pod: dict) -> int:
+    conditions = (pod.get("status") or {}).get("conditions", [])
+    return int(any(c["type"] == "Ready" and c["status"] == "True" for c in conditions))
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def _status(code: int, message: str) -> dict:
@@ -335,8 +445,11 @@ def _handler(fake: FakeCluster):
             key = (match["core"] or match["gv"], match["plural"], match["ns"], match["name"]) if match else None
             with fake.lock:
                 found = fake.objects.pop(key, None) if key else None
+                if found is not None:
+                    fake._delete_owned(found["metadata"].get("namespace", ""), found["metadata"].get("uid", ""))
                 if found is not None and found.get("kind") == "Deployment":
                     fake.history.append(fake.servers())
+                    fake._note_ready()
             if found is None:
                 return self._send(404, _status(404, f"{path} not found"))
             return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})

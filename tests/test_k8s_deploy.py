@@ -56,6 +56,7 @@ def live(fake, objs, release_id):
     assert outcome.status == "live", outcome.error
     fake.requests.clear()
     fake.history.clear()
+    fake.ready_history.clear()
 
 
 def names(outcome):
@@ -122,7 +123,19 @@ def test_steps_move_servers_in_waves_and_the_old_release_goes_only_at_the_end(fa
     # never more than the live fleet + the spare server, and never fewer than the fleet serving
     assert all(sum(h.values()) <= 4 for h in fake.history), fake.history
     assert all(sum(h.values()) >= 3 for h in fake.history if h), fake.history
+    # and what serves, not only what was asked for: ready servers (a ready pod in each replica group,
+    # counted from the pods the Deployments' ReplicaSets made) never fewer than the fleet
+    assert fake.ready_history and all(sum(h.values()) >= 3 for h in fake.ready_history), fake.ready_history
+    assert fake.ready_history[-1] == {"2": 3}
     assert fake.names("deployments", NS) == R2  # release 1's objects go once release 2 holds everything
+    # what is left runs as Kubernetes runs it: each group's ReplicaSet owns three ready pods; release 1's
+    # ReplicaSets and pods went with its Deployment
+    sets = {name: fake.get("replicasets", NS, name) for name in fake.names("replicasets", NS)}
+    assert sorted(rs["metadata"]["ownerReferences"][0]["name"] for rs in sets.values()) == R2
+    pods = [fake.get("pods", NS, name) for name in fake.names("pods", NS)]
+    assert len(pods) == 6 and {p["metadata"]["ownerReferences"][0]["name"] for p in pods} == set(sets)
+    assert all(p["metadata"]["labels"]["model-release/release-id"] == "2" for p in pods)
+    assert all(p["status"]["conditions"] == [{"type": "Ready", "status": "True"}] for p in pods)
     assert "qwen3-235b-a22b-fp8-r1" not in fake.names("services", NS) + fake.names("poddisruptionbudgets", NS)
     assert "qwen3-235b-a22b-fp8" in fake.names("services", NS)  # the address clients call stays
     steps = [d for k, d in outcome.events if k == "rollout_step"]
@@ -146,6 +159,9 @@ def test_a_failed_analysis_gives_the_old_release_its_servers_back_then_scales_th
     # the old release was back at 3 servers before the new one went below 2
     last_short = max(i for i, h in enumerate(fake.history) if h["1"] < 3)
     assert fake.history[last_short] == {"1": 2, "2": 2} and fake.history[last_short + 1] == {"1": 3, "2": 2}
+    # ready servers too: the abort never left fewer than the fleet serving
+    assert all(sum(h.values()) >= 3 for h in fake.ready_history), fake.ready_history
+    assert fake.ready_history[-1] == {"1": 3, "2": 0}
 
 
 def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases):

@@ -388,9 +388,10 @@ def test_a_first_release_whose_answers_got_worse_is_never_switched_to(tiny_spec,
     started = local_target.Deployment(
         release_id=7, layout="single", model_dir=str(tmp_path), pgids=[4242], ports=[port], log_dir=str(tmp_path)
     )
-    stopped, asked = [], []
+    stopped, asked, fronts = [], [], []
     monkeypatch.setattr(local_target, "_start_engines", lambda *args, **kwargs: started)
     monkeypatch.setattr(local_target, "_stop_groups", lambda pgids, grace=30: stopped.append(pgids))
+    monkeypatch.setattr(local_target, "_point_front", lambda *args, **kwargs: fronts.append(args))
 
     def answers(url: str, step: int) -> ServedAccuracy:
         asked.append((url, step))
@@ -405,7 +406,7 @@ def test_a_first_release_whose_answers_got_worse_is_never_switched_to(tiny_spec,
         server.shutdown()
     assert asked == [(f"http://127.0.0.1:{port}", 1)]  # asked once, at the engine itself, before any switch
     assert stopped == [[4242]] and local_target.current(loaded.spec.name) is None
-    assert not (local_target.state_dir(loaded.spec.name) / "front").exists()  # no front was ever pointed
+    assert fronts == []  # no traffic was ever pointed at it
 
 
 def test_cli_releases_show_prints_the_audit_trail(tiny_spec, small_artifact, capsys):
