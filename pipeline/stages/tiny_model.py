@@ -247,6 +247,7 @@ def train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
                 (step + 1) / elapsed,
                 (cfg.steps - step - 1) * elapsed / (step + 1),
             )
+    threads.close()
     config.output_router_logits = False
     model.eval()
     model = model.to(torch.bfloat16)
@@ -271,9 +272,17 @@ class _Threads:
         self.all = torch.get_num_threads()
         self.now = int(os.environ.get("MODEL_RELEASE_TRAIN_THREADS") or self.all)
         self.full = self.now >= self.all
-        if not self.full:
+        self.listening = not self.full
+        if self.listening:
             signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "full", True))
         torch.set_num_threads(self.now)
+
+    def close(self) -> None:
+        """Training is over: a late SIGUSR1 (the suite asks every few seconds until the build exits)
+        is ignored from now on. The handler would not do: Python resets the signals it handles to
+        their default at exit, and that default ends the process (a finished build reported -10)."""
+        if self.listening:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
     def update(self) -> None:
         if self.full and self.now < self.all:
