@@ -127,7 +127,7 @@ vllm:e2e_request_latency_seconds_sum{engine="0",model_name="model"} %(s)s
 @pytest.fixture
 def metrics_server():
     """A real HTTP server whose /metrics text changes between two scrapes."""
-    from tests import metrics_http
+    from tests import http_stub
 
     pages = [METRICS % dict(a=0, b=0, c=0, s=0, q=0), METRICS % dict(a=50, b=80, c=100, s=1.5, q=0.2)]
 
@@ -137,7 +137,7 @@ def metrics_server():
             pages.pop(0)
         return body
 
-    server = metrics_http.serve(render)
+    server = http_stub.serve(render)
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 

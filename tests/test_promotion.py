@@ -364,25 +364,11 @@ def test_a_first_release_whose_answers_got_worse_is_never_switched_to(tiny_spec,
     """Nothing live: no steps, so the answers are checked before the front is pointed at the new
     engine; answers that got worse leave nothing live and the engine stopped. (Engines and the
     check are stand-ins here: the real ones are exercised by the local-target test above.)"""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from pipeline.stages.served_accuracy import ServedAccuracy
+    from tests import http_stub
 
-    class Engine(BaseHTTPRequestHandler):  # answers like vLLM's /v1/completions, nothing more
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            body = json.dumps({"choices": [{"text": " 17"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # answers like vLLM's /v1/completions, nothing more
+    server = http_stub.serve(lambda: json.dumps({"choices": [{"text": " 17"}]}).encode(), "application/json")
     loaded = load_spec(tiny_spec(lambda d: d.update(name="tiny-first-refused")))
     port = server.server_address[1]
     started = local_target.Deployment(

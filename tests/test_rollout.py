@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from pipeline.core.spec import RolloutSpec, SloSpec, load_spec
 from pipeline.release import analysis, local_prometheus, local_target
-from tests import metrics_http
+from tests import http_stub
 from tests.conftest import TINY_SPEC
 
 # measures CPU use or latency: never beside the tiny model's training (conftest)
@@ -32,7 +32,7 @@ class FakeEngine:
         self.done = Counter(
             analysis.FINISHED.removesuffix("_total"), "finished", ["finished_reason"], registry=self.registry
         )
-        self.server = metrics_http.serve(lambda: generate_latest(self.registry))
+        self.server = http_stub.serve(lambda: generate_latest(self.registry))
         self.port = self.server.server_address[1]
         self.stopping = threading.Event()
         threading.Thread(target=self._feed, daemon=True).start()

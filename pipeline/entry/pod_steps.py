@@ -180,16 +180,9 @@ def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
         rel = reg.get(release_id)
         loaded = promote.release_spec(rel)
         data = rel.data
-        gate = promote.gate_results(rel)
-        evaluation = (
-            write(
-                evaluation_uri(pods.base_uri(loaded), run_id, release_id),
-                {"baseline": gate[0].model_dump(mode="json"), "candidate": gate[1].model_dump(mode="json")},
-                loaded,
-            )
-            if gate
-            else None
-        )
+        recorded = data.get("evaluation")  # the pair promote.gate_results reads, as stored: the pod reads it alike
+        uri = evaluation_uri(pods.base_uri(loaded), run_id, release_id)
+        evaluation = write(uri, recorded, loaded) if recorded else None
         out.append(
             pods.shell(
                 pods.cli_args(

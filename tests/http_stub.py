@@ -1,4 +1,5 @@
-"""A real HTTP /metrics endpoint for tests: serves whatever `render()` returns at each scrape."""
+"""A real HTTP endpoint for tests (a /metrics page to scrape, an engine's completions): answers
+every GET and POST with whatever `render()` returns at that moment."""
 
 from __future__ import annotations
 
@@ -6,17 +7,24 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+METRICS = "text/plain; version=0.0.4"
 
-def serve(render: Callable[[], bytes]) -> ThreadingHTTPServer:
+
+def serve(render: Callable[[], bytes], content_type: str = METRICS) -> ThreadingHTTPServer:
     """Start it on a free port (`server.server_address[1]`); `server.shutdown()` stops it."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             body = render()
             self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))  # the request, unread otherwise
+            self.do_GET()
 
         def log_message(self, *args):
             pass
