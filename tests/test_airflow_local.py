@@ -1,12 +1,15 @@
-"""Stopping the embedded Airflow stops what it started, even processes in sessions of their own."""
+"""The embedded Airflow: stopping it stops what it started, even processes in sessions of their own;
+its SQLite database makes a writer wait out another's lock instead of failing after 5 s."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
+import sys
 import time
 
-from pipeline.embedded.airflow_standalone import Standalone, descendants
+from pipeline.embedded.airflow_standalone import Standalone, airflow_env, descendants
 
 
 def test_stop_also_stops_task_processes_that_left_the_standalone_group(tmp_path):
@@ -37,3 +40,34 @@ def test_stop_also_stops_task_processes_that_left_the_standalone_group(tmp_path)
     else:
         raise AssertionError(f"task process {task} still running after stop()")
     assert standalone.proc is None
+
+
+# Airflow's own engine, built from the embedded environment, writes one row (the REST trigger's
+# audit-log INSERT failed this way in CI while the scheduler held the lock)
+WRITER = """
+import time
+from airflow import settings
+from sqlalchemy import text
+t = time.monotonic()
+with settings.engine.begin() as connection:
+    connection.execute(text("INSERT INTO probe VALUES (1)"))
+print(round(time.monotonic() - t, 1))
+"""
+
+
+def test_airflow_waits_for_a_lock_held_longer_than_sqlites_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", raising=False)
+    env = airflow_env(tmp_path)
+    holder = sqlite3.connect(tmp_path / "airflow.db", isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")  # as Airflow keeps its database
+    holder.execute("CREATE TABLE probe (x INTEGER)")
+    writer = subprocess.Popen([sys.executable, "-c", WRITER], env=env, stdout=subprocess.PIPE, text=True)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, as a scheduler loop holds it
+    time.sleep(8)  # SQLite's default wait is 5 s: without the embedded env's wait the INSERT fails
+    holder.execute("COMMIT")
+    out, _ = writer.communicate(timeout=120)
+    assert writer.returncode == 0, out
+    assert holder.execute("SELECT count(*) FROM probe").fetchone() == (1,)
+    # a database the user configured is left alone
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://db/airflow")
+    assert airflow_env(tmp_path)["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == "postgresql://db/airflow"

@@ -1,8 +1,8 @@
 """Run this repo's DAGs in a real, local Airflow (embedded default, tests, the demo).
 
 One place knows how the embedded Airflow is configured: its home under MODEL_RELEASE_HOME,
-this repo's dags/ and plugins/, no example DAGs, and the venv's bin on PATH (Airflow
-launches its own components from PATH).
+this repo's dags/ and plugins/, no example DAGs, the venv's bin on PATH (Airflow
+launches its own components from PATH), and its SQLite database's lock wait.
 """
 
 from __future__ import annotations
@@ -18,12 +18,24 @@ from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.embedded import local_s3
 from pipeline.stages.serving import stop_groups
 
+# Seconds a writer to the embedded SQLite database waits for another's lock. SQLite's default is
+# 5: on two busy cores the scheduler can hold the write lock longer, and a REST trigger then failed
+# with "500 Database error" (its audit-log INSERT, "database is locked"), seen in CI.
+SQLITE_LOCK_WAIT_S = 60
+
+
+def sqlite_url(airflow_home: Path) -> str:
+    """The embedded metadata database; `timeout` is pysqlite's busy wait, read from the URL by SQLAlchemy."""
+    return f"sqlite:///{airflow_home / 'airflow.db'}?timeout={SQLITE_LOCK_WAIT_S}"
+
 
 def airflow_env(airflow_home: Path | None = None) -> dict[str, str]:
     airflow_home = airflow_home or home() / "airflow"
     airflow_home.mkdir(parents=True, exist_ok=True)
     venv_bin = str(Path(sys.executable).parent)
     env = dict(os.environ)
+    # a database configured by the user (Postgres, say) is theirs; otherwise SQLite in this home
+    env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", sqlite_url(airflow_home))
     env.update(
         {
             "AIRFLOW_HOME": str(airflow_home),
