@@ -233,7 +233,7 @@ def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file,
     assert healthy.status == "ok", healthy
     # the served answers were checked against the gate's in-process scores on the same items
     assert healthy.measured["served_accuracy_passed"] is True
-    assert set(healthy.measured["served_accuracy"]) == {"tiny_add", "tiny_copy", "tiny_add_mc"}
+    assert set(healthy.measured["served_accuracy"]) == {"tiny_add", "tiny_copy", "tiny_add_mc", "tiny_add3_mc"}
     assert reg.get(rel.id).status == "live"
     points = [e for e in reg.events(rel.id) if e.kind == "trend_point"]
     assert (

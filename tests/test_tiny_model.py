@@ -25,7 +25,7 @@ MIN_COPY_ACCURACY = 0.90
 
 def test_shipped_eval_data_is_what_the_generator_makes(tmp_path):
     tiny_model.write_eval_data(tmp_path)
-    for name in ("tiny_add", "tiny_copy", "tiny_add_mc"):
+    for name in ("tiny_add", "tiny_copy", "tiny_add_mc", "tiny_add3_mc"):
         assert (tmp_path / f"{name}.jsonl").read_text() == (tiny_model.EVAL_DIR / f"{name}.jsonl").read_text()
 
 
