@@ -65,8 +65,9 @@ def test_real_fp8_candidate_passes_the_gate(baseline, fp8_candidate, evaluation,
     for verdict in decision.tasks:
         assert verdict.samples_candidate == verdict.expected_samples == 200
         assert verdict.baseline > verdict.floor and verdict.recovery >= verdict.min_recovery
-    # at least one task sits well off the ceiling, where a small loss can show (stderr > 0 both sides)
-    off_ceiling = [v for v in decision.tasks if 0.4 <= v.baseline <= 0.85 and v.baseline_stderr and v.candidate_stderr]
+    # at least one task sits off the ceiling and above chance (0.25 for the 4-choice task), where a
+    # small loss can show: stderr > 0 on both sides (a build's score varies: 0.43 and 0.355 seen)
+    off_ceiling = [v for v in decision.tasks if 0.25 < v.baseline <= 0.85 and v.baseline_stderr and v.candidate_stderr]
     assert off_ceiling, decision.table()
     assert "PASSED" in Path(decision.validation_html).read_text()
 
