@@ -18,6 +18,11 @@ they belong to:
 - "never_ready": the new pods never become ready;
 - "smoke_fails": ready, but the service proxy answers completions with HTTP 500.
 
+A release may have a real engine behind its pods (`backends`: release id -> base URL): the
+service proxy then forwards every request under .../proxy/ to it (GET and POST, body and
+status as the engine answers), the way the API server reaches a pod; without one it answers
+completions itself (" Paris.").
+
 A Service's proxy reaches only ready pods that match its selector (their endpoints). Every change
 of ready pods is kept in `ready_history` (ready servers per release), so a test can check that
 serving capacity, not only what was asked for, never dropped.
@@ -64,6 +69,7 @@ class FakeCluster:
     def __init__(self, scenario: str = "ready"):
         self.scenario = scenario
         self.scenarios: dict[str, str] = {}  # release-id label value -> scenario, overriding the default
+        self.backends: dict[str, str] = {}  # release-id label value -> the engine its pods stand for
         self.objects: dict[tuple[str, str, str, str], dict] = {}
         self.requests: list[Request] = []
         self.reads: dict[tuple, int] = {}
@@ -302,22 +308,30 @@ class FakeCluster:
         if not self.ready_history or self.ready_history[-1] != groups:
             self.ready_history.append(groups)
 
-    def proxy_completion(self, namespace: str, service: str, body: dict) -> tuple[int, dict]:
+    def proxy(self, namespace: str, service: str, method: str, rest: str, raw: bytes) -> tuple[int, dict]:
+        """A request through the service proxy to `rest` on one of the Service's ready pods."""
         svc = self.get("services", namespace, service)
         if svc is None:
             return 404, _status(404, f'services "{service}" not found')
         selector = svc["spec"]["selector"]
         if self.scenario_for(selector) == "smoke_fails":
             return 500, {"object": "error", "message": "EngineCore died", "code": 500}
-        served = set()
+        served, releases = set(), set()
         with self.lock:
             for (_, plural, ns, _), obj in self.objects.items():
                 labels = obj["metadata"].get("labels", {})
                 if (plural, ns) == ("pods", namespace) and _ready(obj) and _selects(selector, labels):
                     argv = obj["spec"]["containers"][0]["command"]
                     served.add(argv[argv.index("--served-model-name") + 1])
+                    releases.add(labels.get(RELEASE_LABEL, ""))
         if not served:
             return 503, _status(503, f'no endpoints available for service "{service}"')
+        backend = next((self.backends[r] for r in sorted(releases) if r in self.backends), None)
+        if backend is not None:
+            return _forward(method, backend + rest, raw)
+        if (method, rest) != ("POST", "/v1/completions"):
+            return 404, _status(404, f"{rest}: this fake answers completions only")
+        body = json.loads(raw or b"{}")
         if body.get("model") not in served:
             return 404, {"object": "error", "message": f"The model `{body.get('model')}` does not exist.", "code": 404}
         return 200, {
@@ -397,10 +411,12 @@ def _handler(fake: FakeCluster):
             return url.path, query, raw
 
         def do_GET(self) -> None:
-            path, query, _ = self._route()
+            path, query, raw = self._route()
             if path == "/version":
                 return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
             match = OBJECT_PATH.match(path)
+            if self._proxied(match, raw):
+                return None
             if not match:
                 return self._send(404, _status(404, f"no route {path}"))
             gv, ns, plural, name = match["core"] or match["gv"], match["ns"], match["plural"], match["name"]
@@ -457,12 +473,36 @@ def _handler(fake: FakeCluster):
         def do_POST(self) -> None:
             path, _, raw = self._route()
             match = OBJECT_PATH.match(path)
-            if match and match["plural"] == "services" and match["name"] and match["sub"] == "/proxy/v1/completions":
-                service = match["name"].split(":", 1)[0]
-                return self._send(*fake.proxy_completion(match["ns"], service, json.loads(raw or b"{}")))
+            if self._proxied(match, raw):
+                return None
             return self._send(404, _status(404, f"no route {path}"))
 
+        def _proxied(self, match, raw: bytes) -> bool:
+            """Answer a request under a Service's /proxy/; False when it is not one."""
+            if not (
+                match and match["plural"] == "services" and match["name"] and (match["sub"] or "").startswith("/proxy/")
+            ):
+                return False
+            service = match["name"].split(":", 1)[0]
+            self._send(*fake.proxy(match["ns"], service, self.command, match["sub"][len("/proxy") :], raw))
+            return True
+
     return Handler
+
+
+def _forward(method: str, url: str, raw: bytes) -> tuple[int, dict]:
+    """The engine's answer to one proxied request, its status kept."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=raw if method == "POST" else None, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
 
 
 def dead_url() -> str:

@@ -13,6 +13,7 @@ from pipeline.core.spec import load_spec
 from pipeline.k8s import deploy, manifests
 from pipeline.k8s.deploy import ClusterUnreachable, KubernetesTarget, RolloutFailed, ServerStep
 from pipeline.release.analysis import StepAnalysis
+from pipeline.stages.served_accuracy import ServedAccuracy
 from tests.conftest import PROD_SPEC
 from tests.k8s_fake import FakeCluster, dead_url
 
@@ -291,3 +292,121 @@ def test_api_client_from_an_airflow_connection(fake, tmp_path, monkeypatch):
     api = deploy.api_client("fake_k8s")
     assert api.configuration.host == fake.url
     assert KubernetesTarget(api).check_reachable() == "v1.31.0-fake"
+
+
+# ---------------------------------------------------------------- served answers at each step
+
+
+def served(step: int, passed: bool) -> ServedAccuracy:
+    failures = [] if passed else ["tiny_add: recovery vs min_recovery (recovery=0.100 < 0.95)"]
+    return ServedAccuracy(passed=passed, endpoint="e", limit=10, tasks=[], failures=failures, seconds=1.0)
+
+
+def test_answers_that_got_worse_abort_the_step_before_the_old_release_gives_a_server(fake, releases):
+    live(fake, releases["1"], "1")
+    asked = []
+
+    def answers(step, endpoint, model):
+        asked.append((step, endpoint.url, model, dict(fake.servers())))
+        return served(step, passed=step < 2)
+
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5, answers=answers
+    )
+    assert outcome.status == "rolled_back"
+    own = f"{fake.url}/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8-r2:8000/proxy"
+    # each check goes to the release's own Service once the step's new servers run, before any old one stops
+    assert asked == [
+        (1, own, "qwen3-235b-a22b-fp8", {"1": 3, "2": 1}),
+        (2, own, "qwen3-235b-a22b-fp8", {"1": 2, "2": 2}),
+    ]
+    checks = [d for k, d in outcome.events if k == "rollout_accuracy"]
+    assert [(c["step"], c["passed"]) for c in checks] == [(1, True), (2, False)]
+    assert names(outcome)[-3:] == ["rollout_aborted", "rollback_started", "rollback_complete"]
+    assert "step 2: serving-path accuracy through Service llm-serving/qwen3-235b-a22b-fp8-r2" in outcome.error
+    assert "tiny_add: recovery" in outcome.error
+    assert fake.servers() == {"1": 3, "2": 0}
+    assert all(sum(h.values()) >= 3 for h in fake.ready_history), fake.ready_history
+
+
+def test_a_first_release_whose_answers_got_worse_is_scaled_to_zero(fake, releases):
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), timeout_s=5, answers=lambda step, endpoint, model: served(step, False)
+    )
+    assert outcome.status == "failed"
+    assert names(outcome) == ["deploy_started", "smoke_test", "rollout_accuracy", "rollout_aborted", "scaled_to_zero"]
+    assert fake.servers() == {"2": 0}
+
+
+def test_the_endpoint_carries_the_clients_credentials_and_ca(tmp_path):
+    configuration = client.Configuration(host="https://k8s.example:6443/")
+    configuration.api_key = {"BearerToken": "Bearer s3cret"}  # as the kubeconfig loader sets it
+    configuration.ssl_ca_cert = str(tmp_path / "ca.crt")
+    endpoint = deploy.service_endpoint(client.ApiClient(configuration), NS, "svc-r2", 8000)
+    assert endpoint.url == f"https://k8s.example:6443/api/v1/namespaces/{NS}/services/svc-r2:8000/proxy"
+    assert endpoint.headers == {"Authorization": "Bearer s3cret"} and endpoint.ca_cert == str(tmp_path / "ca.crt")
+    # the token stays out of what is printed, recorded or logged
+    assert "s3cret" not in repr(endpoint) + str(endpoint) + endpoint.model_dump_json()
+
+
+@pytest.mark.slow
+def test_each_step_checks_the_served_answers_through_the_releases_own_service(
+    fake, releases, tiny_model_dir, spec_file, release_env, tmp_path, caplog
+):
+    """The check the promotion runs (promote.kubernetes_answers): lm-eval through the API server's
+    service proxy, with the client's token, to a real engine behind release 2's pods, scored with
+    the engine's own tokenizer and held to the in-process scores of the same model."""
+    import logging
+    from datetime import UTC, datetime
+
+    from pipeline.release import promote
+    from pipeline.release.registry import Release
+    from pipeline.stages import evaluate
+    from tests.conftest import TINY_SPEC
+    from tests.vllm_engine import engine
+
+    caplog.set_level(logging.INFO)
+    path = spec_file(TINY_SPEC, lambda d: d["evaluation"].update(limit=10, served={"limit": 10, "rollout_limit": 10}))
+    loaded = load_spec(path)
+    in_process = evaluate.evaluate(tiny_model_dir, "tiny", loaded.spec.evaluation).model_dump(mode="json")
+    now = datetime.now(UTC)
+    rel = Release(
+        id=2,
+        run_key="k8s-answers",
+        name=loaded.spec.name,
+        spec_path=str(path),
+        spec_yaml="",
+        target="kubernetes",
+        status="approved",
+        data={"evaluation": {"baseline": in_process, "candidate": in_process}},
+        created_at=now,
+        updated_at=now,
+    )
+    answers = promote.kubernetes_answers(rel, loaded)
+    assert answers is not None
+    live(fake, releases["1"], "1")
+    api = fake.client()
+    api.configuration.api_key = {"BearerToken": "Bearer s3cret"}  # as the kubeconfig loader sets it
+    steps = [
+        ServerStep(fraction=0.5, old_servers=2, new_servers=2),
+        ServerStep(fraction=1.0, old_servers=0, new_servers=3),
+    ]
+    with engine(
+        tiny_model_dir, "qwen3-235b-a22b-fp8", tmp_path / "vllm.log", "--enable-tokenizer-info-endpoint"
+    ) as url:
+        fake.backends["2"] = url
+        outcome = KubernetesTarget(api, **FAST).deploy(
+            "2", copy.deepcopy(releases["2"]), steps, lambda s, f, pods: verdict(s, f), timeout_s=5, answers=answers
+        )
+    assert outcome.status == "live", outcome.error
+    checks = [d for k, d in outcome.events if k == "rollout_accuracy"]
+    assert [(c["step"], c["passed"], c["limit"]) for c in checks] == [(1, True, 10), (2, True, 10)]
+    assert {t["task"] for t in checks[0]["tasks"]} == {t.name for t in loaded.spec.evaluation.tasks}
+    assert all(t["samples_candidate"] == 10 for c in checks for t in c["tasks"])
+    proxied = [r for r in fake.requests if "/proxy/" in r.path]
+    own = f"/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8-r2:8000/proxy/"
+    assert proxied and all(r.path.startswith(own) for r in proxied)
+    # completions and the engine's own tokenizer, all with the client's token
+    assert {"v1/completions", "tokenizer_info", "tokenize"} <= {r.path[len(own) :] for r in proxied}
+    assert {r.authorization for r in proxied} == {"Bearer s3cret"}
+    assert "s3cret" not in json.dumps(outcome.events) + caplog.text

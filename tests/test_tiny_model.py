@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,8 +13,8 @@ import pytest
 
 from pipeline.core import artifacts
 from pipeline.core.paths import PROJECT_ROOT
-from pipeline.stages import serving, tiny_model
-from tests.conftest import SERVE_PYTHON
+from pipeline.stages import tiny_model
+from tests.vllm_engine import engine
 
 # Chance is ~1% for an exact 2-digit sum and far lower for copying a 3-6 letter word.
 MIN_ADD_ACCURACY = 0.90
@@ -98,12 +96,6 @@ def test_a_second_builder_waits_for_the_first_and_reuses_its_model(tmp_path, mon
     assert got == [final]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _post(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
@@ -146,47 +138,8 @@ def test_a_build_asked_for_every_core_while_it_exits_exits_cleanly():
 
 @pytest.mark.slow
 def test_tiny_model_serves_in_vllm_cpu(tiny_model_dir, tmp_path):
-    if not SERVE_PYTHON.exists():
-        pytest.fail(".venv-serve is missing: run scripts/setup.sh serve (make test does)")
-    port = _free_port()
-    env = {**os.environ, **serving.cpu_engine_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    log_path = tmp_path / "vllm.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                str(SERVE_PYTHON),
-                str(serving.VLLM_CLI),
-                "serve",
-                str(tiny_model_dir),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--served-model-name",
-                "tiny",
-                "--max-model-len",
-                "256",
-                "--dtype",
-                "bfloat16",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 400
-        while True:
-            assert proc.poll() is None, f"vLLM exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"vLLM not healthy in time:\n{log_path.read_text()[-3000:]}"
-            time.sleep(2)
-        base = f"http://127.0.0.1:{port}/v1"
+    with engine(tiny_model_dir, "tiny", tmp_path / "vllm.log") as url:
+        base = f"{url}/v1"
         questions = tiny_model.load_eval("tiny_add")[:20]
         out = _post(
             f"{base}/completions",
@@ -205,10 +158,3 @@ def test_tiny_model_serves_in_vllm_cpu(tiny_model_dir, tmp_path):
             },
         )
         assert chat["choices"][0]["message"]["content"].strip() == "abcd"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

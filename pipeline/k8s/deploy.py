@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.k8s.manifests import RELEASE_LABEL
+from pipeline.stages.evaluate import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,24 @@ def wait_rollout(api, deployments: list[dict], timeout_s: float, poll_s: float =
 # ---------------------------------------------------------------- smoke test
 
 
+def service_endpoint(api, namespace: str, service: str, port: int) -> Endpoint:
+    """A Service's engine as lm-eval reaches it: through the API server's service proxy, with the
+    client's own credentials (its bearer token, refreshed as the client refreshes it) and CA, so
+    the check needs no route into the cluster network, like the smoke test."""
+    configuration = api.configuration
+    headers = {
+        auth["key"].title() if auth["key"].lower() == "authorization" else auth["key"]: auth["value"]
+        for auth in configuration.auth_settings().values()
+        if auth.get("in") == "header" and auth.get("value")
+    }
+    return Endpoint(
+        url=f"{configuration.host.rstrip('/')}/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy",
+        headers=headers,
+        ca_cert=configuration.ssl_ca_cert,
+        verify=bool(configuration.verify_ssl),
+    )
+
+
 def smoke(
     api,
     namespace: str,
@@ -374,10 +393,39 @@ class Verdict(Protocol):
 Judge = Callable[[int, float, int], Verdict]
 
 
+class Checked(Protocol):
+    """A step's serving-path accuracy check (pipeline.stages.served_accuracy.ServedAccuracy)."""
+
+    passed: bool
+    failures: list[str]
+
+    def summary(self) -> str: ...
+
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+
+# (step number, the new release's own Service as lm-eval reaches it, the served model name): the
+# served answers' verdict
+Answers = Callable[[int, Endpoint, str], Checked]
+
+
+class AnswersWorse(ReleaseError):
+    """The new release's served answers failed the step's accuracy check."""
+
+
 class RolloutAborted(ReleaseError):
     def __init__(self, message: str, verdict: Verdict):
         self.verdict = verdict
         super().__init__(message)
+
+
+def _own_service(manifests: list[dict]) -> str:
+    """The release's own Service (it selects the release's pods only), as opposed to the stable one."""
+    return next(
+        o["metadata"]["name"]
+        for o in manifests
+        if o["kind"] == "Service" and RELEASE_LABEL in o["spec"].get("selector", {})
+    )
 
 
 def _release_of(obj: dict) -> str:
@@ -428,6 +476,7 @@ class KubernetesTarget:
         judge: Judge | None = None,
         spare_servers: int = 1,
         timeout_s: float | None = None,
+        answers: Answers | None = None,
     ) -> DeployOutcome:
         """Make `manifests` live without taking the model offline, or leave the old release serving.
 
@@ -436,6 +485,9 @@ class KubernetesTarget:
         Raises ClusterUnreachable before changing anything when the API server does not answer;
         every later failure is an outcome ("rolled_back" while the old release serves, "failed"
         with none). The rollout timeout per wave defaults to the Deployments' progress deadline.
+        `answers` checks the new release's served answers through its own Service once each step's
+        new servers are up, before the old release gives any back: answers that got worse abort
+        the rollout like a failed analysis (with nothing live before, the new release goes to zero).
         """
         timeout_s = timeout_s or _progress_deadline(manifests)
         self.check_reachable()
@@ -484,6 +536,8 @@ class KubernetesTarget:
                     self._start(manifests, new_deps, new_servers, applied, timeout_s)
                     if not any(kind == "smoke_test" for kind, _ in events):
                         events.append(self._smoke(namespace, manifests, port, model))
+                if answers is not None:
+                    self._check_answers(answers, number, namespace, manifests, port, model, new_servers, events)
                 old_servers = self._scale_to(old, min(step.old_servers, old_servers), old_servers, timeout_s)
                 detail: dict[str, Any] = {
                     "step": number,
@@ -548,13 +602,41 @@ class KubernetesTarget:
             log.info("release %s: %d -> %d servers", _release_of(deps[0]), now, servers)
         return servers
 
+    def _check_answers(
+        self,
+        answers: Answers,
+        step: int,
+        namespace: str,
+        manifests: list[dict],
+        port: int,
+        model: str,
+        new_servers: int,
+        events: list[tuple[str, dict[str, Any]]],
+    ) -> None:
+        """The step's serving-path accuracy check through the release's own Service; one
+        `rollout_accuracy` event with its table, raising AnswersWorse when it failed."""
+        own = _own_service(manifests)
+        checked = answers(step, service_endpoint(self.api, namespace, own, port), model)
+        events.append(
+            (
+                "rollout_accuracy",
+                {
+                    "step": step,
+                    "new_servers": new_servers,
+                    "summary": checked.summary(),
+                    **checked.model_dump(mode="json"),
+                },
+            )
+        )
+        log.info("step %d: served answers %s: %s", step, "pass" if checked.passed else "FAIL", checked.summary())
+        if not checked.passed:
+            raise AnswersWorse(
+                f"step {step}: serving-path accuracy through Service {namespace}/{own}: " + "; ".join(checked.failures)
+            )
+
     def _smoke(self, namespace: str, manifests: list[dict], port: int, model: str) -> tuple[str, dict[str, Any]]:
         """A completion through the release's own Service: it reaches only the new pods."""
-        own = next(
-            o["metadata"]["name"]
-            for o in manifests
-            if o["kind"] == "Service" and RELEASE_LABEL in o["spec"].get("selector", {})
-        )
+        own = _own_service(manifests)
         text = smoke(
             self.api, namespace, own, port, model, self.smoke_timeout_s, retry_delay_s=self.smoke_retry_delay_s
         )
@@ -588,10 +670,14 @@ class KubernetesTarget:
         seconds = round(time.monotonic() - started, 1)
         if isinstance(exc, SmokeFailed):
             events.append(("smoke_test", {"ok": False, "error": error}))
-        kind = "rollout_aborted" if isinstance(exc, RolloutAborted) else "rollout_failed"
+        kind = "rollout_aborted" if isinstance(exc, RolloutAborted | AnswersWorse) else "rollout_failed"
         events.append((kind, {"error": error, "seconds": seconds}))
         if not old:
             log.error("rollout failed and no earlier release serves: %s", error)
+            if isinstance(exc, AnswersWorse):  # no answers rather than worse ones
+                for dep in applied:
+                    scale(self.api, dep, 0)
+                events.append(("scaled_to_zero", {"objects": [f"Deployment/{d['metadata']['name']}" for d in applied]}))
             return DeployOutcome(status="failed", events=events, error=error)
         want = live_servers
         log.warning("rollout failed (%s); release %s back to %d servers", error, old_release, want)

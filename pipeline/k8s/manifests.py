@@ -274,9 +274,12 @@ def _engine(
     spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_path: str
 ) -> tuple[list[str], dict[str, str]]:
     """The launcher's own command for replica 0, so pods run exactly what was benchmarked; every
-    pod listens on the Service's port and the device plugin, not an env var, picks its GPUs."""
+    pod listens on the Service's port and the device plugin, not an env var, picks its GPUs.
+    One flag more, which serves a read-only endpoint and changes no kernel: /tokenizer_info, so the
+    rollout's accuracy check through the Service uses the engine's own tokenizer (lm-eval's remote
+    tokenizer) where no model files are."""
     command = serving.build_commands(spec, hw, layout, model_path, spec.serving.port)[0]
-    argv = list(command.argv)
+    argv = [*command.argv, "--enable-tokenizer-info-endpoint"]
     argv[argv.index("--served-model-name") + 1] = spec.name
     env = {k: v for k, v in command.env.items() if k != hw.visible_devices_env}
     return argv, env

@@ -16,14 +16,14 @@ from pipeline.core import paths, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
-from pipeline.core.spec import LoadedSpec, duration_seconds, load_spec
+from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.release import analysis, local_target, rollout_plan
 from pipeline.release.analysis import StepAnalysis
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import served_accuracy, serving
-from pipeline.stages.evaluate import EvalResult
+from pipeline.stages.evaluate import Endpoint, EvalResult
 from pipeline.stages.served_accuracy import ServedAccuracy
 
 log = logging.getLogger(__name__)
@@ -155,13 +155,10 @@ def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
     return serving.serving_copy(loaded, staged)
 
 
-def rollout_answers(
-    reg: Registry, rel: Release, loaded: LoadedSpec, model_dir: Path, actor: str
-) -> local_target.Answers | None:
-    """The smoke test of each local rollout step: the gate's tasks at the new release's engine, on
-    the first `evaluation.served.rollout_limit` items, held to the gate's in-process scores; each
-    check is a `rollout_accuracy` event. None when the spec turns it off or the release predates
-    the registry keeping the gate's scores."""
+def _rollout_check(rel: Release, loaded: LoadedSpec) -> tuple[tuple[EvalResult, EvalResult], EvaluationSpec] | None:
+    """The gate's in-process results and the evaluation a rollout step's check runs (the first
+    `evaluation.served.rollout_limit` items); None when the spec turns it off or the release
+    predates the registry keeping the gate's scores."""
     evaluation = loaded.spec.evaluation
     gate = gate_results(rel)
     if gate is None or not evaluation.served.enabled or evaluation.served.rollout_limit is None:
@@ -169,6 +166,18 @@ def rollout_answers(
     smaller = evaluation.model_copy(
         update={"served": evaluation.served.model_copy(update={"limit": evaluation.served.rollout_limit})}
     )
+    return gate, smaller
+
+
+def rollout_answers(
+    reg: Registry, rel: Release, loaded: LoadedSpec, model_dir: Path, actor: str
+) -> local_target.Answers | None:
+    """The smoke test of each local rollout step: the gate's tasks at the new release's engine,
+    held to the gate's in-process scores; each check is a `rollout_accuracy` event."""
+    check = _rollout_check(rel, loaded)
+    if check is None:
+        return None
+    gate, smaller = check
 
     def answers(url: str, step: int) -> ServedAccuracy:
         out = home() / "releases" / str(rel.id) / "rollout-accuracy" / f"step-{step}"
@@ -180,6 +189,22 @@ def rollout_answers(
             {"step": step, "summary": checked.summary(), **checked.model_dump(mode="json")},
         )
         return checked
+
+    return answers
+
+
+def kubernetes_answers(rel: Release, loaded: LoadedSpec) -> k8s_deploy.Answers | None:
+    """The same check on each Kubernetes rollout step, through the release's own Service (the API
+    server's service proxy, the engine's own tokenizer); the controller records each as a
+    `rollout_accuracy` event."""
+    check = _rollout_check(rel, loaded)
+    if check is None:
+        return None
+    gate, smaller = check
+
+    def answers(step: int, endpoint: Endpoint, served_name: str) -> ServedAccuracy:
+        out = home() / "releases" / str(rel.id) / "rollout-accuracy" / f"step-{step}"
+        return served_accuracy.check(endpoint, None, served_name, *gate, smaller, out)
 
     return answers
 
@@ -295,6 +320,7 @@ def _kubernetes_rollout(
         server_steps(plan),
         prometheus_judge(loaded, str(rel.id), str(live.id) if live else None),
         spare_servers=plan.spare_servers,
+        answers=kubernetes_answers(rel, loaded),
     )
 
 

@@ -222,8 +222,45 @@ def _same_bytes(model_path: Path, model_hash: str) -> bool:
         return False
 
 
+class Endpoint(BaseModel):
+    """An engine lm-eval scores through `local-completions`, reached through a Kubernetes API
+    server's service proxy: the server's credentials and CA go with it, and the tokenizer is the
+    engine's own (vLLM's /tokenize, /detokenize, /tokenizer_info), since no model files are where
+    the check runs. The headers are secrets: kept out of repr, dumps and logs."""
+
+    url: str = Field(description="the engine's base URL (…/services/NAME:PORT/proxy)")
+    headers: dict[str, str] = Field(default_factory=dict, repr=False, exclude=True)
+    ca_cert: str | None = Field(None, description="CA bundle of the API server's certificate")
+    verify: bool = True
+
+    def __str__(self) -> str:
+        return self.url
+
+    def lm_args(self) -> dict[str, Any]:
+        """What `local-completions` takes for this endpoint, besides the model and the concurrency."""
+        import ssl
+
+        token = self.headers.get("Authorization", self.headers.get("authorization", ""))
+        args: dict[str, Any] = {
+            "base_url": f"{self.url}/v1/completions",
+            "tokenizer_backend": "remote",
+            "header": dict(self.headers),
+            # the remote tokenizer sends its own bearer token and CA (requests); completions use the
+            # header and an SSL context with that CA (aiohttp)
+            "auth_token": token.split(" ", 1)[1] if token.lower().startswith("bearer ") else None,
+            "ca_cert_path": self.ca_cert,
+            "verify_certificate": ssl.create_default_context(cafile=self.ca_cert)
+            if self.verify and self.ca_cert
+            else self.verify,
+        }
+        return args
+
+
 def _model_args(
-    model_path: Path, evaluation: EvaluationSpec, base_url: str | None, served_name: str | None = None
+    model_path: Path | None,
+    evaluation: EvaluationSpec,
+    base_url: str | Endpoint | None,
+    served_name: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     if evaluation.backend == "hf":
         return "hf", {"pretrained": str(model_path), "dtype": "float32", "device": "cpu"}
@@ -235,6 +272,14 @@ def _model_args(
         }
     if not base_url:
         raise ReleaseError("evaluation.backend: local-completions needs a running engine (base_url)")
+    if isinstance(base_url, Endpoint):
+        return "local-completions", {
+            "model": served_name,
+            **base_url.lm_args(),
+            "tokenized_requests": False,
+            "num_concurrent": evaluation.num_concurrent,
+            "max_retries": 1,
+        }
     return "local-completions", {
         "model": served_name or str(model_path),
         "base_url": f"{base_url}/v1/completions",
@@ -258,17 +303,31 @@ def task_manager(shipped: bool) -> Any:
 
 
 def run_task(
-    model_path: Path, task: EvalTask, evaluation: EvaluationSpec, base_url: str | None, served_name: str | None = None
+    model_path: Path | None,
+    task: EvalTask,
+    evaluation: EvaluationSpec,
+    base_url: str | Endpoint | None,
+    served_name: str | None = None,
 ) -> TaskScore:
     """One task through lm-eval's Python API with the evaluation's backend, limit and seeds."""
     import lm_eval
 
     model, model_args = _model_args(model_path, evaluation, base_url, served_name)
     config = task_config(task)
+    lm: Any = model
+    lm_args: dict[str, Any] | None = model_args
     try:
+        if isinstance(base_url, Endpoint):
+            # built here, not by simple_evaluate, which logs its arguments: they hold the credentials
+            from lm_eval.api.registry import get_model
+
+            lm = get_model(model).create_from_arg_obj(
+                model_args, {"batch_size": evaluation.batch_size, "max_batch_size": None, "device": None}
+            )
+            lm_args = None
         out = lm_eval.simple_evaluate(
-            model=model,
-            model_args=model_args,
+            model=lm,
+            model_args=lm_args,
             tasks=[config],
             num_fewshot=task.num_fewshot,
             batch_size=evaluation.batch_size,

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import EvaluationSpec
 from pipeline.stages import gx_suite
-from pipeline.stages.evaluate import EvalResult, TaskScore, TaskVerdict, run_task, verdicts
+from pipeline.stages.evaluate import Endpoint, EvalResult, TaskScore, TaskVerdict, run_task, verdicts
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +83,18 @@ def reference(result: EvalResult, task: str, n: int | None) -> TaskScore:
 
 
 def check(
-    endpoint: str,
-    model_dir: Path,
+    endpoint: str | Endpoint,
+    model_dir: Path | None,
     served_name: str,
     baseline: EvalResult,
     candidate: EvalResult,
     evaluation: EvaluationSpec,
     out_dir: Path,
 ) -> ServedAccuracy:
-    """Score the spec's tasks at `endpoint` and judge them; the table and GX validation go to `out_dir`."""
+    """Score the spec's tasks at `endpoint` and judge them; the table and GX validation go to `out_dir`.
+
+    `model_dir` holds the tokenizer lm-eval uses for an engine it reaches directly; an `Endpoint`
+    behind a service proxy brings the engine's own tokenizer endpoints instead (`model_dir` None)."""
     started = time.monotonic()
     n = items_for(evaluation)
     served_spec = served_evaluation(evaluation)
@@ -152,7 +155,7 @@ def check(
     published = gx_suite.publish(tasks, [t.name for t in evaluation.tasks], out_dir, "served_accuracy", served=True)
     return ServedAccuracy(
         passed=published.passed,
-        endpoint=endpoint,
+        endpoint=str(endpoint),
         limit=n,
         tasks=tasks,
         failures=published.failures,
