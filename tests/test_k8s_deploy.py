@@ -338,6 +338,21 @@ def test_a_first_release_whose_answers_got_worse_is_scaled_to_zero(fake, release
     assert fake.servers() == {"2": 0}
 
 
+def test_pods_rendered_before_the_tokenizer_endpoint_are_not_checked_and_say_so(fake, releases):
+    # a rollback to a release whose stored manifests predate the flag: no check is possible, none blocks
+    old_objs = copy.deepcopy(releases["2"])
+    for obj in old_objs:
+        if obj["kind"] == "Deployment":
+            obj["spec"]["template"]["spec"]["containers"][0]["command"].remove(manifests.TOKENIZER_INFO_FLAG)
+    live(fake, releases["1"], "1")
+    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", old_objs, STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5, answers=lambda *a: served(1, False)
+    )
+    assert outcome.status == "live", outcome.error
+    checks = [d for k, d in outcome.events if k == "rollout_accuracy"]
+    assert [c["step"] for c in checks] == [1, 2, 3] and all("not checked" in c["skipped"] for c in checks)
+
+
 def test_the_endpoint_carries_the_clients_credentials_and_ca(tmp_path):
     configuration = client.Configuration(host="https://k8s.example:6443/")
     configuration.api_key = {"BearerToken": "Bearer s3cret"}  # as the kubeconfig loader sets it

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
-from pipeline.k8s.manifests import RELEASE_LABEL
+from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG
 from pipeline.stages.evaluate import Endpoint
 
 log = logging.getLogger(__name__)
@@ -614,8 +614,18 @@ class KubernetesTarget:
         events: list[tuple[str, dict[str, Any]]],
     ) -> None:
         """The step's serving-path accuracy check through the release's own Service; one
-        `rollout_accuracy` event with its table, raising AnswersWorse when it failed."""
+        `rollout_accuracy` event with its table, raising AnswersWorse when it failed. Pods rendered
+        before they served /tokenizer_info (a rollback to such a release) cannot be checked this
+        way: the event says so and the rollout goes on, judged by its analysis."""
         own = _own_service(manifests)
+        argv = next(o for o in manifests if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
+            "command"
+        ]
+        if TOKENIZER_INFO_FLAG not in argv:
+            reason = f"the release's pods run without {TOKENIZER_INFO_FLAG} (rendered before it): not checked"
+            events.append(("rollout_accuracy", {"step": step, "new_servers": new_servers, "skipped": reason}))
+            log.warning("step %d: served answers %s", step, reason)
+            return
         checked = answers(step, service_endpoint(self.api, namespace, own, port), model)
         events.append(
             (

@@ -37,6 +37,8 @@ RELEASE_LABEL = f"{FIELD_PREFIX}/release-id"
 # what the stable Service selects: remove it from a pod (kubectl label pod NAME model-release/serving-)
 # and the pod leaves the model's traffic without a restart
 SERVING_LABEL = f"{FIELD_PREFIX}/serving"
+# served by every rendered engine: the rollout's accuracy check uses the engine's own tokenizer
+TOKENIZER_INFO_FLAG = "--enable-tokenizer-info-endpoint"
 # vLLM start-up: engine init, graph capture and kernel warm-up, then reading the weights at a
 # conservative ~100 MB/s from NFS; ~240 GB of FP8 weights get ~42 minutes, the tiny model 3.
 STARTUP_BASE_S = 180
@@ -279,7 +281,7 @@ def _engine(
     rollout's accuracy check through the Service uses the engine's own tokenizer (lm-eval's remote
     tokenizer) where no model files are."""
     command = serving.build_commands(spec, hw, layout, model_path, spec.serving.port)[0]
-    argv = [*command.argv, "--enable-tokenizer-info-endpoint"]
+    argv = [*command.argv, TOKENIZER_INFO_FLAG]
     argv[argv.index("--served-model-name") + 1] = spec.name
     env = {k: v for k, v in command.env.items() if k != hw.visible_devices_env}
     return argv, env
