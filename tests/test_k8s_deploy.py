@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import ssl
 
+import certifi
 import pytest
 from kubernetes import client
 
@@ -356,10 +358,20 @@ def test_pods_rendered_before_the_tokenizer_endpoint_are_not_checked_and_say_so(
 def test_the_endpoint_carries_the_clients_credentials_and_ca(tmp_path):
     configuration = client.Configuration(host="https://k8s.example:6443/")
     configuration.api_key = {"BearerToken": "Bearer s3cret"}  # as the kubeconfig loader sets it
-    configuration.ssl_ca_cert = str(tmp_path / "ca.crt")
+    ca = certifi.where()  # a real PEM bundle stands for the cluster's CA
+    configuration.ssl_ca_cert = ca
     endpoint = deploy.service_endpoint(client.ApiClient(configuration), NS, "svc-r2", 8000)
     assert endpoint.url == f"https://k8s.example:6443/api/v1/namespaces/{NS}/services/svc-r2:8000/proxy"
-    assert endpoint.headers == {"Authorization": "Bearer s3cret"} and endpoint.ca_cert == str(tmp_path / "ca.crt")
+    assert endpoint.headers == {"Authorization": "Bearer s3cret"} and endpoint.ca_cert == ca
+    # what lm-eval gets: the token for the remote tokenizer, and the CA in the form each HTTP stack takes
+    concurrent, serial = endpoint.lm_args(4), endpoint.lm_args(1)
+    assert concurrent["auth_token"] == "s3cret" and concurrent["ca_cert_path"] == ca
+    assert concurrent["header"] == {"Authorization": "Bearer s3cret"}
+    assert isinstance(concurrent["verify_certificate"], ssl.SSLContext)  # aiohttp, requests in flight at once
+    assert serial["verify_certificate"] == ca  # requests, one at a time
+    configuration.verify_ssl = False  # the kubeconfig's insecure-skip-tls-verify: the user's choice, kept
+    insecure = deploy.service_endpoint(client.ApiClient(configuration), NS, "svc-r2", 8000)
+    assert insecure.lm_args(4)["verify_certificate"] is False
     # the token stays out of what is printed, recorded or logged
     assert "s3cret" not in repr(endpoint) + str(endpoint) + endpoint.model_dump_json()
 

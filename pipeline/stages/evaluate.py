@@ -236,24 +236,26 @@ class Endpoint(BaseModel):
     def __str__(self) -> str:
         return self.url
 
-    def lm_args(self) -> dict[str, Any]:
-        """What `local-completions` takes for this endpoint, besides the model and the concurrency."""
+    def lm_args(self, num_concurrent: int) -> dict[str, Any]:
+        """What `local-completions` takes for this endpoint, besides the model and the concurrency.
+
+        The remote tokenizer sends its own bearer token and CA path (requests). Completions send
+        the header and verify with `verify_certificate`: lm-eval hands it to aiohttp when requests
+        run concurrently (an SSL context with the CA) and to requests when they do not (the CA path)."""
         import ssl
 
         token = self.headers.get("Authorization", self.headers.get("authorization", ""))
-        args: dict[str, Any] = {
+        verify: Any = self.verify
+        if self.verify and self.ca_cert:
+            verify = ssl.create_default_context(cafile=self.ca_cert) if num_concurrent > 1 else self.ca_cert
+        return {
             "base_url": f"{self.url}/v1/completions",
             "tokenizer_backend": "remote",
             "header": dict(self.headers),
-            # the remote tokenizer sends its own bearer token and CA (requests); completions use the
-            # header and an SSL context with that CA (aiohttp)
             "auth_token": token.split(" ", 1)[1] if token.lower().startswith("bearer ") else None,
             "ca_cert_path": self.ca_cert,
-            "verify_certificate": ssl.create_default_context(cafile=self.ca_cert)
-            if self.verify and self.ca_cert
-            else self.verify,
+            "verify_certificate": verify,
         }
-        return args
 
 
 def _model_args(
@@ -275,7 +277,7 @@ def _model_args(
     if isinstance(base_url, Endpoint):
         return "local-completions", {
             "model": served_name,
-            **base_url.lm_args(),
+            **base_url.lm_args(evaluation.num_concurrent),
             "tokenized_requests": False,
             "num_concurrent": evaluation.num_concurrent,
             "max_retries": 1,
