@@ -45,13 +45,11 @@ def test_stop_also_stops_task_processes_that_left_the_standalone_group(tmp_path)
 # Airflow's own engine, built from the embedded environment, writes one row (the REST trigger's
 # audit-log INSERT failed this way in CI while the scheduler held the lock)
 WRITER = """
-import time
 from airflow import settings
 from sqlalchemy import text
-t = time.monotonic()
+print("ready", flush=True)  # imported (seconds): the wait for the lock starts now
 with settings.engine.begin() as connection:
     connection.execute(text("INSERT INTO probe VALUES (1)"))
-print(round(time.monotonic() - t, 1))
 """
 
 
@@ -61,12 +59,16 @@ def test_airflow_waits_for_a_lock_held_longer_than_sqlites_default(tmp_path, mon
     holder = sqlite3.connect(tmp_path / "airflow.db", isolation_level=None)
     holder.execute("PRAGMA journal_mode=WAL")  # as Airflow keeps its database
     holder.execute("CREATE TABLE probe (x INTEGER)")
-    writer = subprocess.Popen([sys.executable, "-c", WRITER], env=env, stdout=subprocess.PIPE, text=True)
     holder.execute("BEGIN IMMEDIATE")  # the write lock, as a scheduler loop holds it
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert writer.stdout is not None
+    first = writer.stdout.readline()
     time.sleep(8)  # SQLite's default wait is 5 s: without the embedded env's wait the INSERT fails
     holder.execute("COMMIT")
     out, _ = writer.communicate(timeout=120)
-    assert writer.returncode == 0, out
+    assert first == "ready\n" and writer.returncode == 0, first + out
     assert holder.execute("SELECT count(*) FROM probe").fetchone() == (1,)
     # a database the user configured is left alone
     monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://db/airflow")

@@ -311,6 +311,11 @@ def smoke(
     return str(choices[0].get("text", ""))
 
 
+def _engine_argv(deployment: dict) -> list[str]:
+    """The engine command a rendered Deployment's pods run."""
+    return deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
 def _smoke_target(manifests: list[dict]) -> tuple[str, str, int, str]:
     """(namespace, service, port, served model name) from the rendered objects."""
     service = next((obj for obj in manifests if obj["kind"] == "Service"), None)
@@ -319,7 +324,7 @@ def _smoke_target(manifests: list[dict]) -> tuple[str, str, int, str]:
         raise ReleaseError(
             "manifests: expected at least one Deployment and a Service (see pipeline.k8s.manifests.render)"
         )
-    argv = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    argv = _engine_argv(deployment)
     model = argv[argv.index("--served-model-name") + 1]
     meta = service["metadata"]
     return meta["namespace"], meta["name"], int(service["spec"]["ports"][0]["port"]), model
@@ -618,10 +623,7 @@ class KubernetesTarget:
         before they served /tokenizer_info (a rollback to such a release) cannot be checked this
         way: the event says so and the rollout goes on, judged by its analysis."""
         own = _own_service(manifests)
-        argv = next(o for o in manifests if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
-            "command"
-        ]
-        if TOKENIZER_INFO_FLAG not in argv:
+        if TOKENIZER_INFO_FLAG not in _engine_argv(next(o for o in manifests if o["kind"] == "Deployment")):
             reason = f"the release's pods run without {TOKENIZER_INFO_FLAG} (rendered before it): not checked"
             events.append(("rollout_accuracy", {"step": step, "new_servers": new_servers, "skipped": reason}))
             log.warning("step %d: served answers %s", step, reason)

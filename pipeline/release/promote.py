@@ -169,6 +169,11 @@ def _rollout_check(rel: Release, loaded: LoadedSpec) -> tuple[tuple[EvalResult, 
     return gate, smaller
 
 
+def _step_dir(rel: Release, step: int) -> Path:
+    """Where a rollout step's accuracy table and validation go, on either target."""
+    return home() / "releases" / str(rel.id) / "rollout-accuracy" / f"step-{step}"
+
+
 def rollout_answers(
     reg: Registry, rel: Release, loaded: LoadedSpec, model_dir: Path, actor: str
 ) -> local_target.Answers | None:
@@ -180,8 +185,7 @@ def rollout_answers(
     gate, smaller = check
 
     def answers(url: str, step: int) -> ServedAccuracy:
-        out = home() / "releases" / str(rel.id) / "rollout-accuracy" / f"step-{step}"
-        checked = served_accuracy.check(url, model_dir, serving.SERVED_NAME, *gate, smaller, out)
+        checked = served_accuracy.check(url, model_dir, serving.SERVED_NAME, *gate, smaller, _step_dir(rel, step))
         reg.record(
             rel.id,
             "rollout_accuracy",
@@ -203,8 +207,7 @@ def kubernetes_answers(rel: Release, loaded: LoadedSpec) -> k8s_deploy.Answers |
     gate, smaller = check
 
     def answers(step: int, endpoint: Endpoint, served_name: str) -> ServedAccuracy:
-        out = home() / "releases" / str(rel.id) / "rollout-accuracy" / f"step-{step}"
-        return served_accuracy.check(endpoint, None, served_name, *gate, smaller, out)
+        return served_accuracy.check(endpoint, None, served_name, *gate, smaller, _step_dir(rel, step))
 
     return answers
 

@@ -244,7 +244,7 @@ class Endpoint(BaseModel):
         run concurrently (an SSL context with the CA) and to requests when they do not (the CA path)."""
         import ssl
 
-        token = self.headers.get("Authorization", self.headers.get("authorization", ""))
+        token = self.headers.get("Authorization", "")  # deploy.service_endpoint names it so
         verify: Any = self.verify
         if self.verify and self.ca_cert:
             verify = ssl.create_default_context(cafile=self.ca_cert) if num_concurrent > 1 else self.ca_cert
@@ -274,23 +274,20 @@ def _model_args(
         }
     if not base_url:
         raise ReleaseError("evaluation.backend: local-completions needs a running engine (base_url)")
-    if isinstance(base_url, Endpoint):
-        return "local-completions", {
-            "model": served_name,
-            **base_url.lm_args(evaluation.num_concurrent),
-            "tokenized_requests": False,
-            "num_concurrent": evaluation.num_concurrent,
-            "max_retries": 1,
-        }
-    return "local-completions", {
+    common = {
         "model": served_name or str(model_path),
-        "base_url": f"{base_url}/v1/completions",
-        "tokenizer": str(model_path),
-        "tokenizer_backend": "huggingface",
         # text prompts: the engine's own tokenizer is part of the serving path being measured
         "tokenized_requests": False,
         "num_concurrent": evaluation.num_concurrent,
         "max_retries": 1,
+    }
+    if isinstance(base_url, Endpoint):
+        return "local-completions", {**common, **base_url.lm_args(evaluation.num_concurrent)}
+    return "local-completions", {
+        **common,
+        "base_url": f"{base_url}/v1/completions",
+        "tokenizer": str(model_path),
+        "tokenizer_backend": "huggingface",
     }
 
 
