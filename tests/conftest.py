@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,9 @@ def _needs_quiet(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(session, config, items):
     """Tests that need neither the model nor a quiet machine first, so they run while the model
     trains in the background (the build is 7-8 minutes of a fresh clone's suite); the rest after,
-    each group in file order."""
-    items.sort(key=_needs_quiet)
+    each group in file order; last, the tests that share one running engine (`tiny_engine`), so
+    it never idles beside a test that measures."""
+    items.sort(key=lambda item: (_needs_quiet(item), "tiny_engine" in getattr(item, "fixturenames", ())))
 
 
 def pytest_collection_finish(session):
@@ -162,6 +164,19 @@ def tiny_model_dir() -> Path:
     from pipeline.stages import tiny_model
 
     return tiny_model.build()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir, tmp_path_factory) -> Iterator[str]:
+    """One running vLLM engine of the tiny model for the tests that only ask it questions (a start
+    is 30-50 s here): served as `tiny` and under the production spec's name, with the tokenizer
+    endpoints the serving-path check reads. Yields its base URL."""
+    from tests.vllm_engine import engine
+
+    log_path = tmp_path_factory.mktemp("tiny-engine") / "vllm.log"
+    names = ("tiny", "qwen3-235b-a22b-fp8")
+    with engine(tiny_model_dir, names, log_path, "--enable-tokenizer-info-endpoint") as url:
+        yield url
 
 
 @pytest.fixture

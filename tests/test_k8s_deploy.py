@@ -378,7 +378,7 @@ def test_the_endpoint_carries_the_clients_credentials_and_ca(tmp_path):
 
 @pytest.mark.slow
 def test_each_step_checks_the_served_answers_through_the_releases_own_service(
-    fake, releases, tiny_model_dir, spec_file, release_env, tmp_path, caplog
+    fake, releases, tiny_model_dir, tiny_engine, spec_file, release_env, caplog
 ):
     """The check the promotion runs (promote.kubernetes_answers): lm-eval through the API server's
     service proxy, with the client's token, to a real engine behind release 2's pods, scored with
@@ -390,7 +390,6 @@ def test_each_step_checks_the_served_answers_through_the_releases_own_service(
     from pipeline.release.registry import Release
     from pipeline.stages import evaluate
     from tests.conftest import TINY_SPEC
-    from tests.vllm_engine import engine
 
     caplog.set_level(logging.INFO)
     path = spec_file(TINY_SPEC, lambda d: d["evaluation"].update(limit=10, served={"limit": 10, "rollout_limit": 10}))
@@ -418,13 +417,10 @@ def test_each_step_checks_the_served_answers_through_the_releases_own_service(
         ServerStep(fraction=0.5, old_servers=2, new_servers=2),
         ServerStep(fraction=1.0, old_servers=0, new_servers=3),
     ]
-    with engine(
-        tiny_model_dir, "qwen3-235b-a22b-fp8", tmp_path / "vllm.log", "--enable-tokenizer-info-endpoint"
-    ) as url:
-        fake.backends["2"] = url
-        outcome = KubernetesTarget(api, **FAST).deploy(
-            "2", copy.deepcopy(releases["2"]), steps, lambda s, f, pods: verdict(s, f), timeout_s=5, answers=answers
-        )
+    fake.backends["2"] = tiny_engine  # the shared engine answers as the production spec's model too
+    outcome = KubernetesTarget(api, **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), steps, lambda s, f, pods: verdict(s, f), timeout_s=5, answers=answers
+    )
     assert outcome.status == "live", outcome.error
     checks = [d for k, d in outcome.events if k == "rollout_accuracy"]
     assert [(c["step"], c["passed"], c["limit"]) for c in checks] == [(1, True, 10), (2, True, 10)]

