@@ -2,10 +2,12 @@
 
     .venv/bin/python benchmarks/tiny_training.py [--steps 40] [--rounds 2] [--configs grouped_mm:2 eager:2]
     .venv/bin/python benchmarks/tiny_training.py --configs eager:2 eager:1 --busy
+    .venv/bin/python benchmarks/tiny_training.py --configs eager:1:96 eager:1:64 --busy
 
 The tiny model's build (most of a fresh clone's first model test) is its training loop. The
-configurations (transformers experts implementation : torch threads) take turns (A B A B ...)
-on the same batches after a warm-up each, so a machine that gets busier in the middle hurts all
+configurations (transformers experts implementation : torch threads [: batch size, default the
+build's]) take turns (A B A B ...) on the same batches (a smaller batch: the first rows of each)
+after a warm-up each, so a machine that gets busier in the middle hurts all
 alike; prints each one's mean seconds per step and the ratio against the first. `--busy` keeps
 one other process spinning on a core throughout, as the test suite's first tests do beside the
 background build.
@@ -50,47 +52,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--configs", nargs="+", default=["grouped_mm:2", "eager:2"], help="impl:threads")
+    parser.add_argument("--configs", nargs="+", default=["grouped_mm:2", "eager:2"], help="impl:threads[:batch]")
     parser.add_argument("--busy", action="store_true", help="one other process spinning on a core throughout")
     args = parser.parse_args()
     cfg = tm.TinyConfig()
     tokenizer = tm.build_tokenizer()
     eos = tokenizer.convert_tokens_to_ids(tm.EOS)
     rng = random.Random(0)
-    batches = []
+    configs = [_config(c, cfg.batch_size) for c in args.configs]
+    rows_per_step = []
     for _ in range(args.steps):
         chat = rng.random() < cfg.chat_fraction
-        rows = [tm._training_example(rng, set(), chat, cfg.add_fraction) for _ in range(cfg.batch_size)]
-        batches.append(tm._encode_batch(tokenizer, rows, eos))
-    configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs]
+        widest = max(b for _, _, b in configs)
+        rows_per_step.append([tm._training_example(rng, set(), chat, cfg.add_fraction) for _ in range(widest)])
+    batches = {b: [tm._encode_batch(tokenizer, rows[:b], eos) for rows in rows_per_step] for _, _, b in configs}
     steps = {c: trainer(c[0], cfg) for c in configs}
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
-        for (_impl, threads), step in steps.items():  # warm-up: allocator, thread pool
+        for (_impl, threads, batch), step in steps.items():  # warm-up: allocator, thread pool
             torch.set_num_threads(threads)
-            for ids, labels in batches[:5]:
+            for ids, labels in batches[batch][:5]:
                 step(ids, labels)
-        seconds: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+        seconds: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
         for round_ in range(args.rounds):
-            for (impl, threads), step in steps.items():
-                torch.set_num_threads(threads)
+            for c, step in steps.items():
+                torch.set_num_threads(c[1])
                 started = time.perf_counter()
-                for ids, labels in batches:
+                for ids, labels in batches[c[2]]:
                     step(ids, labels)
-                seconds[(impl, threads)].append((time.perf_counter() - started) / len(batches))
-                print(f"round {round_ + 1}: {impl}:{threads} {seconds[(impl, threads)][-1]:.3f} s/step", flush=True)
+                seconds[c].append((time.perf_counter() - started) / args.steps)
+                print(f"round {round_ + 1}: {_name(c)} {seconds[c][-1]:.3f} s/step", flush=True)
     finally:
         if busy:
             busy.kill()
     reference = statistics.mean(seconds[configs[0]])
-    print(f"\n{'impl:threads':<14} {'s/step':>7} {'x first':>8}" + ("   (beside a busy process)" if busy else ""))
-    for (impl, threads), values in seconds.items():
+    print(f"\n{'impl:threads:batch':<20} {'s/step':>7} {'x first':>8}" + ("   (beside a busy process)" if busy else ""))
+    for c, values in seconds.items():
         mean = statistics.mean(values)
-        print(f"{impl + ':' + str(threads):<14} {mean:7.3f} {mean / reference:8.2f}")
+        print(f"{_name(c):<20} {mean:7.3f} {mean / reference:8.2f}")
     print(
         f"\nthe build's {cfg.steps} steps: "
-        + ", ".join(f"{i}:{t} ~{statistics.mean(v) * cfg.steps:.0f} s" for (i, t), v in seconds.items())
+        + ", ".join(f"{_name(c)} ~{statistics.mean(v) * cfg.steps:.0f} s" for c, v in seconds.items())
     )
+
+
+def _config(text: str, default_batch: int) -> tuple[str, int, int]:
+    impl, threads, *batch = text.split(":")
+    return impl, int(threads), int(batch[0]) if batch else default_batch
+
+
+def _name(config: tuple[str, int, int]) -> str:
+    return ":".join(map(str, config))
 
 
 if __name__ == "__main__":
