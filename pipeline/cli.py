@@ -52,7 +52,9 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     # a build stopped with SIGTERM exits through Python, so its half-trained temporary directory is
     # removed rather than left beside the cache
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    cfg = tiny_model.TinyConfig(seed=args.seed, **({"steps": args.steps} if args.steps else {}))
+    # only what is asked for overrides TinyConfig: its defaults are the model the suite and the demo use
+    given = {"seed": args.seed, "steps": args.steps}
+    cfg = tiny_model.TinyConfig(**{k: v for k, v in given.items() if v is not None})
     path = tiny_model.build(Path(args.out) if args.out else None, cfg)
     meta = artifacts.read_manifest(path).meta
     emit(json.dumps({"path": str(path), "accuracy": meta.get("accuracy"), "train_seconds": meta.get("train_seconds")}))
@@ -391,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         "make-tiny-model", help="build (or reuse) the tiny Qwen3-MoE trained on CPU; prints path and accuracy"
     )
     p.add_argument("--out", help="directory to create (default: cached under MODEL_RELEASE_HOME/models)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="training seed (default: the cached model's)")
     p.add_argument("--steps", type=int, help="training steps (default: the cached model's)")
     p.set_defaults(func=_make_tiny_model)
 

@@ -63,6 +63,26 @@ def test_trained_accuracy_far_above_chance(tiny_model_dir):
     assert copy >= MIN_COPY_ACCURACY
 
 
+def test_the_cli_builds_the_model_the_suite_and_the_demo_load(monkeypatch, tmp_path):
+    """`make-tiny-model` (what scripts/test.sh and the suite start in the background) builds
+    TinyConfig's own model unless told otherwise: a default of its own would train a model nobody
+    loads while the first model test trains the right one again (a fresh clone lost 514 s so)."""
+    from pipeline import cli
+
+    built: list[tiny_model.TinyConfig] = []
+
+    def build(out, cfg):
+        built.append(cfg)
+        raise SystemExit(0)  # the build itself is the fixtures' business
+
+    monkeypatch.setattr(tiny_model, "build", build)
+    for argv in (["make-tiny-model"], ["make-tiny-model", "--seed", "7", "--steps", "10"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+    assert tiny_model.cache_dir(built[0]) == tiny_model.cache_dir(tiny_model.TinyConfig())
+    assert (built[1].seed, built[1].steps, built[1].batch_size) == (7, 10, tiny_model.TinyConfig().batch_size)
+
+
 def test_build_is_cached(tiny_model_dir):
     started = time.monotonic()
     assert tiny_model.build() == tiny_model_dir
