@@ -29,7 +29,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, duration_seconds
-from pipeline.release import analysis, local_prometheus
+from pipeline.release import analysis, local_prometheus, step_review
 from pipeline.stages import engine_metrics, serving
 from pipeline.stages.served_accuracy import ServedAccuracy
 
@@ -40,8 +40,6 @@ SMOKE_PROMPT = "12+34="
 # (the new release's own engine URL, rollout step) -> its serving-path accuracy check: the
 # caller holds the gate's scores and records the evidence; a failed check aborts the step
 Answers = Callable[[str, int], ServedAccuracy]
-# a step's analysis -> a reviewer's Continue / Abort (the verdict when nobody answers)
-Reviewer = Callable[[analysis.StepAnalysis], analysis.StepReview]
 
 
 class Deployment(BaseModel):
@@ -357,7 +355,7 @@ def _progressive(
     old: Deployment,
     new: Deployment,
     answers: Answers | None = None,
-    review: Reviewer | None = None,
+    review: step_review.Reviewer | None = None,
 ) -> list[analysis.StepAnalysis]:
     """Shift traffic to `new` step by step; after each step's window, the PromQL analysis decides,
     or `review` (a person, the verdict as default) while the step holds its traffic.
@@ -429,7 +427,7 @@ def deploy(
     release_id: int,
     timeout: float = 900,
     answers: Answers | None = None,
-    review: Reviewer | None = None,
+    review: step_review.Reviewer | None = None,
 ) -> tuple[Deployment, str, list[analysis.StepAnalysis]]:
     """Start the release beside the current one, smoke-test it, move traffic to it, stop the old one.
 

@@ -28,6 +28,7 @@ STARTED = ("deploy_started", "rollback_started", "approved")  # where this rollo
 # beyond the review's own timeout: the scheduler's timeout sweep (15 s), a task start, the answer's write
 GRACE_S = 120.0
 
+# a step's analysis -> a reviewer's Continue / Abort (the verdict when nobody answers)
 Reviewer = Callable[[StepAnalysis], StepReview]
 
 
