@@ -46,10 +46,6 @@ LIGHT = [
     "approve",
     "promote",
     "verify",
-    # a reviewer's Continue / Abort per rollout step, beside promote: a sensor and a HITL task, no pods
-    "review_steps",
-    "review_step.step_judged",
-    "review_step.review",
 ]
 RUN_ID = "manual__2026-01-12T10:00:00+00:00"
 HASH = "ab" * 32

@@ -73,28 +73,13 @@ class AirflowClient:
     def respond(
         self, run_id: str, approve: bool, comment: str = "", task_id: str = "approve", dag_id: str = DAG_ID
     ) -> dict[str, Any]:
-        return self.answer(run_id, "Approve" if approve else "Reject", comment, task_id, dag_id=dag_id)
-
-    def answer(
-        self,
-        run_id: str,
-        option: str,
-        comment: str = "",
-        task_id: str = "approve",
-        map_index: int = -1,
-        dag_id: str = DAG_ID,
-        wait_s: float = 60,
-    ) -> dict[str, Any]:
-        """Answer a human-in-the-loop task (a mapped one by its index) once it waits for input."""
-        key = task_id + (f"[{map_index}]" if map_index >= 0 else "")
-        deadline = time.monotonic() + wait_s
-        while self.task_states(run_id, dag_id).get(key) != "awaiting_input":  # see wait(): never race the park
+        deadline = time.monotonic() + 60
+        while self.task_states(run_id, dag_id).get(task_id) != "awaiting_input":  # see wait(): never race the park
             if time.monotonic() > deadline:
-                raise AirflowError(f"run {run_id}: task {key} is not waiting for an answer")
+                raise AirflowError(f"run {run_id}: task {task_id} is not waiting for an answer")
             time.sleep(2)
-        body = {"chosen_options": [option], "params_input": {"comment": comment}}
-        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/{map_index}/hitlDetails"
-        return self._call("PATCH", path, json=body)
+        body = {"chosen_options": ["Approve" if approve else "Reject"], "params_input": {"comment": comment}}
+        return self._call("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails", json=body)
 
     def wait(
         self,

@@ -11,7 +11,6 @@ import pendulum
 from airflow.sdk import Asset, task
 
 from pipeline.airflow.approval import ReleaseApproval
-from pipeline.airflow.step_review import review_step, review_steps
 
 STAGED = Asset("model-release://staged-artifact")  # a newly staged artifact (URI, manifest hash)
 LIVE = Asset("model-release://live-release")  # a promotion or rollback: re-benchmark the new live release
@@ -33,7 +32,7 @@ def promote(spec: dict, run_id: str | None = None, *, outlet_events=None) -> dic
     from pipeline.entry import flow
 
     assert run_id is not None  # Airflow passes the run's id from the context
-    result = flow.promote(spec["release_id"], run_id, step_reviews=True)
+    result = flow.promote(spec["release_id"], run_id)
     outlet_events[LIVE].extra = {
         "release": spec["name"],
         "release_id": result["release_id"],
@@ -52,8 +51,7 @@ def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
 
 
 def review_and_promote(spec, gate, pool: str | None = None):
-    """Wire report >> approve >> promote >> verify after the SLO gate, with a review task group per
-    rollout step beside promote; returns verify's output.
+    """Wire report >> approve >> promote >> verify after the SLO gate; returns verify's output.
 
     `pool`: where promote and verify take a slot (pools.BENCHMARK on the embedded default, whose
     rollout serves and measures on the machine the benchmarks use)."""
@@ -67,8 +65,4 @@ def review_and_promote(spec, gate, pool: str | None = None):
     report(spec, gate) >> approve
     promoted = promote.override(**slot)(spec)
     approve >> promoted
-    # beside the promotion: a reviewer's Continue / Abort per rollout step (none for a first release)
-    steps = review_steps(spec)
-    approve >> steps
-    review_step.partial(spec=spec).expand(step=steps)
     return verify.override(**slot)(spec, promoted)

@@ -104,9 +104,8 @@ def standalone_env(airflow_home: Path | None = None, port: int = 8080) -> dict[s
 class Standalone:
     """`airflow standalone` (api-server, scheduler, dag-processor, triggerer) for this repo's DAGs."""
 
-    def __init__(self, env: dict[str, str], ready_dag: str = "model_release"):
+    def __init__(self, env: dict[str, str]):
         self.env = env
-        self.ready_dag = ready_dag  # started once this DAG is parsed and served
         self.home = Path(env["AIRFLOW_HOME"])
         self.url = env["AIRFLOW__API__BASE_URL"]
         self.proc: subprocess.Popen | None = None
@@ -145,7 +144,7 @@ class Standalone:
 
     def _dag_ready(self) -> bool:
         try:
-            self.client()._call("GET", f"/dags/{self.ready_dag}")
+            self.client()._call("GET", "/dags/model_release")
             return True
         except AirflowError:
             return False
