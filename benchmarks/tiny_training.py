@@ -60,10 +60,10 @@ def main() -> None:
     eos = tokenizer.convert_tokens_to_ids(tm.EOS)
     rng = random.Random(0)
     configs = [_config(c, cfg.batch_size) for c in args.configs]
+    widest = max(b for _, _, b in configs)
     rows_per_step = []
     for _ in range(args.steps):
         chat = rng.random() < cfg.chat_fraction
-        widest = max(b for _, _, b in configs)
         rows_per_step.append([tm._training_example(rng, set(), chat, cfg.add_fraction) for _ in range(widest)])
     batches = {b: [tm._encode_batch(tokenizer, rows[:b], eos) for rows in rows_per_step] for _, _, b in configs}
     steps = {c: trainer(c[0], cfg) for c in configs}

@@ -42,8 +42,8 @@ def _needs_quiet(item: pytest.Item) -> bool:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     """Tests that need neither the model nor a quiet machine first, so they run while the model
-    trains in the background (the build is ~6 minutes of a fresh clone's setup and suite); the rest after,
-    each group in file order; last, the tests that share one running engine (`tiny_engine`), so
+    trains in the background (532 s beside the setup and the first tests in a fresh clone); the
+    rest after, each group in file order; last, the tests that share one running engine (`tiny_engine`), so
     it never idles beside a test that measures."""
     items.sort(key=lambda item: (_needs_quiet(item), "tiny_engine" in getattr(item, "fixturenames", ())))
 

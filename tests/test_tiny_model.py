@@ -63,7 +63,7 @@ def test_trained_accuracy_far_above_chance(tiny_model_dir):
     assert copy >= MIN_COPY_ACCURACY
 
 
-def test_the_cli_builds_the_model_the_suite_and_the_demo_load(monkeypatch, tmp_path):
+def test_the_cli_builds_the_model_the_suite_and_the_demo_load(monkeypatch):
     """`make-tiny-model` (what scripts/test.sh and the suite start in the background) builds
     TinyConfig's own model unless told otherwise: a default of its own would train a model nobody
     loads while the first model test trains the right one again (a fresh clone lost 514 s so)."""
