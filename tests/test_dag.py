@@ -48,7 +48,9 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag()
 dag = bag.get_dag("model_release")
 approve = dag.get_task("approve")
+review = dag.get_task("review_step")
 print(json.dumps({
+    "review": {"class": review.operator_class.__name__, "mapped": type(review).__name__},
     "order": {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks},
     "approve": type(approve).__mro__[1].__name__, "defaults": approve.defaults,
     "params": sorted(dag.params.keys()),
@@ -66,7 +68,10 @@ def test_release_dag_runs_gates_then_review_then_promotion(af_env):
     info = json.loads(out.stdout.strip().splitlines()[-1])
     order = info["order"]
     assert order["slo_gate"] == ["report"] and order["report"] == ["approve"]
-    assert order["approve"] == ["promote"] and order["promote"] == ["verify"]
+    assert order["approve"] == ["promote", "review_steps"] and order["promote"] == ["verify"]
+    # beside the promotion, one mapped review per rollout step (it waits for the step's analysis, then asks)
+    assert order["review_steps"] == ["review_step"] and order["review_step"] == []
+    assert info["review"] == {"class": "RolloutStepReview", "mapped": "MappedOperator"}
     # the planner's predictions are published before any benchmark starts (each search starts there)
     assert order["plan"] == ["benchmark", "layout_names"] and order["stage"] == ["benchmark"]
     assert order["layout_names"] == ["benchmark"]  # which layouts are measured follows the predictions (top_k)

@@ -6,6 +6,7 @@ measures both of the spec's layouts (one replica; two behind nginx), publishes t
 JSON, CSV and chart, is approved through the human-in-the-loop REST endpoint and goes live; run 2
 is rejected and deploys nothing while run 1 keeps serving, and no benchmark engine is left. The
 plugin page is checked anonymously (refused) and in headless Chromium (a screenshot is kept).
+The same Airflow runs the rollout step reviews (a second DAG bundle: tests/test_step_review.py).
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from pipeline.core.paths import home
 from pipeline.core.spec import load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, ensure_db, standalone_env
-from pipeline.release import local_target
+from pipeline.release import local_target, step_review
 from pipeline.release.registry import Registry
 from tests.conftest import TINY_SPEC
 from tests.s3server import MotoServer, free_port
+from tests.test_step_review import STEP_DAG
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = Path(os.environ.get("MODEL_RELEASE_TEST_ARTIFACTS", home() / "test-artifacts"))
@@ -53,8 +56,6 @@ def stack(tmp_path_factory, tiny_model_dir):
     tmp = tmp_path_factory.mktemp("e2e")
     spec_path = tmp / "releases" / "tiny-e2e.yaml"
     spec_path.parent.mkdir()
-    import yaml
-
     data = yaml.safe_load(TINY_SPEC.read_text())
     quick(data)
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -63,6 +64,19 @@ def stack(tmp_path_factory, tiny_model_dir):
     env = standalone_env(tmp / "airflow", port=free_port())
     env.update(local_s3.env(s3.url))
     env["MODEL_RELEASE_REGISTRY_URL"] = registry_url
+    # a second DAG bundle beside this repo's dags/: the step-review test's DAG (tests/test_step_review.py)
+    test_dags = tmp / "test-dags"
+    test_dags.mkdir()
+    (test_dags / "step_reviews.py").write_text(STEP_DAG)
+    local = "airflow.dag_processing.bundles.local.LocalDagBundle"
+    env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
+        [
+            {"name": "dags-folder", "classpath": local, "kwargs": {}},
+            {"name": "test-dags", "classpath": local, "kwargs": {"path": str(test_dags)}},
+        ]
+    )
+    # the scheduler's sweep of HITL timeouts: every 2 s instead of 15 (the step reviews time out in 12 s)
+    env["AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL"] = "2"
     ensure_db(env)
     airflow = Standalone(env)
     airflow.start()
@@ -159,6 +173,53 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     live = local_target.current(loaded.spec.name)
     own = set(live.pgids) | {local_target._front_pid(loaded.spec.name)}
     assert {pgid for pgid, _ in engine_processes()} <= own, engine_processes()
+
+
+def test_each_rollout_step_is_a_task_a_reviewer_answers_and_no_answer_is_the_verdict(stack, tmp_path):
+    """The step reviews in this Airflow, beside a controller (tests/test_step_review.py's DAG) that
+    judges three passing steps and stops at the first the reviewers abort; answered over the REST
+    API as a reviewer does in the UI."""
+    data = yaml.safe_load(TINY_SPEC.read_text())
+    data["name"] = "tiny-step-reviews"
+    data["rollout"].update(steps=[0.3, 0.6, 1.0], review_timeout="12s")
+    spec_path = tmp_path / "tiny-step-reviews.yaml"
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    reg = stack["registry"]
+    live = reg.open_release("run-0", data["name"], str(spec_path), spec_path.read_text(), "local")
+    reg.record(live.id, "deploy_finished", "pipeline", status="live")
+    rel = reg.open_release("run-1", data["name"], str(spec_path), spec_path.read_text(), "local")
+
+    admin, reviewer = stack["airflow"].client("admin"), stack["airflow"].client("reviewer")
+    stack["airflow"].wait_dag("step_reviews")  # parsed from the second bundle
+    run_id = admin.trigger({"release_id": rel.id}, dag_id="step_reviews")
+    # step 1: nobody answers; after the review's 12 s its verdict (passed: Continue) stands.
+    # step 2 passed its analysis too, but the reviewer aborts it from the UI (within its 12 s)
+    reviewer.answer(run_id, "Abort", "p90 TPOT creeping up", "review_step", 1, dag_id="step_reviews", wait_s=240)
+    assert admin.wait(run_id, timeout=300, poll=2, dag_id="step_reviews") == "success"
+    states = admin.task_states(run_id, dag_id="step_reviews")
+    details = admin._call("GET", f"/dags/step_reviews/dagRuns/{run_id}/hitlDetails")["hitl_details"]
+
+    assert states["review_steps"] == "success"
+    # step 3 never came (an earlier one aborted): its review skips
+    assert [states[f"review_step[{i}]"] for i in range(3)] == ["success", "success", "skipped"]
+    asked = sorted(details, key=lambda d: d["task_instance"]["map_index"])
+    assert [d["defaults"] for d in asked] == [["Continue"], ["Continue"]]  # the analysis verdict
+    assert all([u["id"] for u in d["assigned_users"]] == ["reviewer"] for d in asked)
+    assert "rollout step 2 (60% of traffic): analysis passed" in asked[1]["subject"]
+    assert "p90 TTFT" in asked[1]["body"] and "No answer in 12 s: **Continue**" in asked[1]["body"]
+
+    reviews = [e for e in reg.events(rel.id) if e.kind == step_review.REVIEWED]
+    assert [(e.detail["step"], e.detail["decision"], e.detail["by_default"]) for e in reviews] == [
+        (1, "continue", True),
+        (2, "abort", False),
+    ]
+    assert reviews[1].actor == "reviewer" and reviews[1].detail["comment"] == "p90 TPOT creeping up"
+    aborted = next(e.detail for e in reg.events(rel.id) if e.kind == "rollout_aborted")
+    assert [(s["step"], s["passed"], s["analysis_passed"]) for s in aborted["steps"]] == [
+        (1, True, None),
+        (2, False, True),
+    ]
+    assert aborted["steps"][1]["reasons"] == ["aborted by reviewer reviewer: p90 TPOT creeping up"]
 
 
 def engine_processes() -> list[tuple[int, str]]:

@@ -46,6 +46,9 @@ LIGHT = [
     "approve",
     "promote",
     "verify",
+    # a reviewer's Continue / Abort per rollout step, beside promote: a deferred wait, then a HITL task; no pods
+    "review_steps",
+    "review_step",
 ]
 RUN_ID = "manual__2026-01-12T10:00:00+00:00"
 HASH = "ab" * 32

@@ -479,3 +479,67 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         assert [r for r in fake.requests if r.method != "GET"] == []
         assert reg.get(second.id).status == "failed" and reg.get(rel.id).status == "live"
         assert fake.servers() == {str(rel.id): 3}
+
+
+def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(
+    spec_file, s3, small_artifact, monkeypatch
+):
+    """With step reviews (the release DAG's promote), each step's analysis waits for a reviewer's
+    answer in the registry (the DAG's review task; here a thread): Continue on step 1, Abort on
+    step 2 although its analysis passed; the old release gets its servers back."""
+    import functools
+    import threading
+    import time
+
+    from pipeline.k8s import deploy as k8s_deploy
+    from pipeline.release import analysis, step_review
+    from pipeline.release.analysis import StepAnalysis, StepReview
+    from tests.conftest import PROD_SPEC
+    from tests.k8s_fake import FakeCluster
+
+    def passes(url, new, old, step, fraction, slo, rollout, settle_s):  # the cluster's Prometheus, in short
+        return StepAnalysis(step=step, fraction=fraction, window_s=1, passed=True, queries={})
+
+    monkeypatch.setattr(analysis, "after_window", passes)
+    monkeypatch.setattr(analysis, "wait_up", lambda *a, **k: None)
+    fast = functools.partial(k8s_deploy.KubernetesTarget, poll_s=0.01, smoke_retry_delay_s=0.01)
+    monkeypatch.setattr(k8s_deploy, "KubernetesTarget", fast)  # the fake cluster answers at once
+
+    def prod(run: str):
+        def change(data):
+            data["staging"] = {
+                "s3": {
+                    "endpoint_url": s3.url,
+                    "connection_id": "not-configured",
+                    "bucket": "k8s",
+                    "create_bucket": True,
+                }
+            }
+            data["rollout"].update(spare_servers=1, prometheus_url="http://127.0.0.1:9", review_timeout="60s")
+
+        return spec_file(PROD_SPEC, change, f"{run}.yaml")
+
+    reg = Registry()
+    with FakeCluster() as fake:
+        live, _ = candidate(reg, prod("live"), small_artifact, approver="ml-lead", layout="tp8-ep8", rate=50.0)
+        assert promote.promote(reg, live.id, k8s_client=fake.client()).status == "live"  # nothing to review
+        new, _ = candidate(reg, prod("new"), small_artifact, approver="ml-lead", layout="tp8-ep8", run="run-2")
+
+        def reviewer() -> None:
+            for step, decision in ((1, "continue"), (2, "abort")):
+                while not isinstance(step_review.pending(reg, new.id, step), step_review.PendingStep):
+                    time.sleep(0.05)
+                step_review.record(reg, new.id, StepReview(step=step, decision=decision, actor="ml-lead"))
+
+        answering = threading.Thread(target=reviewer, daemon=True)
+        answering.start()
+        with pytest.raises(promote.DeployFailed, match="aborted by reviewer ml-lead"):
+            promote.promote(reg, new.id, k8s_client=fake.client(), step_reviews=True)
+        answering.join(5)
+        assert reg.get(live.id).status == "live" and reg.get(new.id).status == "rolled_back"
+        assert fake.servers() == {str(live.id): 3, str(new.id): 0}
+        steps = [e.detail for e in reg.events(new.id) if e.kind == "rollout_step"]
+        assert [(s["analysis"]["passed"], s["analysis"]["analysis_passed"]) for s in steps] == [
+            (True, None),
+            (False, True),
+        ], steps

@@ -91,7 +91,8 @@ def body(rel, live, loaded, base_url: str) -> str:
     )
 
 
-def _form() -> dict[str, Param]:
+def comment_form() -> dict[str, Param]:
+    """The reviewer's one form field: a comment for the audit trail."""
     return {"comment": Param("", type="string", title="Comment", description="Recorded in the release's audit trail")}
 
 
@@ -108,13 +109,13 @@ class ReleaseApproval(ApprovalOperator):
     def __init__(self, *, release: Any, **kwargs: Any):
         kwargs.setdefault("subject", "Promote release?")
         kwargs.pop("params", None)
-        super().__init__(defaults=ApprovalOperator.REJECT, params=_form(), **kwargs)
+        super().__init__(defaults=ApprovalOperator.REJECT, params=comment_form(), **kwargs)
         self.release = release
 
     def _own_form(self) -> None:
         """The DAG merges its run params (spec, layouts, ...) into every task's; the reviewer's
         form must show, and the response be validated against, only the comment field."""
-        self.params = ParamsDict(_form())
+        self.params = ParamsDict(comment_form())
 
     def _release_id(self, context) -> int:
         return int(self.release["release_id"])

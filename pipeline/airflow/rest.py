@@ -8,6 +8,7 @@ from `POST /auth/token` for a user of the auth manager. Passwords are never logg
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -15,6 +16,11 @@ import requests
 from pipeline.core.errors import ReleaseError
 
 DAG_ID = "model_release"
+# How long a parked task (deferred, or awaiting a person's input) stays parked before anything
+# resumes it. Airflow 3.3's scheduler fails a resumed attempt that is already running when it
+# takes in the executor's late "success" for the parked attempt's exit (apache/airflow#72716 and
+# #71580, fix open in #72767); on a loaded 2-core machine that report came 5 s after the exit.
+SETTLE_S = 10.0
 
 
 class AirflowError(ReleaseError):
@@ -73,13 +79,40 @@ class AirflowClient:
     def respond(
         self, run_id: str, approve: bool, comment: str = "", task_id: str = "approve", dag_id: str = DAG_ID
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + 60
-        while self.task_states(run_id, dag_id).get(task_id) != "awaiting_input":  # see wait(): never race the park
+        return self.answer(run_id, "Approve" if approve else "Reject", comment, task_id, dag_id=dag_id)
+
+    def answer(
+        self,
+        run_id: str,
+        option: str,
+        comment: str = "",
+        task_id: str = "approve",
+        map_index: int = -1,
+        dag_id: str = DAG_ID,
+        wait_s: float = 60,
+    ) -> dict[str, Any]:
+        """Answer a human-in-the-loop task (a mapped one by its index) once it has waited for input
+        for `SETTLE_S` (by its request's age, or else as seen from here): an answer that resumes the
+        task before the scheduler has taken in the exit of its parked attempt gets the resumed one
+        marked failed (see SETTLE_S)."""
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/{map_index}/hitlDetails"
+        key = task_id + (f"[{map_index}]" if map_index >= 0 else "")
+        deadline = time.monotonic() + wait_s
+        parked_since = None
+        while True:
+            if self.task_states(run_id, dag_id).get(key) != "awaiting_input":
+                parked_since = None
+            else:
+                parked_since = parked_since or time.monotonic()
+                asked = datetime.fromisoformat(self._call("GET", path)["created_at"])
+                age = (datetime.now(UTC) - asked).total_seconds()
+                if max(age, time.monotonic() - parked_since) >= SETTLE_S:
+                    break
             if time.monotonic() > deadline:
-                raise AirflowError(f"run {run_id}: task {task_id} is not waiting for an answer")
-            time.sleep(2)
-        body = {"chosen_options": ["Approve" if approve else "Reject"], "params_input": {"comment": comment}}
-        return self._call("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails", json=body)
+                raise AirflowError(f"run {run_id}: task {key} is not waiting for an answer")
+            time.sleep(1)
+        body = {"chosen_options": [option], "params_input": {"comment": comment}}
+        return self._call("PATCH", path, json=body)
 
     def wait(
         self,
@@ -94,8 +127,9 @@ class AirflowClient:
         """Poll until the run finishes (or, with until="approval", waits for a reviewer).
 
         "Waiting for a reviewer" means the approval task is parked in awaiting_input on two polls
-        in a row, not merely that its request exists: the request is written before the task
-        parks, and an answer racing the park makes Airflow 3.3 fail the task (seen in CI).
+        in a row (`poll` apart: at least SETTLE_S by default), not merely that its request exists:
+        the request is written before the task parks, and an answer racing the park makes Airflow
+        3.3 fail the task (seen in CI; see SETTLE_S).
         """
         started = time.monotonic()
         last = None

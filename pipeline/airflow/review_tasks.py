@@ -11,6 +11,7 @@ import pendulum
 from airflow.sdk import Asset, task
 
 from pipeline.airflow.approval import ReleaseApproval
+from pipeline.airflow.step_review import review_each_step
 
 STAGED = Asset("model-release://staged-artifact")  # a newly staged artifact (URI, manifest hash)
 LIVE = Asset("model-release://live-release")  # a promotion or rollback: re-benchmark the new live release
@@ -32,7 +33,7 @@ def promote(spec: dict, run_id: str | None = None, *, outlet_events=None) -> dic
     from pipeline.entry import flow
 
     assert run_id is not None  # Airflow passes the run's id from the context
-    result = flow.promote(spec["release_id"], run_id)
+    result = flow.promote(spec["release_id"], run_id, step_reviews=True)
     outlet_events[LIVE].extra = {
         "release": spec["name"],
         "release_id": result["release_id"],
@@ -51,7 +52,8 @@ def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
 
 
 def review_and_promote(spec, gate, pool: str | None = None):
-    """Wire report >> approve >> promote >> verify after the SLO gate; returns verify's output.
+    """Wire report >> approve >> promote >> verify after the SLO gate, with a mapped review task per
+    rollout step beside promote; returns verify's output.
 
     `pool`: where promote and verify take a slot (pools.BENCHMARK on the embedded default, whose
     rollout serves and measures on the machine the benchmarks use)."""
@@ -65,4 +67,6 @@ def review_and_promote(spec, gate, pool: str | None = None):
     report(spec, gate) >> approve
     promoted = promote.override(**slot)(spec)
     approve >> promoted
+    # beside the promotion: a reviewer's Continue / Abort per rollout step (none for a first release)
+    review_each_step(spec, after=approve)
     return verify.override(**slot)(spec, promoted)

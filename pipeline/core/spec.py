@@ -303,6 +303,14 @@ class RolloutSpec(Strict):
     spare_servers: Annotated[
         int, Field(ge=0, description="servers a step may run beyond the live fleet (old ones go as new are ready)")
     ] = 1
+    review_timeout: Annotated[
+        str | None,
+        Field(
+            pattern=DURATION_PATTERN.pattern,
+            description="in the release DAG, each step's analysis goes to the promotion's reviewers (Continue / "
+            "Abort, Airflow's Required actions) for this long, then the verdict stands; unset: no step reviews",
+        ),
+    ] = None
 
     @field_validator("steps")
     @classmethod

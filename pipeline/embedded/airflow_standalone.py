@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pipeline.airflow import pools
@@ -111,7 +112,6 @@ class Standalone:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300) -> None:
-        import time
         import urllib.request
 
         log_path = self.home / "standalone.log"
@@ -142,12 +142,20 @@ class Standalone:
     def client(self, user: str = "admin"):
         return AirflowClient(self.url, user, passwords(self.home)[user])
 
-    def _dag_ready(self) -> bool:
+    def _dag_ready(self, dag_id: str = "model_release") -> bool:
         try:
-            self.client()._call("GET", "/dags/model_release")
+            self.client()._call("GET", f"/dags/{dag_id}")
             return True
         except AirflowError:
             return False
+
+    def wait_dag(self, dag_id: str, timeout: float = 120) -> None:
+        """Until the DAG is parsed and served (another bundle's DAGs may come after this repo's)."""
+        deadline = time.monotonic() + timeout
+        while not self._dag_ready(dag_id):
+            if time.monotonic() > deadline:
+                raise AirflowError(f"DAG {dag_id} not served after {timeout:.0f} s")
+            time.sleep(2)
 
     def stop(self) -> None:
         """Stop Airflow and every task process it started. Task processes run in sessions of their

@@ -25,6 +25,8 @@ from pipeline.planner.profile import Profile
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
+from pipeline.release import rollout_plan, step_review
+from pipeline.release.analysis import StepReview
 from pipeline.release.promote import release_spec
 from pipeline.release.registry import cached
 from pipeline.stages import benchmark, capacity, serving, sources
@@ -533,16 +535,42 @@ def report(release_id: int, run_id: str) -> dict[str, Any]:
     return ReportPage(release_id=release_id, path=str(path)).model_dump(mode="json")
 
 
-def promote(release_id: int, run_id: str) -> dict[str, Any]:
+def promote(release_id: int, run_id: str, step_reviews: bool = False) -> dict[str, Any]:
     reg = registry()
     try:
-        rel = promotion.promote(reg, release_id)
+        rel = promotion.promote(reg, release_id, step_reviews=step_reviews)
     finally:
         report(release_id, run_id)  # the audit trail in the report includes the outcome
     log.info("release %d is %s at %s", rel.id, rel.status, rel.data.get("endpoint"))
     return PromotionOutcome(release_id=rel.id, status=rel.status, endpoint=rel.data.get("endpoint")).model_dump(
         mode="json"
     )
+
+
+def review_steps(release_id: int) -> list[int]:
+    """The rollout steps a reviewer will be asked about: none when the spec sets no
+    `rollout.review_timeout` or nothing is live to roll over (the first release switches at once)."""
+    reg = registry()
+    rel = reg.get(release_id)
+    loaded = release_spec(rel)
+    live = reg.live(rel.name, rel.target)
+    if not loaded.spec.rollout.review_timeout or live is None or live.id == rel.id:
+        return []
+    count = len(loaded.spec.rollout.steps)
+    if rel.target != "local":
+        count = len(rollout_plan.for_release(loaded, rel, live).steps)
+    return list(range(1, count + 1))
+
+
+def pending_step(release_id: int, step: int) -> dict[str, Any] | bool | None:
+    """The step's analysis for its review task once judged (PendingStep), False while not yet, None
+    when the rollout ended without it."""
+    found = step_review.pending(registry(), release_id, step)
+    return found.model_dump(mode="json") if isinstance(found, step_review.PendingStep) else found
+
+
+def record_step_review(release_id: int, review: dict[str, Any]) -> None:
+    step_review.record(registry(), release_id, StepReview.model_validate(review))
 
 
 def verify(release_id: int, run_id: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, duration_seconds
-from pipeline.release import analysis, local_prometheus
+from pipeline.release import analysis, local_prometheus, step_review
 from pipeline.stages import engine_metrics, serving
 from pipeline.stages.served_accuracy import ServedAccuracy
 
@@ -351,9 +351,14 @@ def answered_wrong(answers: Answers | None, dep: Deployment, step: int) -> list[
 
 
 def _progressive(
-    spec: ReleaseSpec, old: Deployment, new: Deployment, answers: Answers | None = None
+    spec: ReleaseSpec,
+    old: Deployment,
+    new: Deployment,
+    answers: Answers | None = None,
+    review: step_review.Reviewer | None = None,
 ) -> list[analysis.StepAnalysis]:
-    """Shift traffic to `new` step by step; after each step's window, the PromQL analysis decides.
+    """Shift traffic to `new` step by step; after each step's window, the PromQL analysis decides,
+    or `review` (a person, the verdict as default) while the step holds its traffic.
     Before each step takes traffic, `answers` checks the new release's answers.
 
     Raises RolloutAborted at the first failed step (the caller sends all traffic back to `old`)."""
@@ -399,6 +404,8 @@ def _progressive(
             plan,
             settle_s=2 * local_prometheus.SCRAPE_SECONDS,
         )
+        if review is not None:
+            verdict = verdict.decided(review(verdict))
         steps.append(verdict)
         if not verdict.passed:
             raise RolloutAborted(
@@ -420,13 +427,15 @@ def deploy(
     release_id: int,
     timeout: float = 900,
     answers: Answers | None = None,
+    review: step_review.Reviewer | None = None,
 ) -> tuple[Deployment, str, list[analysis.StepAnalysis]]:
     """Start the release beside the current one, smoke-test it, move traffic to it, stop the old one.
 
     With a healthy release live, traffic moves in the spec's rollout steps, each judged on live
     metrics; otherwise the front switches at once (nothing to compare with, nobody to protect).
     `answers` checks the new release's answers before each step (before the switch when it is
-    the only step): answers that got worse abort it like a failed analysis.
+    the only step): answers that got worse abort it like a failed analysis. `review` puts each
+    step's analysis to a person before the next.
     The old release is drained before it stops: no request is dropped. Returns the new deployment,
     the smoke completion's text and the step analyses. On failure the previous release (if any)
     serves all traffic again and LocalDeployFailed (RolloutAborted, with the analyses) says why.
@@ -445,7 +454,7 @@ def deploy(
             for port in dep.ports:
                 text = smoke(f"http://127.0.0.1:{port}")
             if fallback and fallback.release_id != release_id:
-                steps = _progressive(spec, fallback, dep, answers)
+                steps = _progressive(spec, fallback, dep, answers, review)
             elif wrong := answered_wrong(answers, dep, 1):
                 raise LocalDeployFailed(f"release {release_id} not switched to: " + "; ".join(wrong))
             _point_front(spec, _only(dep), str(release_id))

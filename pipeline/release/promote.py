@@ -19,7 +19,7 @@ from pipeline.core.paths import home
 from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
-from pipeline.release import analysis, local_target, rollout_plan
+from pipeline.release import analysis, local_target, rollout_plan, step_review
 from pipeline.release.analysis import StepAnalysis
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import served_accuracy, serving
@@ -112,8 +112,13 @@ def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
     return problems
 
 
-def promote(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Release:
-    """Check every gate, then roll out; returns the release as it ends (live) or raises."""
+def promote(
+    reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None, step_reviews: bool = False
+) -> Release:
+    """Check every gate, then roll out; returns the release as it ends (live) or raises.
+
+    `step_reviews`: the caller (the release DAG) runs a review task per step, so each step waits
+    for a reviewer's Continue / Abort when the spec sets `rollout.review_timeout`."""
     rel = reg.get(release_id)
     loaded = release_spec(rel)
     problems = gate_problems(reg, rel, loaded)
@@ -128,11 +133,12 @@ def promote(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
         {"target": rel.target, "layout": rel.data["layout"], "replacing": previous.id if previous else None},
         status="deploying",
     )
+    review = reviewer(reg, rel, loaded) if step_reviews else None
     try:
         if rel.target == "local":
-            _deploy_local(reg, rel, loaded, previous, actor)
+            _deploy_local(reg, rel, loaded, previous, actor, review)
         else:
-            _deploy_kubernetes(reg, rel, loaded, previous, actor, k8s_client)
+            _deploy_kubernetes(reg, rel, loaded, previous, actor, k8s_client, review)
     except BaseException as exc:
         # whatever went wrong (a bug, a killed task), the release must not stay "deploying"
         if reg.get(rel.id).status == "deploying":
@@ -143,6 +149,13 @@ def promote(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
     if previous and previous.id != rel.id:
         reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
     return reg.get(rel.id)
+
+
+def reviewer(reg: Registry, rel: Release, loaded: LoadedSpec) -> step_review.Reviewer | None:
+    """Each step's analysis put to the spec's reviewers through the registry; None when the spec
+    asks for no step reviews."""
+    timeout = loaded.spec.rollout.review_timeout
+    return step_review.registry_reviewer(reg, rel.id, duration_seconds(timeout)) if timeout else None
 
 
 def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
@@ -213,7 +226,7 @@ def kubernetes_answers(rel: Release, loaded: LoadedSpec) -> k8s_deploy.Answers |
 
 
 def _local_rollout(
-    reg: Registry, rel: Release, loaded: LoadedSpec, actor: str
+    reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, review: step_review.Reviewer | None = None
 ) -> tuple[local_target.Deployment, str, list[StepAnalysis]]:
     """The release's serving copy, rolled out over the live local release (a promotion or a rollback)."""
     model_dir = serving_dir(loaded, rel.data)
@@ -224,12 +237,20 @@ def _local_rollout(
         model_dir,
         rel.id,
         answers=rollout_answers(reg, rel, loaded, model_dir, actor),
+        review=review,
     )
 
 
-def _deploy_local(reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str) -> None:
+def _deploy_local(
+    reg: Registry,
+    rel: Release,
+    loaded: LoadedSpec,
+    previous: Release | None,
+    actor: str,
+    review: step_review.Reviewer | None = None,
+) -> None:
     try:
-        dep, text, steps = _local_rollout(reg, rel, loaded, actor)
+        dep, text, steps = _local_rollout(reg, rel, loaded, actor, review)
     except ReleaseError as exc:
         if isinstance(exc, local_target.RolloutAborted):
             _record_steps(reg, rel.id, exc.steps, actor)
@@ -271,9 +292,12 @@ def _record_steps(reg: Registry, release_id: int, steps: list[StepAnalysis], act
         reg.record(release_id, "rollout_step", actor, step.model_dump())
 
 
-def prometheus_judge(loaded: LoadedSpec, new_id: str, old_id: str | None) -> k8s_deploy.Judge:
+def prometheus_judge(
+    loaded: LoadedSpec, new_id: str, old_id: str | None, review: step_review.Reviewer | None = None
+) -> k8s_deploy.Judge:
     """Each Kubernetes step judged like a local one, by the cluster's Prometheus: its pod scrape
-    labels every engine's series with `release` (the pod's model-release/release-id)."""
+    labels every engine's series with `release` (the pod's model-release/release-id); then, with
+    `review`, put to a person while the step holds its servers."""
     spec = loaded.spec
     url = spec.rollout.prometheus_url
     if not url:
@@ -284,7 +308,8 @@ def prometheus_judge(loaded: LoadedSpec, new_id: str, old_id: str | None) -> k8s
         new = f'release="{new_id}"'
         analysis.wait_up(url, new, pods, timeout=60 + 4 * settle)  # the window starts once every new pod is seen
         old = f'release="{old_id}"' if old_id and fraction < 1 else None
-        return analysis.after_window(url, new, old, step, fraction, spec.slo, spec.rollout, settle)
+        verdict = analysis.after_window(url, new, old, step, fraction, spec.slo, spec.rollout, settle)
+        return verdict.decided(review(verdict)) if review else verdict
 
     return judge
 
@@ -314,6 +339,7 @@ def _kubernetes_rollout(
     objs: list[dict],
     client: Any,
     plan: rollout_plan.RolloutPlan,
+    review: step_review.Reviewer | None = None,
 ) -> k8s_deploy.DeployOutcome:
     """`objs` rolled out over the live release in the planned steps of servers, each judged live."""
     client = client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
@@ -321,14 +347,20 @@ def _kubernetes_rollout(
         str(rel.id),
         objs,
         server_steps(plan),
-        prometheus_judge(loaded, str(rel.id), str(live.id) if live else None),
+        prometheus_judge(loaded, str(rel.id), str(live.id) if live else None, review),
         spare_servers=plan.spare_servers,
         answers=kubernetes_answers(rel, loaded),
     )
 
 
 def _deploy_kubernetes(
-    reg: Registry, rel: Release, loaded: LoadedSpec, previous: Release | None, actor: str, client: Any
+    reg: Registry,
+    rel: Release,
+    loaded: LoadedSpec,
+    previous: Release | None,
+    actor: str,
+    client: Any,
+    review: step_review.Reviewer | None = None,
 ) -> None:
     artifact = manifests.Artifact(
         s3_uri=rel.data.get("s3_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
@@ -352,7 +384,7 @@ def _deploy_kubernetes(
         {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objs], "file": str(kept), "servers": servers},
         data={"manifests": objs, "manifests_file": str(kept)},
     )
-    outcome = _kubernetes_rollout(loaded, rel, previous, objs, client, plan)
+    outcome = _kubernetes_rollout(loaded, rel, previous, objs, client, plan, review)
     for kind, detail in outcome.events:
         reg.record(rel.id, kind, actor, detail)
     if outcome.status != "live":

@@ -55,6 +55,7 @@ class RolloutPlan(BaseModel):
     new_servers: int
     spare_servers: int
     analysis_window_s: int
+    review_timeout_s: int | None = Field(None, description="release DAG: each step waits up to this for a reviewer")
     load_seconds: float | None = Field(description="measured: the release's slowest replica, process start to healthy")
     steps: list[StepPlan]
     expected_seconds: float | None
@@ -171,6 +172,7 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
         new_servers=new_total,
         spare_servers=rollout.spare_servers,
         analysis_window_s=window,
+        review_timeout_s=duration_seconds(rollout.review_timeout) if rollout.review_timeout and live else None,
         load_seconds=load,
         steps=steps,
         expected_seconds=total,
@@ -215,7 +217,15 @@ def table(p: RolloutPlan) -> str:
             f"{holds(s.old_holds_rps, s.old_share_rps):>18} {holds(s.new_holds_rps, s.new_share_rps):>18} "
             f"{s.waves:>5} {minutes(s.seconds):>9}  {'yes' if s.ok else 'NO: ' + s.problem}"
         )
-    tail = [f"expected duration: {minutes(p.expected_seconds)}" + ("" if p.feasible else "; NOT FEASIBLE as planned")]
+    tail = [
+        f"expected duration: {minutes(p.expected_seconds)}"
+        + (
+            f" + up to {minutes(p.review_timeout_s)} per step for a reviewer's Continue / Abort (release DAG)"
+            if p.review_timeout_s
+            else ""
+        )
+        + ("" if p.feasible else "; NOT FEASIBLE as planned")
+    ]
     return "\n".join(head + rows + tail + [f"note: {n}" for n in p.notes])
 
 

@@ -1,0 +1,115 @@
+"""A person's say on every rollout step: the controller waits for a Continue / Abort in the registry.
+
+The release DAG maps one review task per step (pipeline/airflow/step_review.py): it waits for the
+step's analysis to be recorded here, puts it to the spec's reviewers in Airflow's Required actions
+with the verdict as the default answer, and records the answer. The controller holding the step
+(local or Kubernetes) waits for that answer, and goes on with the analysis verdict if no answer
+comes, so a broken or missing review task can delay a rollout but never wedge it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from pipeline.release.analysis import StepAnalysis, StepReview
+from pipeline.release.registry import Registry
+
+log = logging.getLogger(__name__)
+
+JUDGED = "rollout_step_judged"  # a step's analysis, awaiting its review
+REVIEWED = "step_review"
+# the rollout is over (or never began): a step not yet judged never will be
+ENDED = ("deploy_finished", "deploy_failed", "rollout_aborted", "promotion_refused", "rejected", "rollback_finished")
+STARTED = ("deploy_started", "rollback_started", "approved")  # where this rollout's events begin
+# beyond the review's own timeout: the scheduler's timeout sweep (15 s), a task start, the answer's write
+GRACE_S = 120.0
+
+# a step's analysis -> a reviewer's Continue / Abort (the verdict when nobody answers)
+Reviewer = Callable[[StepAnalysis], StepReview]
+
+
+class PendingStep(BaseModel):
+    """A judged step waiting for its reviewer: what the review task shows and how long it waits."""
+
+    analysis: StepAnalysis
+    timeout_s: float
+
+
+def default(verdict: StepAnalysis, actor: str) -> StepReview:
+    return StepReview(
+        step=verdict.step, decision="continue" if verdict.passed else "abort", actor=actor, by_default=True
+    )
+
+
+def registry_reviewer(
+    reg: Registry, release_id: int, timeout_s: float, poll_s: float = 1.0, grace_s: float = GRACE_S
+) -> Reviewer:
+    """Record each step's analysis for its review task, then wait for the answer; with none within
+    the review's timeout and `grace_s`, the analysis verdict stands."""
+
+    def review(verdict: StepAnalysis) -> StepReview:
+        judged = reg.record(release_id, JUDGED, "pipeline", {**verdict.model_dump(), "review_timeout_s": timeout_s})
+        log.info(
+            "release %d, step %d: analysis %s; waiting up to %.0f s for a reviewer's Continue / Abort",
+            release_id,
+            verdict.step,
+            "passed" if verdict.passed else "FAILED",
+            timeout_s,
+        )
+        deadline = time.monotonic() + timeout_s + grace_s
+        while True:
+            answer = next(
+                (
+                    e
+                    for e in reversed(reg.events(release_id))
+                    if e.id > judged.id and e.kind == REVIEWED and e.detail.get("step") == verdict.step
+                ),
+                None,
+            )
+            if answer is not None:
+                decided = StepReview.model_validate(answer.detail)
+                log.info(
+                    "release %d, step %d: %s (%s)",
+                    release_id,
+                    verdict.step,
+                    decided.decision,
+                    "nobody answered: the analysis verdict" if decided.by_default else f"by {decided.actor}",
+                )
+                return decided
+            if time.monotonic() > deadline:
+                log.warning(
+                    "release %d, step %d: no review answer within %.0f s; the analysis verdict stands",
+                    release_id,
+                    verdict.step,
+                    timeout_s + grace_s,
+                )
+                return default(verdict, "pipeline (no review answer)")
+            time.sleep(poll_s)
+
+    return review
+
+
+def pending(reg: Registry, release_id: int, step: int) -> PendingStep | None | bool:
+    """The step's analysis once this rollout has judged it; False while it has not yet; None when
+    the rollout ended without judging it (an earlier step aborted, nothing live to roll over).
+
+    Only this rollout counts: the newest events back to its start (or to the approval, before it
+    starts), so an earlier attempt's steps or failure are never taken for this one's."""
+    for e in reversed(reg.events(release_id)):
+        if e.kind == JUDGED and e.detail.get("step") == step:
+            detail = dict(e.detail)
+            timeout_s = float(detail.pop("review_timeout_s"))
+            return PendingStep(analysis=StepAnalysis.model_validate(detail), timeout_s=timeout_s)
+        if e.kind in ENDED:
+            return None
+        if e.kind in STARTED:
+            return False
+    return False
+
+
+def record(reg: Registry, release_id: int, review: StepReview) -> None:
+    reg.record(release_id, REVIEWED, review.actor, review.model_dump())
