@@ -355,7 +355,9 @@ def slo_search(
     up or down by 2x (then 4x) until the verdict flips. With a prior (a prediction, or the rate a
     release was promoted at) the first probe is at the prior and the steps start at 1.25x. From
     two probes on one side, the next goes where the line through their margins (`margin`) meets
-    the SLO's edge, within those steps. Inside a bracket each probe aims just past the secant's
+    the SLO's edge, within those steps (just below it from two passes: a pass there whose line
+    puts the edge within half the resolution above it is the answer, as a queue's edge lies at
+    or below that line). Inside a bracket each probe aims just past the secant's
     edge (a quarter of the resolution), on the side the last probe did not land on, and bisects
     when one side won twice running, until the bracket is half the resolution wide; the answer
     is repeated `workload.repeats` times: a repeat that fails moves the answer down. A probe
@@ -469,24 +471,30 @@ def slo_search(
         failed = [r for r in runs if not holds(r)]
         hi = min(failed, default=None)
         lo = max((r for r in runs if holds(r) and (hi is None or r < hi)), default=None)
-        if hi is None:
-            # all passed: step up, or go to where the line through the two highest passes meets the edge
+        passes = sorted(r for r in runs if holds(r))[-2:]
+        # all passed so far: where the line through the two highest passes meets the edge. A queue's
+        # margin falls at least linearly with the rate (`margin`), so the edge lies at or below that
+        # line's crossing: within half the resolution above lo, lo is the answer (once repeated)
+        edge_above = crossing([point(r) for r in passes]) if hi is None and len(passes) == 2 else None
+        closed_below = edge_above is not None and lo is not None and edge_above <= lo * (1 + res / 2)
+        if hi is None and not closed_below:
+            # all passed: step up, or go just below where the line through the two highest passes
+            # meets the edge (a pass there closes the search from below; a fail brackets it)
             assert lo is not None
             if spent():
                 return finish(
                     lo, f"probe budget ({max_probes}) spent while bracketing; {lo:.3g} is a lower bound", True
                 )
-            passes = sorted(r for r in runs if holds(r))[-2:]
-            edge = crossing([point(r) for r in passes]) if len(passes) == 2 else None
             # where latency grows at least in proportion to the rate (near the knee it grows faster),
             # the edge lies below lo x its margin: no step beyond that
             cap = lo * min(step, max(point(lo)[1], 1 + res / 2))
-            if edge is None:
+            if edge_above is None:
                 rate, step = cap, min(step * step, MAX_STEP)
             else:
-                rate = min(max(edge * (1 + AIM * res), lo * (1 + res / 2)), cap)
+                rate = min(max(edge_above * (1 - AIM * res), lo * (1 + res / 2)), cap)
         elif lo is None:
             # all failed: step down, or to where the line through the two lowest fails meets the edge
+            assert hi is not None  # with no fail, some rate passed
             fails = sorted(failed)[:2]
             edge = crossing([point(r) for r in fails]) if len(fails) == 2 else None
             # the same reasoning puts the edge above hi x its margin
@@ -499,7 +507,7 @@ def slo_search(
                 return finish(None, f"SLO missed even at {hi:.3g} req/s")
             if spent():
                 return finish(None, f"probe budget ({max_probes}) spent; the SLO fails down to {hi:.3g} req/s", True)
-        elif (hi - lo) / hi > res / 2:
+        elif hi is not None and (hi - lo) / hi > res / 2:
             # narrow the bracket to half the resolution, so the reported (last passing) rate is within
             # the resolution of the true edge even when the edge sits at the top of the bracket: aim just
             # past the secant's edge, on the side the last probe did not land on, so that two probes
@@ -528,6 +536,12 @@ def slo_search(
                 log.warning("the answer %.3g req/s failed its repeat; searching below it", lo)
                 verdicts.clear()
             continue
+        elif hi is None:
+            return finish(
+                lo,
+                f"passes at {lo:.3g} ({len(runs[lo])} runs); the line through the two highest passes meets "
+                f"the SLO's edge within {res / 2:.1%} above it, at {edge_above:.3g}",
+            )
         else:
             return finish(
                 lo, f"narrowed to {res / 2:.1%}: passes at {lo:.3g} ({len(runs[lo])} runs), fails at {hi:.3g}"
