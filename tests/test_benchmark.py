@@ -382,7 +382,9 @@ def test_engine_that_fails_to_start_marks_the_layout_failed(tiny_model_dir, tmp_
 def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
     """SIGTERM (what Airflow sends a killed task) tears the engines down; SIGKILL (after the grace,
     or the OOM killer) too: each group's watchdog sees its owner's pipe close and kills the group,
-    EngineCore, workers and nginx's worker included, with no later engine start to reap them."""
+    EngineCore, workers and nginx's worker included, with no later engine start to reap them.
+    SIGKILL on the two-replica layout (two engine groups and nginx's), SIGTERM on the single one
+    (one start fewer: ~20 s)."""
     import os
     import signal
     import sys
@@ -393,7 +395,7 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
         "import sys\nfrom pathlib import Path\nfrom pipeline.stages import serving\n"
         "from pipeline.core.spec import load_spec\n"
         f"loaded = load_spec({str(TINY_SPEC)!r})\n"
-        "layout = loaded.spec.layouts[1]\n"
+        "layout = loaded.spec.layouts[int(sys.argv[1])]\n"
         "cmds = serving.build_commands(loaded.spec, loaded.hardware, layout,"
         f" {str(tiny_model_dir)!r}, serving.free_port())\n"
         "for c in cmds:\n    p = serving.free_port(); c.argv[c.argv.index('--port') + 1] = str(p); c.port = p\n"
@@ -402,13 +404,15 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
         f"with serving.LocalEngine(cmds, Path({str(tmp_path / 'logs')!r})) as engine:\n"
         "    print('started', engine.url, flush=True)\n    import time; time.sleep(600)\n"
     )
-    for sig in (signal.SIGKILL, signal.SIGTERM):
-        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    for sig, layout in ((signal.SIGKILL, 1), (signal.SIGTERM, 0)):
+        proc = subprocess.Popen([sys.executable, str(script), str(layout)], stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline().split()
         assert line[0] == "started"
         running = engine_processes()
-        assert sum("VLLM::" in p for p in running) >= 2 and any("nginx: worker" in p for p in running), running
-        assert serving.healthy(line[1])  # nginx in front of both replicas
+        replicas = 2 if layout else 1
+        assert sum("VLLM::" in p for p in running) >= 2 * replicas, running  # EngineCore and worker each
+        assert any("nginx: worker" in p for p in running) == (replicas > 1), running
+        assert serving.healthy(line[1])  # nginx in front of both replicas, or the one engine
         os.kill(proc.pid, sig)
         proc.wait(60)
         deadline = time.monotonic() + 60

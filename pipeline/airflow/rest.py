@@ -44,8 +44,11 @@ class AirflowClient:
         self.token = response.json()["access_token"]
         self.session.headers["Authorization"] = f"Bearer {self.token}"
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _call(self, method: str, path: str, missing_ok: bool = False, **kwargs: Any) -> Any:
+        """The JSON answer; None for a 404 where `missing_ok` (something not there yet)."""
         response = self.session.request(method, f"{self.base}/api/v2{path}", timeout=self.timeout, **kwargs)
+        if response.status_code == 404 and missing_ok:
+            return None
         if response.status_code >= 400:
             raise AirflowError(f"{method} /api/v2{path}: {response.status_code} {response.text[:500]}")
         return response.json() if response.content else None
@@ -100,12 +103,13 @@ class AirflowClient:
         deadline = time.monotonic() + wait_s
         parked_since = None
         while True:
-            if self.task_states(run_id, dag_id).get(key) != "awaiting_input":
+            # the request carries its task instance's state; 404 until the task has asked
+            detail = self._call("GET", path, missing_ok=True)
+            if not detail or detail["task_instance"]["state"] != "awaiting_input":
                 parked_since = None
             else:
                 parked_since = parked_since or time.monotonic()
-                asked = datetime.fromisoformat(self._call("GET", path)["created_at"])
-                age = (datetime.now(UTC) - asked).total_seconds()
+                age = (datetime.now(UTC) - datetime.fromisoformat(detail["created_at"])).total_seconds()
                 if max(age, time.monotonic() - parked_since) >= SETTLE_S:
                     break
             if time.monotonic() > deadline:

@@ -471,7 +471,7 @@ def slo_search(
         failed = [r for r in runs if not holds(r)]
         hi = min(failed, default=None)
         lo = max((r for r in runs if holds(r) and (hi is None or r < hi)), default=None)
-        passes = sorted(r for r in runs if holds(r))[-2:]
+        passes = sorted(r for r in runs if holds(r))[-2:] if hi is None else []
         # all passed so far: where the line through the two highest passes meets the edge. A queue's
         # margin falls at least linearly with the rate (`margin`), so the edge lies at or below that
         # line's crossing: within half the resolution above lo, lo is the answer (once repeated)
