@@ -287,7 +287,7 @@ def test_local_target_switches_only_to_a_healthy_release_and_rolls_back(tiny_spe
         # the gate's in-process scores of this artifact: each step's smoke test holds the new
         # release's served answers to them, on the first 20 items of each task (answers that got
         # worse never take traffic: the stand-in test below; a real engine failing this check:
-        # test_benchmark's broken-path test)
+        # the re-benchmark test's slowed engine)
         gate_side = evaluate.evaluate(
             artifact, artifacts.verify(artifact).content_hash(), load_spec(spec).spec.evaluation, use_cache=True
         ).model_dump(mode="json")
@@ -353,7 +353,7 @@ def test_a_release_whose_answers_got_worse_never_takes_traffic(live, tiny_spec, 
     pointed at the new engine; beside a live release, before rollout step 1 (no step taken, nothing
     scraped). Answers that got worse stop the new engine, and the live release (if any) keeps all
     the traffic. Engines and the check are stand-ins here: the real check failing on a real engine
-    that answers through a mismatched tokenizer is test_benchmark's broken-path test, and a real
+    that answers through a mismatched tokenizer is the re-benchmark test's slowed engine, and a real
     rollout's checks passing step by step the local-target test above."""
     from pipeline.stages.served_accuracy import ServedAccuracy
     from tests import http_stub

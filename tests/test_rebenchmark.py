@@ -261,6 +261,25 @@ def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file,
     assert verdict.status == "degraded", verdict
     assert verdict.measured["served_accuracy_passed"] is False
     assert any(r.startswith("serving-path accuracy: ") and "tiny_add:" in r for r in verdict.reasons), verdict
+    # the layout's own result, as a release's benchmark reads it: lm-eval at the engine's endpoint scored the
+    # gate's first 20 items, 2-digit sums answered wrong through the mismatched tokenizer, so the layout
+    # failed on its answers, naming the task and its recovery, and a slower layout that passed is selected
+    written = json.loads((tmp_path / "slowed" / "benchmark.json").read_text())
+    bad = benchmark.LayoutResult.model_validate(written["layouts"][0])
+    assert bad.status == "failed" and bad.served_accuracy and not bad.served_accuracy.passed
+    assert bad.error.startswith("serving-path accuracy: ") and "tiny_add:" in bad.error and "recovery" in bad.error
+    add = next(t for t in bad.served_accuracy.tasks if t.task == "tiny_add")
+    assert not add.passed and add.in_process is not None and add.candidate < add.in_process
+    assert add.samples_candidate == slowed.spec.evaluation.served.limit == 20
+    assert 0 < bad.served_accuracy.seconds < bad.seconds
+    good = loaded.spec.layouts[0].name
+    slower = bad.model_copy(
+        update={"layout": good, "status": "ok", "error": "", "served_accuracy": None, "max_slo_rate": 1.0,
+                "per_server": 1.0}
+    )  # fmt: skip
+    failed_fast = bad.model_copy(update={"layout": "wrong-tokenizer", "max_slo_rate": 50.0, "per_server": 50.0})
+    assert benchmark.select([slower, failed_fast], loaded.spec.slo).best == good
+    assert "served acc" in benchmark.table([slower, bad]) and "FAIL" in benchmark.table([slower, bad])
     assert any("below the promoted" in r for r in verdict.reasons), verdict
     assert reg.get(rel.id).status == "degraded"
     assert len(mailbox.messages) == 1
