@@ -54,6 +54,27 @@ def test_the_engine_and_the_client_are_not_interference():
     assert seen.other < 0.4, seen
 
 
+def test_the_frontend_is_the_engine_group_less_vllms_engine_core_and_workers():
+    """What the planner's host cost counts: the API server in an engine's group, not the processes
+    vLLM retitles VLLM::EngineCore / VLLM::Worker (their titles are their command lines)."""
+    api = subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True)
+    core = subprocess.Popen(
+        ["bash", "-c", f'exec -a VLLM::EngineCore {sys.executable} -c "{HOG}"'], start_new_session=True
+    )
+    try:
+        before = interference.frontend_seconds({api.pid})
+        time.sleep(1.0)
+        api_s = interference.frontend_seconds({api.pid})
+        both = interference.frontend_seconds({api.pid, core.pid})
+        engine_core = interference.frontend_seconds({core.pid})
+    finally:
+        for proc in (api, core):
+            proc.kill()
+            proc.wait()
+    assert 0.4 <= api_s - before <= 1.2, api_s - before  # one busy process over 1 s (beside the retitled one)
+    assert engine_core == 0.0 and both == pytest.approx(api_s, abs=0.05)
+
+
 def test_the_search_measures_again_beside_a_real_hog_and_keeps_the_clean_run():
     """A hog started beside the first steady probe: that probe is unclean, superseded, and
     measured again once the hog is gone; the search's answer rests on clean runs only."""

@@ -494,3 +494,33 @@ def test_a_profiling_run_times_each_shape_with_vllms_client(tiny_model_dir, tmp_
     profile = profiling.fitted_profile(spec, hw, single, measured, 30.0)
     decode = [m for m in profile.shapes if m.shape.kind == "decode"]
     assert all(m.fitted_ms == pytest.approx(m.measured_ms, rel=0.25) for m in decode)
+
+
+def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
+    """A request's CPU outside the engine (API server, client) costs a layout with a free core nothing
+    until that core saturates; where the engines take every core, their steps lose its share; a GPU
+    server's host is not a bound. The plan carries it into each layout's rate and names it."""
+    from pipeline.planner import host
+
+    loaded = load_spec(TINY_SPEC)
+    spec, hw = loaded.spec, loaded.hardware
+    single, pair = loaded.layout("single"), loaded.layout("two-replicas")
+    assert hw.kind == "cpu" and hw.devices == 2 and single.devices == 1 and pair.devices == 2
+    busy = hw.model_copy(update={"performance": hw.performance.model_copy(update={"host_ms_per_request": 20.0})})
+    alone, shared = host.share(busy, single), host.share(busy, pair)
+    assert alone.spare_cores == 1 and shared.spare_cores == 0
+    assert alone.slowdown(40) == 1.0  # 0.8 cores of host work on the free core
+    assert math.isinf(alone.slowdown(50))  # 1.0 core: the free core saturates (nothing spills onto the engine's)
+    # two replicas at 10 req/s each: 0.4 cores of host work over the engines' 2 cores, a fifth of each
+    assert shared.slowdown(10) == pytest.approx(1 / (1 - 0.2))
+    assert math.isinf(shared.slowdown(50))
+    gpu = load_spec(PROD_SPEC)
+    assert host.share(gpu.hardware, gpu.spec.layouts[0]).slowdown(1e6) == 1.0
+
+    free = {name: planner.predict(spec, hw, loaded.layout(name), 64, 16) for name in ("single", "two-replicas")}
+    taxed = {name: planner.predict(spec, busy, loaded.layout(name), 64, 16) for name in ("single", "two-replicas")}
+    assert taxed["two-replicas"].rate_per_server < 0.9 * free["two-replicas"].rate_per_server
+    assert taxed["two-replicas"].bound.startswith("host CPU 20 ms a request")
+    assert "the engines' cores" in taxed["two-replicas"].bound
+    # the single replica's free core carries its host work up to 45 req/s (0.9 of it): capped there, no lower
+    assert taxed["single"].rate_per_server == pytest.approx(min(free["single"].rate_per_server, 45), rel=0.02)

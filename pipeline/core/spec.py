@@ -413,6 +413,10 @@ class DevicePerformance(Strict):
     admission_ms: Annotated[
         float, Field(ge=0, description="engine time a request costs the step that admits it (input processing)")
     ] = 0.0
+    host_ms_per_request: Annotated[
+        float,
+        Field(ge=0, description="CPU time a request costs outside the engine: API server, router, load client"),
+    ] = 0.0
     efficiency: Efficiency = Field(default_factory=Efficiency)
     sources: dict[str, str] = Field(default_factory=dict, description="where each figure was found")
 

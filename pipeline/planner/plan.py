@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec, feasible_shapes, hardware_path
+from pipeline.planner import host, step_time
 from pipeline.planner import simulate as sim
-from pipeline.planner import step_time
 from pipeline.planner.profile import Profile
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ def predict(
     model = step_time.step_model(spec, layout, hw)
     limits = step_time.engine_limits(spec, layout, hw, model)
     slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
-    run = sim.workload(model, limits, slo, input_len, output_len, spec.workload.seed)
+    hosted = host.share(hw, layout)
+    run = sim.workload(model, limits, slo, input_len, output_len, spec.workload.seed, hosted.slowdown)
     search = sim.max_slo_rate(run, slo)
     shares: dict[str, float] = {}
     ttft = tpot = step_ms = per_step = None
@@ -82,7 +83,9 @@ def predict(
         step_ms = round(at.busy_s / at.steps * 1e3, 2) if at.steps else None
         per_step = round(at.tokens / at.steps, 1) if at.steps else None
         binding = "p90 TTFT" if ttft / spec.slo.p90_ttft_ms >= tpot / spec.slo.p90_tpot_ms else "p90 TPOT"
-        if at.blocked_by_seqs > 0.2:
+        if hosted.slowdown(search.rate) > 1.1:
+            bound = hosted.describe(search.rate)
+        elif at.blocked_by_seqs > 0.2:
             bound = f"batch limit (max-num-seqs {limits.max_num_seqs})"
         elif at.blocked_by_kv > 0.2:
             bound = f"KV capacity ({limits.kv_capacity_tokens} tokens)"

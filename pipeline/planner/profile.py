@@ -21,7 +21,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -41,9 +41,9 @@ from pipeline.core.spec import (
     WorkloadSpec,
     arg_number,
 )
+from pipeline.planner import host, step_time
 from pipeline.planner import simulate as sim
-from pipeline.planner import step_time
-from pipeline.stages import benchmark
+from pipeline.stages import benchmark, interference
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Coefficients(BaseModel):
     sequence_overhead_us: float = Field(0.0, description="per sequence a step samples")
     request_overhead_ms: float = Field(0.0, description="on every TTFT: the server's way in and out")
     admission_ms: float = Field(0.0, description="the part of a request's overhead its admitting step pays")
+    host_ms_per_request: float = Field(0.0, description="CPU outside the engine: API server, client (planner/host.py)")
     compute_scale: float = Field(description="x the profile's peak_tflops x compute efficiency")
     memory_scale: float = Field(description="x the profile's memory_gb_s x memory efficiency")
 
@@ -105,6 +106,7 @@ class Coefficients(BaseModel):
                 "sequence_overhead_us": self.sequence_overhead_us,
                 "request_overhead_ms": self.request_overhead_ms,
                 "admission_ms": self.admission_ms,
+                "host_ms_per_request": self.host_ms_per_request,
             }
         )
 
@@ -116,6 +118,7 @@ class Steady(BaseModel):
     rate: float
     requests: int
     measured_tpot_ms: float = Field(description="median TPOT, vLLM's client")
+    host_ms_per_request: float = Field(0.0, description="CPU of the API server(s) and the client, per request")
     fitted_tpot_ms: float | None = None
 
 
@@ -149,7 +152,7 @@ class Profile(BaseModel):
             f"profile {self.id or '(unsaved)'} of {self.measured_at:%Y-%m-%d %H:%M} UTC on layout {self.layout}:"
             f" step overhead {c.step_overhead_ms:.3g} ms + {c.sequence_overhead_us:.3g} us per sequence,"
             f" request overhead {c.request_overhead_ms:.3g} ms + {c.admission_ms:.3g} ms of its admitting step,"
-            f" compute x{c.compute_scale:.3g},"
+            f" host CPU {c.host_ms_per_request:.3g} ms a request, compute x{c.compute_scale:.3g},"
             f" memory x{c.memory_scale:.3g} of the profile's figures; fit within {self.fit_error:.1%} (median)"
         )
 
@@ -259,7 +262,7 @@ def _workload(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> tuple[C
     limits = step_time.engine_limits(spec, layout, hw, model)
     slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
     wl = spec.workload
-    return sim.workload(model, limits, slo, wl.input_len, wl.output_len, wl.seed), slo
+    return sim.workload(model, limits, slo, wl.input_len, wl.output_len, wl.seed, host.slowdown_of(hw, layout)), slo
 
 
 def max_rate(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> float:
@@ -275,15 +278,38 @@ def steady_tpot_ms(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, rate:
 
 
 def measure_steady(
-    bench: benchmark.BenchClient, url: str, model_dir: Path, out_dir: Path, spec: ReleaseSpec, rate: float
+    bench: benchmark.BenchClient,
+    url: str,
+    model_dir: Path,
+    out_dir: Path,
+    spec: ReleaseSpec,
+    rate: float,
+    engine_groups: Iterable[int] = (),
 ) -> Steady:
+    """The workload at a steady rate: its median TPOT, and the host's CPU per request (the API server,
+    the processes of `engine_groups` other than vLLM's engine core and workers, plus the client)."""
     n = max(100, math.ceil(rate * STEADY_SECONDS))
     name = "steady.json"
     cmd = benchmark.bench_command([], url, str(model_dir), spec.workload, UNJUDGED, rate, n, 1, out_dir, name)
-    path, _ = bench.serve(cmd, out_dir, name, " on the steady load")
+    before = interference.frontend_seconds(engine_groups)
+    path, client_s = bench.serve(cmd, out_dir, name, " on the steady load")
+    frontend_s = interference.frontend_seconds(engine_groups) - before
     data = json.loads(path.read_text())
-    steady = Steady(rate=round(rate, 3), requests=n, measured_tpot_ms=round(float(data["median_tpot_ms"]), 3))
-    log.info("profile: steady load at %.3g req/s: median TPOT %.3g ms", rate, steady.measured_tpot_ms)
+    steady = Steady(
+        rate=round(rate, 3),
+        requests=n,
+        measured_tpot_ms=round(float(data["median_tpot_ms"]), 3),
+        host_ms_per_request=round((frontend_s + client_s) / n * 1e3, 3),
+    )
+    log.info(
+        "profile: steady load at %.3g req/s: median TPOT %.3g ms; host CPU %.3g ms a request (API server %.3g,"
+        " client %.3g)",
+        rate,
+        steady.measured_tpot_ms,
+        steady.host_ms_per_request,
+        frontend_s / n * 1e3,
+        client_s / n * 1e3,
+    )
     return steady
 
 
@@ -362,8 +388,9 @@ def run(
         measured = measure(prober.bench, engine.url, model_dir, out_dir, shapes, model)
         coefficients = fit(spec, hw, layout, measured)
         rate = STEADY_SHARE * max_rate(spec, at_hand(hw, coefficients), layout)
-        steady = measure_steady(prober.bench, engine.url, model_dir, out_dir, spec, rate)
+        steady = measure_steady(prober.bench, engine.url, model_dir, out_dir, spec, rate, engine.groups)
     coefficients = split_request_overhead(spec, hw, layout, coefficients, steady)
+    coefficients.host_ms_per_request = steady.host_ms_per_request
     return fitted_profile(spec, hw, layout, measured, time.monotonic() - started, coefficients, steady)
 
 

@@ -223,16 +223,45 @@ def steady_requests(
     )
 
 
+class Slowed:
+    """A step timer whose every time is `factor` longer (the engine's cores shared with host work)."""
+
+    def __init__(self, timer: StepTimer, factor: float):
+        self.timer, self.factor = timer, factor
+        self.request_overhead_s = timer.request_overhead_s * factor
+        self.admission_s = timer.admission_s * factor
+
+    def seconds(self, batch: Batch) -> float:
+        return self.timer.seconds(batch) * self.factor
+
+
 def workload(
-    timer: StepTimer, limits: Limits, slo: Slo, input_len: int, output_len: int, seed: int
+    timer: StepTimer,
+    limits: Limits,
+    slo: Slo,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    slowdown: Callable[[float], float] | None = None,
 ) -> Callable[..., SimResult]:
     """One replica under Poisson arrivals of one workload, as a function of the rate (and an optional
-    `breakdown`), measured in the steady state: what a rate search and a prediction's details run."""
+    `breakdown`), measured in the steady state: what a rate search and a prediction's details run.
+    `slowdown(rate)`: how much longer every step takes at that rate (planner/host.py); inf: the
+    host cannot carry the rate, every request misses."""
     lifetime = slo.lifetime(output_len)
 
     def run(rate: float, breakdown: Callable[[Batch], StepCost] | None = None) -> SimResult:
         requests, warmup = steady_requests(rate, input_len, output_len, lifetime, seed)
-        return simulate(timer, limits, requests, breakdown=breakdown, measure_from=warmup)
+        factor = slowdown(rate) if slowdown else 1.0
+        if math.isinf(factor):
+            missed = [math.inf] * len(requests)
+            return SimResult(
+                rate=rate, requests=len(requests), duration_s=math.inf, ttft_s=missed, tpot_s=missed,
+                latency_s=missed, steps=0, busy_s=0.0, tokens=0, blocked_by_seqs=0.0, blocked_by_kv=0.0,
+                seconds_by_bound={},
+            )  # fmt: skip
+        slowed = timer if factor == 1.0 else Slowed(timer, factor)
+        return simulate(slowed, limits, requests, breakdown=breakdown, measure_from=warmup)
 
     return run
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,20 @@ def _processes() -> dict[int, tuple[int, int, str, int]]:
             int(rest[19]),
         )
     return out
+
+
+ENGINE_PREFIX = "VLLM::"  # vLLM's engine core and workers retitle themselves (serving.ENGINE_TITLES)
+
+
+def frontend_seconds(groups: Iterable[int]) -> float:
+    """CPU seconds so far of the processes in `groups` that are not vLLM's engine core or workers:
+    the API servers (and a router in the group). A process that exited is not counted."""
+    wanted = set(groups)
+    return sum(
+        jiffies / TICK
+        for pgid, jiffies, name, _ in _processes().values()
+        if pgid in wanted and not name.startswith(ENGINE_PREFIX)
+    )
 
 
 def _own_seconds(who: int) -> float:

@@ -1,0 +1,65 @@
+"""What a request costs the host outside the engine, and what that does to a layout's engines.
+
+Why: the step-time model describes an engine alone, but every request also costs CPU time in
+the API server (HTTP, tokenizing, streaming each token), the router and the load client. Where
+a layout leaves cores free for that work (cpu-local's one replica: the engine on one core, the
+rest on the other), it costs the engine nothing until those cores saturate; where the engines
+take every core (two replicas, one core each), it runs on the engines' cores and each step
+waits for it. The cost per request is measured on the engine at hand (the profile's steady
+load: the API server's and the client's CPU seconds per request). On a GPU server the host's
+many cores are not modeled as a bound: the figure is kept, the engines are not slowed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from pipeline.core.spec import HardwareProfile, Layout
+
+SATURATED = 0.9  # of a core's time: beyond it the host's queue grows without bound
+
+
+class HostShare(BaseModel):
+    """Where a layout's host work runs and what it costs."""
+
+    ms_per_request: float
+    replicas: int
+    engine_cores: int
+    spare_cores: float | None  # cores no engine uses; None: a GPU server, the host is not a bound
+
+    def load(self, rate_per_replica: float) -> float:
+        """Cores of host work at a per-replica rate."""
+        return rate_per_replica * self.replicas * self.ms_per_request / 1e3
+
+    def slowdown(self, rate_per_replica: float) -> float:
+        """How much longer each engine step takes at that rate. With spare cores the host work is kept
+        on them (serving.placement): 1 until they saturate, then inf. Without, the engines' cores lose
+        its share of their time, inf once it saturates them."""
+        if self.spare_cores is None or self.ms_per_request <= 0:
+            return 1.0
+        load = self.load(rate_per_replica)
+        if self.spare_cores:
+            return 1.0 if load < self.spare_cores * SATURATED else math.inf
+        share = load / self.engine_cores
+        return 1 / (1 - share) if share < SATURATED else math.inf
+
+    def describe(self, rate_per_replica: float) -> str:
+        where = "their own cores" if self.spare_cores else "the engines' cores"
+        return (
+            f"host CPU {self.ms_per_request:.3g} ms a request ({self.load(rate_per_replica):.2f} cores at this rate,"
+            f" on {where})"
+        )
+
+
+def share(hw: HardwareProfile, layout: Layout) -> HostShare:
+    """The host work of `layout` on `hw` as its performance figures say (profiled: measured)."""
+    ms = hw.performance.host_ms_per_request if hw.performance else 0.0
+    spare = float(max(0, hw.devices - layout.devices)) if hw.kind == "cpu" else None
+    return HostShare(ms_per_request=ms, replicas=layout.replicas, engine_cores=layout.devices, spare_cores=spare)
+
+
+def slowdown_of(hw: HardwareProfile, layout: Layout) -> Callable[[float], float]:
+    return share(hw, layout).slowdown
