@@ -524,3 +524,7 @@ def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
     assert "the engines' cores" in taxed["two-replicas"].bound
     # the single replica's free core carries its host work up to 45 req/s (0.9 of it): capped there, no lower
     assert taxed["single"].rate_per_server == pytest.approx(min(free["single"].rate_per_server, 45), rel=0.02)
+    assert (
+        taxed["single"].bound.startswith("host CPU 20 ms a request") and "on their own cores" in taxed["single"].bound
+    )
+    assert not free["single"].bound.startswith("host CPU")

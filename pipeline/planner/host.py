@@ -46,6 +46,13 @@ class HostShare(BaseModel):
         share = load / self.engine_cores
         return 1 / (1 - share) if share < SATURATED else math.inf
 
+    def binds(self, rate_per_replica: float) -> bool:
+        """Whether the host work is what holds the rate there: the spare cores within 2% of saturating
+        (the rate search's resolution is 1%), or the engines' steps slowed by more than 10%."""
+        if self.spare_cores:
+            return math.isinf(self.slowdown(rate_per_replica * 1.02))
+        return self.slowdown(rate_per_replica) > 1.1
+
     def describe(self, rate_per_replica: float) -> str:
         where = "their own cores" if self.spare_cores else "the engines' cores"
         return (

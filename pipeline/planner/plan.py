@@ -83,7 +83,7 @@ def predict(
         step_ms = round(at.busy_s / at.steps * 1e3, 2) if at.steps else None
         per_step = round(at.tokens / at.steps, 1) if at.steps else None
         binding = "p90 TTFT" if ttft / spec.slo.p90_ttft_ms >= tpot / spec.slo.p90_tpot_ms else "p90 TPOT"
-        if hosted.slowdown(search.rate) > 1.1:
+        if hosted.binds(search.rate):
             bound = hosted.describe(search.rate)
         elif at.blocked_by_seqs > 0.2:
             bound = f"batch limit (max-num-seqs {limits.max_num_seqs})"
