@@ -13,7 +13,6 @@ many cores are not modeled as a bound: the figure is kept, the engines are not s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from pydantic import BaseModel
 
@@ -66,7 +65,3 @@ def share(hw: HardwareProfile, layout: Layout) -> HostShare:
     ms = hw.performance.host_ms_per_request if hw.performance else 0.0
     spare = float(max(0, hw.devices - layout.devices)) if hw.kind == "cpu" else None
     return HostShare(ms_per_request=ms, replicas=layout.replicas, engine_cores=layout.devices, spare_cores=spare)
-
-
-def slowdown_of(hw: HardwareProfile, layout: Layout) -> Callable[[float], float]:
-    return share(hw, layout).slowdown

@@ -262,7 +262,7 @@ def _workload(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> tuple[C
     limits = step_time.engine_limits(spec, layout, hw, model)
     slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
     wl = spec.workload
-    return sim.workload(model, limits, slo, wl.input_len, wl.output_len, wl.seed, host.slowdown_of(hw, layout)), slo
+    return sim.workload(model, limits, slo, wl.input_len, wl.output_len, wl.seed, host.share(hw, layout).slowdown), slo
 
 
 def max_rate(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> float:

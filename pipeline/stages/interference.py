@@ -20,6 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from pipeline.stages import serving
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -67,9 +69,6 @@ def _processes() -> dict[int, tuple[int, int, str, int]]:
     return out
 
 
-ENGINE_PREFIX = "VLLM::"  # vLLM's engine core and workers retitle themselves (serving.ENGINE_TITLES)
-
-
 def frontend_seconds(groups: Iterable[int]) -> float:
     """CPU seconds so far of the processes in `groups` that are not vLLM's engine core or workers:
     the API servers (and a router in the group). A process that exited is not counted."""
@@ -77,7 +76,7 @@ def frontend_seconds(groups: Iterable[int]) -> float:
     return sum(
         jiffies / TICK
         for pgid, jiffies, name, _ in _processes().values()
-        if pgid in wanted and not name.startswith(ENGINE_PREFIX)
+        if pgid in wanted and not name.startswith(serving.ENGINE_TITLES)
     )
 
 
