@@ -358,14 +358,18 @@ def test_the_prediction_is_kept_beside_the_measurement_with_its_error():
     assert "      120   +25%" in line, line
 
 
-def engine_processes() -> list[str]:
-    """Live (not zombie) engine API servers, vLLM EngineCore/worker processes and nginx masters."""
-    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    return [
-        line
-        for line in out.splitlines()
-        if not line.lstrip().startswith("Z") and re.search(r"vllm_cli\.py serve|VLLM::|nginx: (master|worker)", line)
-    ]
+def engine_processes(groups: set[int] | None = None) -> list[str]:
+    """Live (not zombie) engine API servers, vLLM EngineCore/worker processes and nginx masters (of
+    the process `groups` only, when given)."""
+    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
+    found = []
+    for line in out.splitlines():
+        pgid, stat, args = line.split(None, 2)
+        if groups is not None and int(pgid) not in groups:
+            continue
+        if not stat.startswith("Z") and re.search(r"vllm_cli\.py serve|VLLM::|nginx: (master|worker)", args):
+            found.append(args)
+    return found
 
 
 @pytest.mark.slow
@@ -383,8 +387,8 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
     """SIGTERM (what Airflow sends a killed task) tears the engines down; SIGKILL (after the grace,
     or the OOM killer) too: each group's watchdog sees its owner's pipe close and kills the group,
     EngineCore, workers and nginx's worker included, with no later engine start to reap them.
-    SIGKILL on the two-replica layout (two engine groups and nginx's), SIGTERM on the single one
-    (one start fewer: ~20 s)."""
+    SIGKILL on the two-replica layout (two engine groups and nginx's), SIGTERM on the single one,
+    started together."""
     import os
     import signal
     import sys
@@ -401,24 +405,36 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
         "for c in cmds:\n    p = serving.free_port(); c.argv[c.argv.index('--port') + 1] = str(p); c.port = p\n"
         # no compile warm-up: what is killed here is the processes, not a measured engine (~20 s less each)
         "    c.argv.append('--enforce-eager')\n"
-        f"with serving.LocalEngine(cmds, Path({str(tmp_path / 'logs')!r})) as engine:\n"
-        "    print('started', engine.url, flush=True)\n    import time; time.sleep(600)\n"
+        f"with serving.LocalEngine(cmds, Path({str(tmp_path)!r}) / f'logs-{{sys.argv[1]}}') as engine:\n"
+        "    print('started', engine.url, *engine.groups, flush=True)\n    import time; time.sleep(600)\n"
     )
-    for sig, layout in ((signal.SIGKILL, 1), (signal.SIGTERM, 0)):
-        proc = subprocess.Popen([sys.executable, str(script), str(layout)], stdout=subprocess.PIPE, text=True)
-        line = proc.stdout.readline().split()
-        assert line[0] == "started"
-        running = engine_processes()
-        replicas = 2 if layout else 1
-        assert sum("VLLM::" in p for p in running) >= 2 * replicas, running  # EngineCore and worker each
-        assert any("nginx: worker" in p for p in running) == (replicas > 1), running
-        assert serving.healthy(line[1])  # nginx in front of both replicas, or the one engine
-        os.kill(proc.pid, sig)
-        proc.wait(60)
-        deadline = time.monotonic() + 60
-        while engine_processes() and time.monotonic() < deadline:
-            time.sleep(1)
-        assert engine_processes() == [], (sig, engine_processes())
+    # both at once (one start's wait instead of two): each run's own process groups are told apart
+    runs = {
+        sig: subprocess.Popen([sys.executable, str(script), str(layout)], stdout=subprocess.PIPE, text=True)
+        for sig, layout in ((signal.SIGKILL, 1), (signal.SIGTERM, 0))
+    }
+    try:
+        started = {sig: proc.stdout.readline().split() for sig, proc in runs.items()}
+        for sig, proc in runs.items():
+            line = started[sig]
+            assert line[0] == "started", line
+            groups = {int(g) for g in line[2:]}
+            running = engine_processes(groups)
+            replicas = 2 if sig == signal.SIGKILL else 1
+            assert sum("VLLM::" in p for p in running) >= 2 * replicas, running  # EngineCore and worker each
+            assert any("nginx: worker" in p for p in running) == (replicas > 1), running
+            assert serving.healthy(line[1])  # nginx in front of both replicas, or the one engine
+            os.kill(proc.pid, sig)
+            proc.wait(60)
+            deadline = time.monotonic() + 60
+            while engine_processes(groups) and time.monotonic() < deadline:
+                time.sleep(1)
+            assert engine_processes(groups) == [], (sig, engine_processes(groups))
+    finally:
+        for proc in runs.values():
+            proc.kill()
+            proc.wait()
+    assert engine_processes() == []
 
 
 def test_keeping_up_allows_for_poisson_sampling_noise():
