@@ -64,13 +64,15 @@ def main() -> None:
     profiling.write(profiled, out / "profile.json")
     at_hand = profiled.hardware_at_hand(hw)
     wl = spec.workload
-    predicted = {
-        layout.name: {
-            "profiled": planner.predict(spec, at_hand, layout, wl.input_len, wl.output_len).rate_per_server,
-            "datasheet": planner.predict(spec, hw, layout, wl.input_len, wl.output_len).rate_per_server,
+    predicted = {}
+    for layout in layouts:
+        fitted = planner.predict(spec, at_hand, layout, wl.input_len, wl.output_len)
+        datasheet = planner.predict(spec, hw, layout, wl.input_len, wl.output_len)
+        predicted[layout.name] = {
+            "profiled": fitted.rate_per_server,
+            "datasheet": datasheet.rate_per_server,
+            "bound": fitted.bound,
         }
-        for layout in layouts
-    }
     atomic_write(out / "predictions.json", json.dumps(predicted, indent=2))  # before any measurement
     measured = {}
     for layout in layouts:
@@ -95,7 +97,7 @@ def main() -> None:
         shown = "n/a" if error is None else f"{error:+.1%}"
         print(
             f"{layout.name:22} {p['datasheet']:10.4g} {p['profiled']:10.4g} {rate or float('nan'):10.4g}"
-            f" {shown:>8} {len(r.probes):7d}" + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
+            f" {shown:>8} {len(r.probes):7d}  {p['bound']}" + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
         )
     by_prediction = sorted(predicted, key=lambda n: -predicted[n]["profiled"])
     by_measurement = sorted(measured, key=lambda n: -(measured[n].max_slo_rate or 0))

@@ -528,3 +528,87 @@ def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
         taxed["single"].bound.startswith("host CPU 20 ms a request") and "on their own cores" in taxed["single"].bound
     )
     assert not free["single"].bound.startswith("host CPU")
+    # measured on the engine at hand: host work on an engine's core costs it 3x its own CPU time there
+    dear = busy.model_copy(update={"performance": busy.performance.model_copy(update={"host_colocated_cost": 3.0})})
+    assert host.share(dear, pair).slowdown(10) == pytest.approx(1 / (1 - 3 * 0.2))
+    assert math.isinf(host.share(dear, pair).slowdown(16))  # 3 x 0.32 of each core: saturated
+    assert host.share(dear, single).slowdown(40) == 1.0  # its host work has a core of its own
+    costly = planner.predict(spec, dear, pair, 64, 16)
+    assert costly.rate_per_server < taxed["two-replicas"].rate_per_server and "x3 there" in costly.bound
+
+
+def test_the_host_work_is_measured_without_the_clients_start_and_priced_on_the_engines_core(tmp_path):
+    """The profile's host figures: the client's CPU per request leaves out what a run costs it whatever
+    its length (the prefill shapes' runs: a few requests each), and the TPOT measured with the host work
+    on the engine's core against beside it prices that work there (k in 1 / (1 - k x share))."""
+    from pipeline.planner import profile as profiling
+
+    shape = profiling.Shape(kind="prefill", batch=1, input_len=16, output_len=2)
+    runs = [profiling.Measured(shape=shape, measured_ms=20, datasheet_ms=20, client_cpu_s=c) for c in (0.3, 0.4, 0.5)]
+    decode = profiling.Shape(kind="decode", batch=4, input_len=16, output_len=64)
+    runs.append(profiling.Measured(shape=decode, measured_ms=5, datasheet_ms=5, client_cpu_s=2.0))
+    assert profiling.client_fixed_seconds(runs) == pytest.approx(0.4)  # the decode run is not a start-up
+
+    class Client:  # what vLLM's client returns: its result file, and the CPU its run used (wait4)
+        def serve(self, argv, out_dir, name, what=""):
+            (out_dir / name).write_text(json.dumps({"median_tpot_ms": 12.5}))
+            return out_dir / name, 0.4 + 200 * 0.001  # the run's start, then 1 ms a request
+
+    spec = load_spec(TINY_SPEC).spec
+    steady = profiling.measure_steady(Client(), "http://x", tmp_path, tmp_path, spec, 25.0, (), 0.4)
+    assert steady.requests == 200 and steady.host_ms_per_request == pytest.approx(1.0)
+    assert steady.measured_tpot_ms == 12.5 and steady.client_fixed_s == 0.4
+    whole = profiling.measure_steady(Client(), "http://x", tmp_path, tmp_path, spec, 25.0)
+    assert whole.host_ms_per_request == pytest.approx(3.0)  # what the figure was before: 3x the truth
+
+    # TPOT 10 ms beside the engine, 20 ms with 0.1 of its core in host work on it: 1 / (1 - k x 0.1) = 2, k = 5
+    assert profiling.colocated_cost(10.0, 20.0, 0.1) == pytest.approx(5.0)
+    assert profiling.colocated_cost(10.0, 9.0, 0.1) == 1.0  # no slower (noise): its own time, no less
+    assert profiling.colocated_cost(10.0, 1000.0, 0.1) == pytest.approx(9.0)  # saturated: at most 0.9 of the core
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs an engine core and a frontend core")
+def test_the_colocated_check_moves_the_api_server_and_the_client_onto_the_engines_core_and_back():
+    """What `host_on_engine_cores` moves: the engine group's processes other than vLLM's engine core and
+    workers (the API server), and the client's server its probes fork from; nothing of the engine itself."""
+    from pipeline.planner import profile as profiling
+    from pipeline.stages import serving
+
+    engine_core, frontend_core = sorted(os.sched_getaffinity(0))[:2]
+    retitled = "open('/proc/self/comm', 'w').write('VLLM::EngineCore'); import time; time.sleep(60)"
+    group = subprocess.Popen(
+        ["bash", "-c", f'{sys.executable} -c "{retitled}" & exec sleep 60'], start_new_session=True
+    )  # the "API server" and, in its group, an "engine core" titled as vLLM titles it
+    client = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not any(c.startswith("VLLM::") for c in serving.group_members(group.pid).values()):
+            assert time.monotonic() < deadline, serving.group_members(group.pid)
+            time.sleep(0.1)
+        members = serving.group_members(group.pid)
+        core_pid = next(pid for pid, comm in members.items() if comm.startswith("VLLM::"))
+        for pid in [*members, client.pid]:
+            serving.pin(pid, [frontend_core])
+        serving.pin(core_pid, [engine_core])
+        engine = type("Engine", (), {})()
+        engine.groups = [group.pid]
+        engine.placement = serving.Placement(engine_cores=[[engine_core]], frontend_cores=[frontend_core])
+        bench = type("Bench", (), {"group": client.pid})()
+        with profiling.host_on_engine_cores(engine, bench) as moved:
+            assert moved
+            assert os.sched_getaffinity(group.pid) == {engine_core} and os.sched_getaffinity(client.pid) == {
+                engine_core
+            }
+            assert os.sched_getaffinity(core_pid) == {engine_core}
+        assert os.sched_getaffinity(group.pid) == {frontend_core} and os.sched_getaffinity(client.pid) == {
+            frontend_core
+        }
+        assert os.sched_getaffinity(core_pid) == {engine_core}  # the engine's own processes stay where they were
+        # a placement that keeps nothing apart (no frontend cores): nothing to move, no measurement
+        engine.placement = serving.Placement(engine_cores=[[engine_core]])
+        with profiling.host_on_engine_cores(engine, bench) as moved:
+            assert not moved
+    finally:
+        for proc in (group, client):
+            os.killpg(proc.pid, 9)
+            proc.wait()

@@ -417,6 +417,14 @@ class DevicePerformance(Strict):
         float,
         Field(ge=0, description="CPU time a request costs outside the engine: API server, router, load client"),
     ] = 0.0
+    host_colocated_cost: Annotated[
+        float,
+        Field(
+            ge=1,
+            description="x that CPU time an engine loses when the host work runs on its cores (woken frontends"
+            " waiting behind polling engine processes, context switches): 1 is its own time only",
+        ),
+    ] = 1.0
     efficiency: Efficiency = Field(default_factory=Efficiency)
     sources: dict[str, str] = Field(default_factory=dict, description="where each figure was found")
 

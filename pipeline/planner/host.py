@@ -5,9 +5,12 @@ the API server (HTTP, tokenizing, streaming each token), the router and the load
 a layout leaves cores free for that work (cpu-local's one replica: the engine on one core, the
 rest on the other), it costs the engine nothing until those cores saturate; where the engines
 take every core (two replicas, one core each), it runs on the engines' cores and each step
-waits for it. The cost per request is measured on the engine at hand (the profile's steady
-load: the API server's and the client's CPU seconds per request). On a GPU server the host's
-many cores are not modeled as a bound: the figure is kept, the engines are not slowed.
+waits for it, and more than its CPU time: a woken API server waits behind engine processes that
+poll each other, and every switch costs the step. Both figures are measured on the engine at hand
+(the profile's steady loads: the API server's and the client's CPU seconds per request, and the
+median TPOT with that work moved onto the engine's core against the same load beside it). On a
+GPU server the host's many cores are not modeled as a bound: the figure is kept, the engines are
+not slowed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class HostShare(BaseModel):
     """Where a layout's host work runs and what it costs."""
 
     ms_per_request: float
+    colocated_cost: float = 1.0  # x ms_per_request an engine core loses when the host work shares it
     replicas: int
     engine_cores: int
     spare_cores: float | None  # cores no engine uses; None: a GPU server, the host is not a bound
@@ -42,7 +46,7 @@ class HostShare(BaseModel):
         load = self.load(rate_per_replica)
         if self.spare_cores:
             return 1.0 if load < self.spare_cores * SATURATED else math.inf
-        share = load / self.engine_cores
+        share = self.colocated_cost * load / self.engine_cores
         return 1 / (1 - share) if share < SATURATED else math.inf
 
     def binds(self, rate_per_replica: float) -> bool:
@@ -53,7 +57,7 @@ class HostShare(BaseModel):
         return self.slowdown(rate_per_replica) > 1.1
 
     def describe(self, rate_per_replica: float) -> str:
-        where = "their own cores" if self.spare_cores else "the engines' cores"
+        where = "their own cores" if self.spare_cores else f"the engines' cores, x{self.colocated_cost:.3g} there"
         return (
             f"host CPU {self.ms_per_request:.3g} ms a request ({self.load(rate_per_replica):.2f} cores at this rate,"
             f" on {where})"
@@ -62,6 +66,12 @@ class HostShare(BaseModel):
 
 def share(hw: HardwareProfile, layout: Layout) -> HostShare:
     """The host work of `layout` on `hw` as its performance figures say (profiled: measured)."""
-    ms = hw.performance.host_ms_per_request if hw.performance else 0.0
+    perf = hw.performance
     spare = float(max(0, hw.devices - layout.devices)) if hw.kind == "cpu" else None
-    return HostShare(ms_per_request=ms, replicas=layout.replicas, engine_cores=layout.devices, spare_cores=spare)
+    return HostShare(
+        ms_per_request=perf.host_ms_per_request if perf else 0.0,
+        colocated_cost=perf.host_colocated_cost if perf else 1.0,
+        replicas=layout.replicas,
+        engine_cores=layout.devices,
+        spare_cores=spare,
+    )

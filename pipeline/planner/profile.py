@@ -21,7 +21,8 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -43,7 +44,7 @@ from pipeline.core.spec import (
 )
 from pipeline.planner import host, step_time
 from pipeline.planner import simulate as sim
-from pipeline.stages import benchmark, interference
+from pipeline.stages import benchmark, interference, serving
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Measured(BaseModel):
     measured_ms: float = Field(description="median TTFT (prefill) or median inter-token latency (decode)")
     fitted_ms: float | None = None
     datasheet_ms: float = Field(description="the step-time model with the profile's own figures")
+    client_cpu_s: float | None = Field(None, description="the client's CPU for the shape's run (wait4)")
 
 
 class Coefficients(BaseModel):
@@ -94,6 +96,7 @@ class Coefficients(BaseModel):
     request_overhead_ms: float = Field(0.0, description="on every TTFT: the server's way in and out")
     admission_ms: float = Field(0.0, description="the part of a request's overhead its admitting step pays")
     host_ms_per_request: float = Field(0.0, description="CPU outside the engine: API server, client (planner/host.py)")
+    host_colocated_cost: float = Field(1.0, description="x that CPU an engine core loses when it runs there")
     compute_scale: float = Field(description="x the profile's peak_tflops x compute efficiency")
     memory_scale: float = Field(description="x the profile's memory_gb_s x memory efficiency")
 
@@ -107,6 +110,7 @@ class Coefficients(BaseModel):
                 "request_overhead_ms": self.request_overhead_ms,
                 "admission_ms": self.admission_ms,
                 "host_ms_per_request": self.host_ms_per_request,
+                "host_colocated_cost": self.host_colocated_cost,
             }
         )
 
@@ -119,7 +123,21 @@ class Steady(BaseModel):
     requests: int
     measured_tpot_ms: float = Field(description="median TPOT, vLLM's client")
     host_ms_per_request: float = Field(0.0, description="CPU of the API server(s) and the client, per request")
+    client_fixed_s: float = Field(0.0, description="the client's CPU per run, left out of the per-request figure")
     fitted_tpot_ms: float | None = None
+
+
+class Colocated(BaseModel):
+    """The same light load twice: the host work beside the engine (on its own core), then on the engine's
+    core, as where a layout's engines take every core. The TPOT it costs, per unit of the host work's own
+    share of that core, is `cost` (planner/host.py: steps slowed by 1 / (1 - cost x share))."""
+
+    rate: float
+    requests: int
+    share: float = Field(description="cores of host work at this rate, per engine core")
+    beside_tpot_ms: float
+    shared_tpot_ms: float
+    cost: float
 
 
 def at_hand(hw: HardwareProfile, coefficients: Coefficients) -> HardwareProfile:
@@ -139,6 +157,7 @@ class Profile(BaseModel):
     coefficients: Coefficients
     shapes: list[Measured]
     steady: Steady | None = Field(None, description="what split the request overhead into latency and engine time")
+    colocated: Colocated | None = Field(None, description="what the host work costs an engine whose core it shares")
     fit_error: float = Field(description="median |fitted / measured - 1| over the shapes")
     seconds: float = Field(description="the run, engine start included")
     id: int | None = Field(None, description="the registry's row, once kept")
@@ -152,7 +171,8 @@ class Profile(BaseModel):
             f"profile {self.id or '(unsaved)'} of {self.measured_at:%Y-%m-%d %H:%M} UTC on layout {self.layout}:"
             f" step overhead {c.step_overhead_ms:.3g} ms + {c.sequence_overhead_us:.3g} us per sequence,"
             f" request overhead {c.request_overhead_ms:.3g} ms + {c.admission_ms:.3g} ms of its admitting step,"
-            f" host CPU {c.host_ms_per_request:.3g} ms a request, compute x{c.compute_scale:.3g},"
+            f" host CPU {c.host_ms_per_request:.3g} ms a request (x{c.host_colocated_cost:.3g} on an engine's core),"
+            f" compute x{c.compute_scale:.3g},"
             f" memory x{c.memory_scale:.3g} of the profile's figures; fit within {self.fit_error:.1%} (median)"
         )
 
@@ -233,13 +253,20 @@ def measure(
     measured: list[Measured] = []
     for i, shape in enumerate(shapes, 1):
         name = f"shape-{i:02d}.json"
-        path, _ = bench.serve(bench_args(shape, url, model_dir, out_dir, name), out_dir, name, f" on {shape.name}")
+        path, client_s = bench.serve(
+            bench_args(shape, url, model_dir, out_dir, name), out_dir, name, f" on {shape.name}"
+        )
         data = json.loads(path.read_text())
         if int(data.get("completed", 0)) < requests(shape):
             raise ReleaseError(f"profile: {shape.name}: only {data.get('completed')} requests completed ({name})")
         value = float(data["median_ttft_ms"] if shape.kind == "prefill" else data["median_itl_ms"])
         measured.append(
-            Measured(shape=shape, measured_ms=round(value, 3), datasheet_ms=round(expected_ms(model, shape), 3))
+            Measured(
+                shape=shape,
+                measured_ms=round(value, 3),
+                datasheet_ms=round(expected_ms(model, shape), 3),
+                client_cpu_s=round(client_s, 4),
+            )
         )
         log.info(
             "profile %d/%d: %s: %.3g ms (the profile's figures: %.3g ms)",
@@ -277,6 +304,14 @@ def steady_tpot_ms(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, rate:
     return run(rate).p("tpot_s", 50) * 1e3
 
 
+def client_fixed_seconds(measured: list[Measured]) -> float:
+    """The client's CPU for a run of next to no requests (its start: tokenizer, prompts, session): the median
+    over the prefill shapes' runs, 8 prompts of 2 tokens each. A steady run's per-request figure leaves it out:
+    on the tiny model it was 0.33-0.5 s a run, most of what a 40-200 request probe's client spent."""
+    runs = [m.client_cpu_s for m in measured if m.shape.kind == "prefill" and m.client_cpu_s is not None]
+    return statistics.median(runs) if runs else 0.0
+
+
 def measure_steady(
     bench: benchmark.BenchClient,
     url: str,
@@ -285,32 +320,123 @@ def measure_steady(
     spec: ReleaseSpec,
     rate: float,
     engine_groups: Iterable[int] = (),
+    client_fixed_s: float = 0.0,
+    name: str = "steady.json",
 ) -> Steady:
     """The workload at a steady rate: its median TPOT, and the host's CPU per request (the API server,
-    the processes of `engine_groups` other than vLLM's engine core and workers, plus the client)."""
+    the processes of `engine_groups` other than vLLM's engine core and workers, plus the client's
+    beyond its `client_fixed_s` a run)."""
     n = max(100, math.ceil(rate * STEADY_SECONDS))
-    name = "steady.json"
     cmd = benchmark.bench_command([], url, str(model_dir), spec.workload, UNJUDGED, rate, n, 1, out_dir, name)
     before = interference.frontend_seconds(engine_groups)
-    path, client_s = bench.serve(cmd, out_dir, name, " on the steady load")
+    path, client_s = bench.serve(cmd, out_dir, name, f" on the steady load ({name})")
     frontend_s = interference.frontend_seconds(engine_groups) - before
     data = json.loads(path.read_text())
+    client_s = max(0.0, client_s - client_fixed_s)
     steady = Steady(
         rate=round(rate, 3),
         requests=n,
         measured_tpot_ms=round(float(data["median_tpot_ms"]), 3),
         host_ms_per_request=round((frontend_s + client_s) / n * 1e3, 3),
+        client_fixed_s=round(client_fixed_s, 4),
     )
     log.info(
-        "profile: steady load at %.3g req/s: median TPOT %.3g ms; host CPU %.3g ms a request (API server %.3g,"
-        " client %.3g)",
+        "profile: steady load at %.3g req/s (%s): median TPOT %.3g ms; host CPU %.3g ms a request (API server"
+        " %.3g, client %.3g beyond its %.2f s a run)",
         rate,
+        name,
         steady.measured_tpot_ms,
         steady.host_ms_per_request,
         frontend_s / n * 1e3,
         client_s / n * 1e3,
+        client_fixed_s,
     )
     return steady
+
+
+# of the engine's core the host work takes in the co-located check: below where the two-replica layout
+# here measured its limit (26-45 req/s a replica, 0.12-0.2 of each core), so the check reads a slowdown,
+# not a collapse
+COLOCATED_SHARE = 0.1
+
+
+def colocated_cost(beside_tpot_ms: float, shared_tpot_ms: float, share: float) -> float:
+    """k in 1 / (1 - k x share) that makes the TPOT beside the engine the one on its core: how many times
+    its own CPU time the host work costs an engine core it shares (at least 1, at most what saturates it)."""
+    if share <= 0 or shared_tpot_ms <= beside_tpot_ms:
+        return 1.0
+    return round(min(max(1.0, (1 - beside_tpot_ms / shared_tpot_ms) / share), host.SATURATED / share), 3)
+
+
+@contextmanager
+def host_on_engine_cores(engine: serving.LocalEngine, bench: benchmark.BenchClient) -> Iterator[bool]:
+    """The API server(s) and the client (the server its probes fork from) on the engine's cores for the
+    block, then back on the frontend's. Yields False where the placement keeps nothing apart."""
+    plan = engine.placement
+    cores = sorted({c for replica in plan.engine_cores for c in replica})
+    if not cores or not plan.frontend_cores or bench.group is None:
+        yield False
+        return
+    frontend = [
+        pid
+        for group in engine.groups
+        for pid, comm in serving.group_members(group).items()
+        if not comm.startswith(serving.ENGINE_TITLES)
+    ]
+    moved = [*frontend, bench.group]
+    for pid in moved:
+        serving.pin(pid, cores)
+    try:
+        yield True
+    finally:
+        for pid in moved:
+            serving.pin(pid, plan.frontend_cores)
+
+
+def measure_colocated(
+    bench: benchmark.BenchClient,
+    engine: serving.LocalEngine,
+    model_dir: Path,
+    out_dir: Path,
+    spec: ReleaseSpec,
+    rate: float,
+    host_ms: float,
+    client_fixed_s: float,
+) -> Colocated | None:
+    """The light load beside the engine, then with the host work on its cores (see `Colocated`); None
+    where the placement keeps nothing apart (nothing to compare)."""
+    if not engine.placement.frontend_cores or not engine.placement.engine_cores:
+        return None
+    bench.ensure()
+    beside = measure_steady(
+        bench, engine.url, model_dir, out_dir, spec, rate, engine.groups, client_fixed_s, "beside.json"
+    )
+    with host_on_engine_cores(engine, bench) as moved:
+        if not moved:
+            return None
+        shared = measure_steady(
+            bench, engine.url, model_dir, out_dir, spec, rate, engine.groups, client_fixed_s, "colocated.json"
+        )
+    cores = max(1, sum(len(replica) for replica in engine.placement.engine_cores))
+    share = rate * host_ms / 1e3 / cores
+    found = Colocated(
+        rate=round(rate, 3),
+        requests=beside.requests,
+        share=round(share, 4),
+        beside_tpot_ms=beside.measured_tpot_ms,
+        shared_tpot_ms=shared.measured_tpot_ms,
+        cost=colocated_cost(beside.measured_tpot_ms, shared.measured_tpot_ms, share),
+    )
+    log.info(
+        "profile: host work on the engine's core at %.3g req/s (%.2f of it): median TPOT %.3g ms vs %.3g ms"
+        " beside it: x%.3g its own CPU time",
+        rate,
+        share,
+        found.shared_tpot_ms,
+        found.beside_tpot_ms,
+        found.cost,
+    )
+    return found
 
 
 def split_request_overhead(
@@ -344,6 +470,7 @@ def fitted_profile(
     seconds: float,
     coefficients: Coefficients | None = None,
     steady: Steady | None = None,
+    colocated: Colocated | None = None,
 ) -> Profile:
     coefficients = coefficients or fit(spec, hw, layout, measured)
     fitted = step_time.step_model(spec, layout, at_hand(hw, coefficients))
@@ -358,6 +485,7 @@ def fitted_profile(
         coefficients=coefficients,
         shapes=measured,
         steady=steady,
+        colocated=colocated,
         fit_error=round(error, 4),
         seconds=round(seconds, 1),
     )
@@ -387,11 +515,24 @@ def run(
     with benchmark.running_layout(spec, hw, layout, model_dir, out_dir) as (engine, prober):
         measured = measure(prober.bench, engine.url, model_dir, out_dir, shapes, model)
         coefficients = fit(spec, hw, layout, measured)
-        rate = STEADY_SHARE * max_rate(spec, at_hand(hw, coefficients), layout)
-        steady = measure_steady(prober.bench, engine.url, model_dir, out_dir, spec, rate, engine.groups)
-    coefficients = split_request_overhead(spec, hw, layout, coefficients, steady)
-    coefficients.host_ms_per_request = steady.host_ms_per_request
-    return fitted_profile(spec, hw, layout, measured, time.monotonic() - started, coefficients, steady)
+        top = max_rate(spec, at_hand(hw, coefficients), layout)
+        fixed = client_fixed_seconds(measured)
+        steady = measure_steady(
+            prober.bench, engine.url, model_dir, out_dir, spec, STEADY_SHARE * top, engine.groups, fixed
+        )
+        light = min(0.3 * top, COLOCATED_SHARE * 1e3 / max(steady.host_ms_per_request, 1e-3))
+        colocated = measure_colocated(
+            prober.bench, engine, model_dir, out_dir, spec, light, steady.host_ms_per_request, fixed
+        )
+    coefficients = split_request_overhead(spec, hw, layout, coefficients, steady).model_copy(
+        update={
+            "host_ms_per_request": steady.host_ms_per_request,
+            "host_colocated_cost": colocated.cost if colocated else 1.0,
+        }
+    )
+    return fitted_profile(
+        spec, hw, layout, measured, time.monotonic() - started, coefficients, steady, colocated=colocated
+    )
 
 
 def table(profile: Profile) -> str:
@@ -403,6 +544,12 @@ def table(profile: Profile) -> str:
         rows.append(
             f"{f'steady {st.rate:.3g}/s':16} {st.measured_tpot_ms:12.3g} {st.fitted_tpot_ms or math.nan:10.3g}"
             f" {'-':>13}  (median TPOT of the workload)"
+        )
+    if profile.colocated:
+        co = profile.colocated
+        rows.append(
+            f"{f'on its core {co.rate:.3g}/s':16} {co.shared_tpot_ms:12.3g} {'-':>10} {'-':>13}  (median TPOT with"
+            f" the host work on the engine's core; {co.beside_tpot_ms:.3g} ms beside it: x{co.cost:.3g})"
         )
     return "\n".join(rows)
 
