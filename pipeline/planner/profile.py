@@ -10,8 +10,10 @@ together (their inter-token latency is a decode step of B). Five coefficients ar
 those times: the step overhead, a cost per sequence sampled in a step, a request overhead on every
 TTFT, and scales on the profile's compute and memory figures (relative least squares, so a 2 ms
 and a 40 ms step count alike). They are kept in the registry per hardware profile and engine
-image, and the planner uses them in place of the datasheet's. What they do not capture yet: costs
-that only appear under load (README, "Fitted on the engine at hand").
+image, and the planner uses them in place of the datasheet's. Steady loads of the workload then
+split the request overhead between latency and engine time, and measure the host's CPU per request
+and what it costs an engine whose core it shares (planner/host.py). What they do not capture yet:
+other costs that only appear under load (README, "Fitted on the engine at hand").
 """
 
 from __future__ import annotations
@@ -354,9 +356,9 @@ def measure_steady(
     return steady
 
 
-# of the engine's core the host work takes in the co-located check: below where the two-replica layout
-# here measured its limit (26-45 req/s a replica, 0.12-0.2 of each core), so the check reads a slowdown,
-# not a collapse
+# of the engine's core the host work takes in the co-located check. What it costs is not proportional
+# to it (README, "The host's share"): 0.1 read x3.95-4.23, which put the two-replica layout within
+# +12% and +50% of its measured rate; 0.2 read x1.66 (-20%)
 COLOCATED_SHARE = 0.1
 
 
