@@ -5,12 +5,12 @@ the API server (HTTP, tokenizing, streaming each token), the router and the load
 a layout leaves cores free for that work (cpu-local's one replica: the engine on one core, the
 rest on the other), it costs the engine nothing until those cores saturate; where the engines
 take every core (two replicas, one core each), it runs on the engines' cores and each step
-waits for it, and more than its CPU time: a woken API server waits behind engine processes that
-poll each other, and every switch costs the step. Both figures are measured on the engine at hand
-(the profile's steady loads: the API server's and the client's CPU seconds per request, and the
-median TPOT with that work moved onto the engine's core against the same load beside it). On a
-GPU server the host's many cores are not modeled as a bound: the figure is kept, the engines are
-not slowed.
+waits for it, losing more than its CPU time (on the tiny model ~4x at a tenth of a core: a woken
+API server takes its turn from the engine's processes, and each switch costs the step). Both
+figures are measured on the engine at hand (the profile's steady loads: the API server's and the
+client's CPU seconds per request, and the median TPOT with that work moved onto the engine's
+core against the same load beside it). On a GPU server the host's many cores are not modeled as
+a bound: the figure is kept, the engines are not slowed.
 """
 
 from __future__ import annotations
