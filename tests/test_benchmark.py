@@ -640,3 +640,45 @@ def test_the_front_reads_the_keep_alive_the_engines_get(monkeypatch):
     for bad in ("soon", "0"):
         with pytest.raises(ReleaseError, match=f"VLLM_HTTP_TIMEOUT_KEEP_ALIVE='{bad}'"):
             serving.engine_keep_alive_s({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": bad})
+
+
+@pytest.mark.parametrize("held", [40.0, None], ids=["held-the-slo", "held-no-rate"])
+def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held, tmp_path, monkeypatch):
+    """After its search, a layout's served answers are checked (the real check failing on a real engine:
+    the re-benchmark test's slowed engine, which held no rate): one that held the SLO and answers worse
+    fails, naming the task, its rate kept on record; one that held no rate is not checked in a release
+    (failed already: the check would be time lost). Engine, search and check are stand-ins here."""
+    from pipeline.stages import served_accuracy
+    from pipeline.stages.evaluate import EvalResult
+
+    loaded = load_spec(TINY_SPEC)
+    engine = type("Engine", (), {"url": "http://127.0.0.1:9", "load_seconds": [1.0]})()
+
+    @contextlib.contextmanager
+    def running(*args, **kwargs):
+        yield engine, None
+
+    checked = []
+
+    def check(url, *args, **kwargs):
+        checked.append(url)
+        return served_accuracy.ServedAccuracy(
+            passed=False, endpoint=url, limit=20, tasks=[], failures=["tiny_add: recovery 0.10 < 0.95"], seconds=2.0
+        )
+
+    monkeypatch.setattr(benchmark, "running_layout", running)
+    monkeypatch.setattr(
+        benchmark, "slo_search", lambda *args, **kwargs: benchmark.SearchOutcome(probes=[], max_slo_rate=held)
+    )
+    monkeypatch.setattr(served_accuracy, "check", check)
+    gate = EvalResult.model_construct()
+    result = benchmark.benchmark_layout(
+        loaded.spec, loaded.hardware, loaded.layout("single"), tmp_path, tmp_path, accuracy=(gate, gate)
+    )
+    if held:
+        assert checked == [engine.url] and result.status == "failed" and result.max_slo_rate == held
+        assert result.error == "serving-path accuracy: tiny_add: recovery 0.10 < 0.95"
+        assert result.served_accuracy and not result.served_accuracy.passed
+        assert benchmark.select([result], loaded.spec.slo).best is None  # never the release's layout
+    else:
+        assert checked == [] and result.status == "ok" and result.max_slo_rate is None
