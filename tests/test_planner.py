@@ -535,6 +535,16 @@ def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
     assert host.share(dear, single).slowdown(40) == 1.0  # its host work has a core of its own
     costly = planner.predict(spec, dear, pair, 64, 16)
     assert costly.rate_per_server < taxed["two-replicas"].rate_per_server and "x3 there" in costly.bound
+    # a replica's host work while it serves, whatever the rate: 0.3 cores + 10 ms a request caps the free core
+    # at (0.9 - 0.3) / 10 ms = 60 req/s; on the engines' cores each replica adds its own 0.3
+    looping = busy.performance.model_copy(update={"host_ms_per_request": 10.0, "host_busy_cores": 0.3})
+    lined = busy.model_copy(update={"performance": looping})
+    assert host.share(lined, single).slowdown(59) == 1.0 and math.isinf(host.share(lined, single).slowdown(61))
+    assert host.share(lined, pair).load(10) == pytest.approx(2 * (0.3 + 0.1))
+    assert host.share(lined, pair).slowdown(10) == pytest.approx(1 / (1 - 0.4))
+    capped = planner.predict(spec, lined, single, 64, 16)
+    assert capped.rate_per_server == pytest.approx(min(free["single"].rate_per_server, 60), rel=0.02)
+    assert "10 ms a request + 0.3 cores a replica" in capped.bound
 
 
 def test_the_host_work_is_measured_without_the_clients_start_and_priced_on_the_engines_core(tmp_path):
@@ -560,6 +570,17 @@ def test_the_host_work_is_measured_without_the_clients_start_and_priced_on_the_e
     assert steady.measured_tpot_ms == 12.5 and steady.client_fixed_s == 0.4
     whole = profiling.measure_steady(Client(), "http://x", tmp_path, tmp_path, spec, 25.0)
     assert whole.host_ms_per_request == pytest.approx(3.0)  # what the figure was before: 3x the truth
+
+    # the host's CPU is a line through the rates it was read at: 14.9 ms a request at 13 req/s and 4.5 at 138
+    # (as measured here) are 0.15 cores a replica + 3.4 ms a request; one rate: all of it per request
+    busy, per_request = profiling.host_line([(138.0, 4.5), (13.0, 14.9)])
+    assert busy == pytest.approx(0.149, abs=0.001) and per_request == pytest.approx(3.42, abs=0.01)
+    for rate, ms in ((138.0, 4.5), (13.0, 14.9)):
+        assert busy + rate * per_request / 1e3 == pytest.approx(rate * ms / 1e3, rel=1e-3)
+    assert profiling.host_line([(25.0, 6.0)]) == (0.0, 6.0) and profiling.host_line([]) == (0.0, 0.0)
+    # noise that would take a negative line: none of it fixed, the slope through both
+    busy, per_request = profiling.host_line([(10.0, 2.0), (100.0, 6.0)])
+    assert busy == 0.0 and per_request > 0
 
     # TPOT 10 ms beside the engine, 20 ms with 0.1 of its core in host work on it: 1 / (1 - k x 0.1) = 2, k = 5
     assert profiling.colocated_cost(10.0, 20.0, 0.1) == pytest.approx(5.0)

@@ -417,6 +417,15 @@ class DevicePerformance(Strict):
         float,
         Field(ge=0, description="CPU time a request costs outside the engine: API server, router, load client"),
     ] = 0.0
+    host_busy_cores: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="cores of host work a replica costs while it serves, whatever the rate (the API server's"
+            " loop turning once per engine step, the client's): with host_ms_per_request, a line through the CPU"
+            " measured at two rates",
+        ),
+    ] = 0.0
     host_colocated_cost: Annotated[
         float,
         Field(

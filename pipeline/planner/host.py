@@ -6,11 +6,14 @@ a layout leaves cores free for that work (cpu-local's one replica: the engine on
 rest on the other), it costs the engine nothing until those cores saturate; where the engines
 take every core (two replicas, one core each), it runs on the engines' cores and each step
 waits for it, losing more than its CPU time (on the tiny model ~4x at a tenth of a core: a woken
-API server takes its turn from the engine's processes, and each switch costs the step). Both
-figures are measured on the engine at hand (the profile's steady loads: the API server's and the
-client's CPU seconds per request, and the median TPOT with that work moved onto the engine's
-core against the same load beside it). On a GPU server the host's many cores are not modeled as
-a bound: the figure is kept, the engines are not slowed.
+API server takes its turn from the engine's processes, and each switch costs the step). The
+host's CPU is not proportional to the rate: part of it is paid while a replica serves at all (the
+API server's loop turns once per engine step whatever it carries), so it is a line, cores a
+replica plus milliseconds a request, through the CPU measured at two rates. All of it is measured
+on the engine at hand (the profile's steady loads: the API server's and the client's CPU seconds,
+and the median TPOT with that work moved onto the engine's core against the same load beside it).
+On a GPU server the host's many cores are not modeled as a bound: the figures are kept, the
+engines are not slowed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class HostShare(BaseModel):
     """Where a layout's host work runs and what it costs."""
 
     ms_per_request: float
+    busy_cores: float = 0.0  # a replica's, while it serves, whatever the rate
     colocated_cost: float = 1.0  # x ms_per_request an engine core loses when the host work shares it
     replicas: int
     engine_cores: int
@@ -35,13 +39,13 @@ class HostShare(BaseModel):
 
     def load(self, rate_per_replica: float) -> float:
         """Cores of host work at a per-replica rate."""
-        return rate_per_replica * self.replicas * self.ms_per_request / 1e3
+        return self.replicas * (self.busy_cores + rate_per_replica * self.ms_per_request / 1e3)
 
     def slowdown(self, rate_per_replica: float) -> float:
         """How much longer each engine step takes at that rate. With spare cores the host work is kept
         on them (serving.placement): 1 until they saturate, then inf. Without, the engines' cores lose
         its share of their time, inf once it saturates them."""
-        if self.spare_cores is None or self.ms_per_request <= 0:
+        if self.spare_cores is None or self.load(rate_per_replica) <= 0:
             return 1.0
         load = self.load(rate_per_replica)
         if self.spare_cores:
@@ -58,9 +62,10 @@ class HostShare(BaseModel):
 
     def describe(self, rate_per_replica: float) -> str:
         where = "their own cores" if self.spare_cores else f"the engines' cores, x{self.colocated_cost:.3g} there"
+        busy = f" + {self.busy_cores:.2g} cores a replica" if self.busy_cores else ""
         return (
-            f"host CPU {self.ms_per_request:.3g} ms a request ({self.load(rate_per_replica):.2f} cores at this rate,"
-            f" on {where})"
+            f"host CPU {self.ms_per_request:.3g} ms a request{busy} ({self.load(rate_per_replica):.2f} cores at this"
+            f" rate, on {where})"
         )
 
 
@@ -70,6 +75,7 @@ def share(hw: HardwareProfile, layout: Layout) -> HostShare:
     spare = float(max(0, hw.devices - layout.devices)) if hw.kind == "cpu" else None
     return HostShare(
         ms_per_request=perf.host_ms_per_request if perf else 0.0,
+        busy_cores=perf.host_busy_cores if perf else 0.0,
         colocated_cost=perf.host_colocated_cost if perf else 1.0,
         replicas=layout.replicas,
         engine_cores=layout.devices,
