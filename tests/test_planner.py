@@ -545,6 +545,8 @@ def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
     capped = planner.predict(spec, lined, single, 64, 16)
     assert capped.rate_per_server == pytest.approx(min(free["single"].rate_per_server, 60), rel=0.02)
     assert "10 ms a request + 0.3 cores a replica" in capped.bound
+    swamped = busy.model_copy(update={"performance": looping.model_copy(update={"host_busy_cores": 0.95})})
+    assert planner.predict(spec, swamped, single, 64, 16).bound.startswith("no rate: host CPU 10 ms a request")
 
 
 def test_the_host_work_is_measured_without_the_clients_start_and_priced_on_the_engines_core(tmp_path):
@@ -580,12 +582,13 @@ def test_the_host_work_is_measured_without_the_clients_start_and_priced_on_the_e
     assert profiling.host_line([(25.0, 6.0)]) == (0.0, 6.0) and profiling.host_line([]) == (0.0, 0.0)
     # noise that would take a negative line: none of it fixed, the slope through both
     busy, per_request = profiling.host_line([(10.0, 2.0), (100.0, 6.0)])
-    assert busy == 0.0 and per_request > 0
+    assert busy == 0.0 and per_request == pytest.approx(5.96, abs=0.01)  # 0.02 and 0.6 cores through the origin
 
     # TPOT 10 ms beside the engine, 20 ms with 0.1 of its core in host work on it: 1 / (1 - k x 0.1) = 2, k = 5
     assert profiling.colocated_cost(10.0, 20.0, 0.1) == pytest.approx(5.0)
     assert profiling.colocated_cost(10.0, 9.0, 0.1) == 1.0  # no slower (noise): its own time, no less
     assert profiling.colocated_cost(10.0, 1000.0, 0.1) == pytest.approx(9.0)  # saturated: at most 0.9 of the core
+    assert profiling.colocated_cost(10.0, 20.0, 0.95) == 1.0  # host work alone past 0.9 of it: never below its own time
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs an engine core and a frontend core")
@@ -625,6 +628,13 @@ def test_the_colocated_check_moves_the_api_server_and_the_client_onto_the_engine
             frontend_core
         }
         assert os.sched_getaffinity(core_pid) == {engine_core}  # the engine's own processes stay where they were
+        # an error inside the block (a probe that failed) still puts everything back where it was
+        with pytest.raises(RuntimeError), profiling.host_on_engine_cores(engine, bench):
+            assert os.sched_getaffinity(client.pid) == {engine_core}
+            raise RuntimeError("probe failed")
+        assert os.sched_getaffinity(group.pid) == {frontend_core} and os.sched_getaffinity(client.pid) == {
+            frontend_core
+        }
         # a placement that keeps nothing apart (no frontend cores): nothing to move, no measurement
         engine.placement = serving.Placement(engine_cores=[[engine_core]])
         with profiling.host_on_engine_cores(engine, bench) as moved:

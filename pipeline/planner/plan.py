@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -75,6 +76,8 @@ def predict(
     shares: dict[str, float] = {}
     ttft = tpot = step_ms = per_step = None
     binding, bound = "-", "no rate meets the SLO"
+    if math.isinf(hosted.slowdown(0.0)):  # the replicas' own host work fills its cores before any request
+        bound = f"no rate: {hosted.describe(0.0)}"
     if search.rate > 0:
         at = run(search.rate, model.cost)
         total = sum(at.seconds_by_bound.values()) or 1.0

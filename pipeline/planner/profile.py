@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -312,7 +313,7 @@ def steady_tpot_ms(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, rate:
 
 def client_fixed_seconds(measured: list[Measured]) -> float:
     """The client's CPU for a run of next to no requests (its start: tokenizer, prompts, session): the median
-    over the prefill shapes' runs, 8 prompts of 2 tokens each. A steady run's per-request figure leaves it out:
+    over the prefill shapes' runs, 8 requests of 2 output tokens each. A steady run's per-request figure leaves it out:
     on the tiny model it was 0.33-0.5 s a run, most of what a 40-200 request probe's client spent."""
     runs = [m.client_cpu_s for m in measured if m.shape.kind == "prefill" and m.client_cpu_s is not None]
     return statistics.median(runs) if runs else 0.0
@@ -371,7 +372,7 @@ def colocated_cost(beside_tpot_ms: float, shared_tpot_ms: float, share: float) -
     its own CPU time the host work costs an engine core it shares (at least 1, at most what saturates it)."""
     if share <= 0 or shared_tpot_ms <= beside_tpot_ms:
         return 1.0
-    return round(min(max(1.0, (1 - beside_tpot_ms / shared_tpot_ms) / share), host.SATURATED / share), 3)
+    return round(max(1.0, min((1 - beside_tpot_ms / shared_tpot_ms) / share, host.SATURATED / share)), 3)
 
 
 @contextmanager
@@ -389,14 +390,17 @@ def host_on_engine_cores(engine: serving.LocalEngine, bench: benchmark.BenchClie
         for pid, comm in serving.group_members(group).items()
         if not comm.startswith(serving.ENGINE_TITLES)
     ]
-    moved = [*frontend, bench.group]
-    for pid in moved:
-        serving.pin(pid, cores)
+    before: dict[int, set[int]] = {}
     try:
+        for pid in [*frontend, bench.group]:
+            with suppress(OSError):  # gone since: nothing to move, nothing to restore
+                before[pid] = os.sched_getaffinity(pid)
+                serving.pin(pid, cores)
         yield True
     finally:
-        for pid in moved:
-            serving.pin(pid, plan.frontend_cores)
+        for pid, was in before.items():
+            with suppress(OSError):
+                serving.pin(pid, sorted(was))
 
 
 def measure_colocated(
@@ -410,9 +414,13 @@ def measure_colocated(
 ) -> Colocated | None:
     """The light load beside the engine, then with the host work on its cores (see `Colocated`); None
     where the placement keeps nothing apart (nothing to compare)."""
-    if not engine.placement.frontend_cores or not engine.placement.engine_cores:
-        return None
+    plan = engine.placement
+    engine_cores = {c for replica in plan.engine_cores for c in replica}
+    if not plan.frontend_cores or not engine_cores or plan.shared or engine_cores & set(plan.frontend_cores):
+        return None  # the host work already shares the engines' cores: "beside" would not be
     bench.ensure()
+    if bench.group is None:
+        return None
     beside = measure_steady(
         bench, engine.url, model_dir, out_dir, spec, rate, engine.groups, client_fixed_s, "beside.json"
     )
@@ -540,7 +548,8 @@ def run(
         steady = measure_steady(
             prober.bench, engine.url, model_dir, out_dir, spec, STEADY_SHARE * top, engine.groups, fixed
         )
-        light = min(0.3 * top, COLOCATED_SHARE * 1e3 / max(steady.host_ms_per_request, 1e-3))
+        cores = max(1, sum(len(replica) for replica in engine.placement.engine_cores))
+        light = min(0.3 * top, COLOCATED_SHARE * cores * 1e3 / max(steady.host_ms_per_request, 1e-3))
         colocated = measure_colocated(prober.bench, engine, model_dir, out_dir, spec, light, fixed)
     loads = [(steady.rate, steady.host_ms_per_request)]
     if colocated:
