@@ -45,9 +45,9 @@ class HostShare(BaseModel):
         """How much longer each engine step takes at that rate. With spare cores the host work is kept
         on them (serving.placement): 1 until they saturate, then inf. Without, the engines' cores lose
         its share of their time, inf once it saturates them."""
-        if self.spare_cores is None or self.load(rate_per_replica) <= 0:
-            return 1.0
         load = self.load(rate_per_replica)
+        if self.spare_cores is None or load <= 0:
+            return 1.0
         if self.spare_cores:
             return 1.0 if load < self.spare_cores * SATURATED else math.inf
         share = self.colocated_cost * load / self.engine_cores

@@ -380,7 +380,7 @@ def host_on_engine_cores(engine: serving.LocalEngine, bench: benchmark.BenchClie
     """The API server(s) and the client (the server its probes fork from) on the engine's cores for the
     block, then back on the frontend's. Yields False where the placement keeps nothing apart."""
     plan = engine.placement
-    cores = sorted({c for replica in plan.engine_cores for c in replica})
+    cores = plan.all_engine_cores
     if not cores or not plan.frontend_cores or bench.group is None:
         yield False
         return
@@ -415,7 +415,7 @@ def measure_colocated(
     """The light load beside the engine, then with the host work on its cores (see `Colocated`); None
     where the placement keeps nothing apart (nothing to compare)."""
     plan = engine.placement
-    engine_cores = {c for replica in plan.engine_cores for c in replica}
+    engine_cores = set(plan.all_engine_cores)
     if not plan.frontend_cores or not engine_cores or plan.shared or engine_cores & set(plan.frontend_cores):
         return None  # the host work already shares the engines' cores: "beside" would not be
     bench.ensure()
@@ -430,8 +430,7 @@ def measure_colocated(
         shared = measure_steady(
             bench, engine.url, model_dir, out_dir, spec, rate, engine.groups, client_fixed_s, "colocated.json"
         )
-    cores = max(1, sum(len(replica) for replica in engine.placement.engine_cores))
-    share = rate * beside.host_ms_per_request / 1e3 / cores
+    share = rate * beside.host_ms_per_request / 1e3 / len(engine_cores)
     found = Colocated(
         rate=round(rate, 3),
         requests=beside.requests,
@@ -548,7 +547,7 @@ def run(
         steady = measure_steady(
             prober.bench, engine.url, model_dir, out_dir, spec, STEADY_SHARE * top, engine.groups, fixed
         )
-        cores = max(1, sum(len(replica) for replica in engine.placement.engine_cores))
+        cores = max(1, len(engine.placement.all_engine_cores))
         light = min(0.3 * top, COLOCATED_SHARE * cores * 1e3 / max(steady.host_ms_per_request, 1e-3))
         colocated = measure_colocated(prober.bench, engine, model_dir, out_dir, spec, light, fixed)
     loads = [(steady.rate, steady.host_ms_per_request)]

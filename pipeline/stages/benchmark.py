@@ -899,7 +899,7 @@ def running_layout(
     bench = bench_client(hw, commands[0].env, plan.frontend_cores)
     # the client's vLLM import runs while the engines load, on the engine cores: they stay idle
     # until each replica is up (it loads on the frontend cores), so neither waits for the other
-    bench.launch(sorted({c for cores in plan.engine_cores for c in cores} - set(plan.frontend_cores)))
+    bench.launch(sorted(set(plan.all_engine_cores) - set(plan.frontend_cores)))
     try:
         with engine, serving.isolated(engine.groups, plan.other_cores):  # nothing else on the compute cores
             log.info("placement: %s", "; ".join(f"{k}: {v}" for k, v in plan.describe().items()))

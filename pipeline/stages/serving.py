@@ -176,6 +176,11 @@ class Placement(BaseModel):
     )
     shared: list[int] = Field(default_factory=list, description="engine cores that the frontend or others share")
 
+    @property
+    def all_engine_cores(self) -> list[int]:
+        """Every replica's engine cores, once each."""
+        return sorted({c for replica in self.engine_cores for c in replica})
+
     def describe(self) -> dict[str, str]:
         if not self.engine_cores:
             return {
