@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 class LoadClient:
-    def __init__(self, url: str, rate: float, max_tokens: int = 16, seed: int = 0):
-        self.url, self.rate, self.max_tokens = url, rate, max_tokens
+    def __init__(self, url: str, rate: float, max_tokens: int = 16, prompt_repeats: int = 8, seed: int = 0):
+        # a prompt is `prompt_repeats` sums of two 2-digit numbers: 6 tokens each (byte-level tokenizer)
+        self.url, self.rate, self.max_tokens, self.prompt_repeats = url, rate, max_tokens, prompt_repeats
         self.random = random.Random(seed)
         self.sent = self.ok = 0
         self.errors: list[str] = []
@@ -35,7 +36,7 @@ class LoadClient:
     def _send(self) -> None:
         while not self.stopping.wait(self.random.expovariate(self.rate)):
             a, b = self.random.randrange(10, 99), self.random.randrange(10, 99)
-            self.pool.submit(self._one, f"{a}+{b}=" * 8)
+            self.pool.submit(self._one, f"{a}+{b}=" * self.prompt_repeats)
             with self.lock:
                 self.sent += 1
 

@@ -267,10 +267,10 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
     name = load_spec(spec).spec.name
     artifact = fp8_artifact
     try:
-        # its recorded SLO rate sets the load below: 20 req/s, an eighth of what `single` holds with the
+        # its recorded SLO rate sets the load below: 30 req/s, a fifth of what `single` holds with the
         # whole machine (README); at half of that a rollout shares 2 cores with 80 req/s of load, and
         # engines started beside a saturated one stall for minutes in their CPU binding (measured)
-        first, _ = candidate(reg, spec, artifact, run="first", rate=20.0)
+        first, _ = candidate(reg, spec, artifact, run="first", rate=30.0)
         live = promote.promote(reg, first.id)
         url = local_target.endpoint(load_spec(spec).spec)
         assert live.status == "live" and live.data["endpoint"] == url
@@ -297,9 +297,10 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
         ).model_dump(mode="json")
         scores = {"baseline": gate_side, "candidate": gate_side}
 
-        # from here on a client sends half the live release's SLO rate through the live endpoint
+        # from here on a client sends half the live release's SLO rate (15 req/s) through the live
+        # endpoint, prompts of 96 tokens (16 sums): light for a whole engine, see the slow release below
         rate = reg.get(first.id).facts.rate_per_server / 2
-        with LoadClient(url, rate) as load:
+        with LoadClient(url, rate, prompt_repeats=16) as load:
             # a good second release takes the traffic in the spec's steps, each judged on live p90s
             # after its answers passed
             second_spec = tiny_spec(own_name, name="second.yaml")
@@ -317,8 +318,12 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
             assert steps[0]["queries"]["old_p90_ttft"]["value"] is not None  # the old release, same window
 
             # a release that cannot hold its half of the load (one sequence at a time, a token budget of
-            # one token per step, no compiled graph: 0.21-0.25 s a request alone here, ~4.3 req/s) is
-            # aborted at its first step by the analysis; the second release never stops serving
+            # one token per step, no compiled graph: a step per prompt token) is
+            # aborted at its first step by the analysis; the second release never stops serving. Its
+            # margin is the point: with the load's earlier 48-token prompts at 10 req/s (64 steps, at
+            # most ~6 req/s when the host is quick, 5 offered) a CI run's step 1 passed and only step 2
+            # aborted; now 112 steps a request against 7.5 offered (7 finished in step 1's 6 s here,
+            # p90 TTFT 6.75 s)
             slow_args = {"max-num-seqs": 1, "max-num-batched-tokens": 1, "enforce-eager": True}
             slow_spec = tiny_spec(
                 lambda d: own_name(d, lambda d: d["layouts"][0]["engine_args"].update(slow_args)), name="slow.yaml"
