@@ -16,6 +16,7 @@ import pytest
 from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
 from pipeline.stages import benchmark, serving
 from tests.conftest import PROD_SPEC, TINY_SPEC
+from tests.processes import engine_processes
 from tests.simserver import true_max_rate
 
 # measures CPU use or latency: never beside the tiny model's training (conftest)
@@ -129,6 +130,31 @@ def test_quantile_interval_covers_the_true_p90():
     assert covered / 200 >= 0.9
 
 
+def fixed_probe(rate: float, n: int, p90: float, slo: SloSpec, achieved: float | None = None) -> benchmark.Probe:
+    """A judged probe whose p90 TTFT is `p90` ms (TPOT 5 ms), as a stand-in engine would give."""
+    achieved = rate if achieved is None else achieved
+    probe = benchmark.Probe(
+        rate=rate,
+        num_prompts=n,
+        achieved_rate=achieved,
+        completed=n,
+        failed=0,
+        failed_fraction=0.0,
+        duration_s=n / max(achieved, 1e-9),
+        output_tok_s=0.0,
+        p50_ttft_ms=p90 / 3,
+        p90_ttft_ms=p90,
+        p99_ttft_ms=p90 * 2,
+        p50_tpot_ms=5,
+        p90_tpot_ms=5,
+        p99_tpot_ms=5,
+        p90_itl_ms=5,
+        p90_e2el_ms=p90,
+    )
+    benchmark.judge(probe, slo)
+    return probe
+
+
 def mm1_run(mu: float, slo: SloSpec, noise: float = 0.0, seed: int = 0):
     """A probe from the M/M/1 model itself (p90 TTFT = ln 10 / (mu - rate)), with optional noise."""
     rng = random.Random(seed)
@@ -137,26 +163,7 @@ def mm1_run(mu: float, slo: SloSpec, noise: float = 0.0, seed: int = 0):
         achieved = min(rate, mu * 0.98) if not math.isinf(rate) else mu
         p90 = math.log(10) / max(mu - rate, 1e-3) * 1000 if rate < mu else 1e6
         p90 *= 1 + rng.uniform(-noise, noise)
-        probe = benchmark.Probe(
-            rate=rate,
-            num_prompts=n,
-            achieved_rate=achieved,
-            completed=n,
-            failed=0,
-            failed_fraction=0.0,
-            duration_s=n / max(achieved, 1e-9),
-            output_tok_s=0.0,
-            p50_ttft_ms=p90 / 3,
-            p90_ttft_ms=p90,
-            p99_ttft_ms=p90 * 2,
-            p50_tpot_ms=5,
-            p90_tpot_ms=5,
-            p99_tpot_ms=5,
-            p90_itl_ms=5,
-            p90_e2el_ms=p90,
-        )
-        benchmark.judge(probe, slo)
-        return probe
+        return fixed_probe(rate, n, p90, slo, achieved)
 
     return run
 
@@ -358,20 +365,6 @@ def test_the_prediction_is_kept_beside_the_measurement_with_its_error():
     assert "      120   +25%" in line, line
 
 
-def engine_processes(groups: set[int] | None = None) -> list[str]:
-    """Live (not zombie) engine API servers, vLLM EngineCore/worker processes and nginx masters (of
-    the process `groups` only, when given)."""
-    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
-    found = []
-    for line in out.splitlines():
-        pgid, stat, args = line.split(None, 2)
-        if groups is not None and int(pgid) not in groups:
-            continue
-        if not stat.startswith("Z") and re.search(r"vllm_cli\.py serve|VLLM::|nginx: (master|worker)", args):
-            found.append(args)
-    return found
-
-
 @pytest.mark.slow
 def test_engine_that_fails_to_start_marks_the_layout_failed(tiny_model_dir, tmp_path):
     loaded = load_spec(TINY_SPEC)
@@ -421,8 +414,8 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
             groups = {int(g) for g in line[2:]}
             running = engine_processes(groups)
             replicas = 2 if sig == signal.SIGKILL else 1
-            assert sum("VLLM::" in p for p in running) >= 2 * replicas, running  # EngineCore and worker each
-            assert any("nginx: worker" in p for p in running) == (replicas > 1), running
+            assert sum("VLLM::" in p for _, p in running) >= 2 * replicas, running  # EngineCore and worker each
+            assert any("nginx: worker" in p for _, p in running) == (replicas > 1), running
             assert serving.healthy(line[1])  # nginx in front of both replicas, or the one engine
             os.kill(proc.pid, sig)
             proc.wait(60)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from pipeline.embedded.airflow_standalone import Standalone, ensure_db, standalo
 from pipeline.release import local_target, step_review
 from pipeline.release.registry import Registry
 from tests.conftest import TINY_SPEC
+from tests.processes import engine_processes
 from tests.s3server import MotoServer, free_port
 from tests.test_step_review import STEP_DAG
 
@@ -223,17 +222,6 @@ def test_each_rollout_step_is_a_task_a_reviewer_answers_and_no_answer_is_the_ver
         (2, False, True),
     ]
     assert aborted["steps"][1]["reasons"] == ["aborted by reviewer reviewer: p90 TPOT creeping up"]
-
-
-def engine_processes() -> list[tuple[int, str]]:
-    """(process group, command) of live engine API servers, vLLM EngineCore/worker processes and nginx."""
-    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines()]
-    return [
-        (int(pgid), args)
-        for pgid, stat, args in rows
-        if not stat.startswith("Z") and re.search(r"vllm_cli\.py serve|VLLM::|nginx: (master|worker)", args)
-    ]
 
 
 def check_benchmark_outputs(files: dict[str, str], layouts: list[str]) -> str:
