@@ -178,7 +178,8 @@ def test_search_finds_the_true_rate_with_half_the_runs_of_a_sweep(mu, limit):
     assert outcome.max_slo_rate <= truth  # the answer is a rate that passed
     sweep, swept = benchmark.uniform_sweep(mm1_run(mu, slo), outcome.capacity, workload, slo)
     assert len(outcome.probes) <= len(sweep) / 2
-    assert not outcome.bound_only and "narrowed" in outcome.stop_reason
+    # closed by a fail above the answer, or by the passes' line: never by the budget
+    assert not outcome.bound_only and re.search(r"narrowed to|meets the SLO's edge", outcome.stop_reason)
     assert len(outcome.deciding_p90_ttft_ms) == 2 and outcome.spread is not None  # the answer was repeated
 
 
@@ -263,6 +264,35 @@ def test_a_prior_below_the_truth_closes_from_below_on_the_line_through_two_passe
     assert outcome.probes[-1].rate == outcome.probes[-2].rate == outcome.max_slo_rate  # the answer, repeated
     assert truth * (1 - slo.resolution / 2) <= outcome.max_slo_rate < truth
     assert "the line through the two highest passes meets the SLO's edge within 2.5%" in outcome.stop_reason
+
+    # the same line closes a bracket: from 10% low, the step up fails and the secant's next probe
+    # passes just below the edge; the line through that pass and the prior's puts the edge within
+    # 2.5% above it, so it is repeated and kept without narrowing the bracket further (5 probes until
+    # 2026-12-04)
+    outcome = benchmark.slo_search(mm1_run(60.0, slo), WorkloadSpec(input_len=1, output_len=2), slo, prior=truth * 0.9)
+    assert [p.passed for p in outcome.probes] == [True, False, True, True], outcome.stop_reason
+    assert truth * (1 - slo.resolution / 2) <= outcome.max_slo_rate < truth
+    assert re.search(r"meets the SLO's edge within 2.5% above it, at [\d.]+; fails at", outcome.stop_reason)
+
+
+def test_a_bracket_no_wider_than_the_resolution_closes_on_its_secant():
+    """Near the edge a verdict is a coin toss within the latencies' noise: a bracket no wider than
+    the resolution whose pass-to-fail line meets the edge within half the resolution above the pass
+    is not narrowed further. A server whose margin falls steeply just past the truth (the knee)."""
+    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    truth = 50.0
+
+    def knee(rate: float, n: int, seed: int) -> benchmark.Probe:
+        # margin 1.3 at 0.92 x truth falling linearly to 1 at the truth, then to 0.8 at 1.04 x truth
+        x = rate / truth
+        margin = 1 + (1 - x) * 0.3 / 0.08 if x <= 1 else 1 - (x - 1) * 5
+        return fixed_probe(rate, n, 200 / max(margin, 0.05), slo)
+
+    # the step up from a prior 1% low is capped by its margin (1.0375): a fail 2.7% above the truth
+    outcome = benchmark.slo_search(knee, WorkloadSpec(input_len=1, output_len=2), slo, prior=truth * 0.99)
+    rates = [(round(p.rate / truth, 3), p.passed) for p in outcome.probes]
+    assert rates == [(0.99, True), (1.027, False), (0.99, True)], (rates, outcome.stop_reason)
+    assert outcome.stop_reason.startswith("narrowed to 3.6%: passes at 49.5 (2 runs), fails at 51.4; the line")
 
 
 def test_an_engine_failing_every_request_is_called_missed_in_growing_steps():

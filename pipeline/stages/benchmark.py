@@ -357,9 +357,12 @@ def slo_search(
     two probes on one side, the next goes where the line through their margins (`margin`) meets
     the SLO's edge, within those steps (just below it from two passes: a pass there whose line
     puts the edge within half the resolution above it is the answer, as a queue's edge lies at
-    or below that line). Inside a bracket each probe aims just past the secant's
-    edge (a quarter of the resolution), on the side the last probe did not land on, and bisects
-    when one side won twice running, until the bracket is half the resolution wide; the answer
+    or below that line; so it is inside a bracket, where the passes are those below its fail).
+    Inside a bracket each probe aims just past the secant's edge (a quarter of the resolution),
+    on the side the last probe did not land on, and bisects when one side won twice running,
+    until the bracket is half the resolution wide, or no wider than the resolution with the
+    secant's edge within half the resolution above the pass (near the edge a verdict is a coin
+    toss within the latencies' noise: narrowing further buys little but probes); the answer
     is repeated `workload.repeats` times: a repeat that fails moves the answer down. A probe
     whose interference (CPU used by other processes) exceeds `workload.max_interference` cores
     is run again.
@@ -455,6 +458,17 @@ def slo_search(
         worst = min(margin(p, slo) for p in runs[rate])
         return rate, max(worst, 1.0) if holds(rate) else min(worst, NEAR_MISS)
 
+    def secant_close(lo: float, hi: float) -> bool:
+        """The line from the pass to the fail meets the edge within half the resolution above the pass."""
+        edge = crossing([point(lo), point(hi)])
+        return edge is not None and edge <= lo * (1 + res / 2)
+
+    def closed_between(lo: float, hi: float) -> bool:
+        """A bracket no wider than the resolution whose line (pass to fail) meets the edge within half
+        the resolution above the pass: the pass is the answer, as when closing from below; narrowing
+        further would spend probes on verdicts within the latencies' noise of the edge."""
+        return (hi - lo) / hi <= res and secant_close(lo, hi)
+
     if prior:
         start, step = prior, UP_WITH_PRIOR
     else:
@@ -471,12 +485,17 @@ def slo_search(
         failed = [r for r in runs if not holds(r)]
         hi = min(failed, default=None)
         lo = max((r for r in runs if holds(r) and (hi is None or r < hi)), default=None)
-        passes = sorted(r for r in runs if holds(r))[-2:] if hi is None else []
-        # all passed so far: where the line through the two highest passes meets the edge. A queue's
+        passes = sorted(r for r in runs if holds(r) and (hi is None or r < hi))[-2:]
+        # where the line through the two highest passes (below any fail) meets the edge. A queue's
         # margin falls at least linearly with the rate (`margin`), so the edge lies at or below that
-        # line's crossing: within half the resolution above lo, lo is the answer (once repeated)
-        edge_above = crossing([point(r) for r in passes]) if hi is None and len(passes) == 2 else None
+        # line's crossing: within half the resolution above lo, lo is the answer (once repeated),
+        # whether or not a fail above brackets it
+        edge_above = crossing([point(r) for r in passes]) if len(passes) == 2 else None
         closed_below = edge_above is not None and lo is not None and edge_above <= lo * (1 + res / 2)
+        if closed_below and hi is not None and lo is not None:
+            # with a fail above, its line must agree: two noisy passes close together can put the edge
+            # just above them when fails near the edge were noise (an answer 5.7% low in the benchmark)
+            closed_below = secant_close(lo, hi)
         if hi is None and not closed_below:
             # all passed: step up, or go just below where the line through the two highest passes
             # meets the edge (a pass there closes the search from below; a fail brackets it)
@@ -507,7 +526,7 @@ def slo_search(
                 return finish(None, f"SLO missed even at {hi:.3g} req/s")
             if spent():
                 return finish(None, f"probe budget ({max_probes}) spent; the SLO fails down to {hi:.3g} req/s", True)
-        elif hi is not None and (hi - lo) / hi > res / 2:
+        elif hi is not None and (hi - lo) / hi > res / 2 and not closed_below and not closed_between(lo, hi):
             # narrow the bracket to half the resolution, so the reported (last passing) rate is within
             # the resolution of the true edge even when the edge sits at the top of the bracket: aim just
             # past the secant's edge, on the side the last probe did not land on, so that two probes
@@ -536,11 +555,19 @@ def slo_search(
                 log.warning("the answer %.3g req/s failed its repeat; searching below it", lo)
                 verdicts.clear()
             continue
-        elif hi is None:
+        elif closed_below:
             return finish(
                 lo,
                 f"passes at {lo:.3g} ({len(runs[lo])} runs); the line through the two highest passes meets "
-                f"the SLO's edge within {res / 2:.1%} above it, at {edge_above:.3g}",
+                f"the SLO's edge within {res / 2:.1%} above it, at {edge_above:.3g}"
+                + (f"; fails at {hi:.3g}" if hi is not None else ""),
+            )
+        elif hi is not None and (hi - lo) / hi > res / 2:
+            return finish(
+                lo,
+                f"narrowed to {(hi - lo) / hi:.1%}: passes at {lo:.3g} ({len(runs[lo])} runs), fails at {hi:.3g}; "
+                f"the line between them meets the SLO's edge within {res / 2:.1%} above the pass, "
+                f"at {crossing([point(lo), point(hi)]):.3g}",
             )
         else:
             return finish(
