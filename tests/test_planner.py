@@ -591,6 +591,66 @@ def test_the_host_work_is_measured_without_the_clients_start_and_priced_on_the_e
     assert profiling.colocated_cost(10.0, 20.0, 0.95) == 1.0  # host work alone past 0.9 of it: never below its own time
 
 
+def test_the_colocated_check_prices_the_light_loads_own_share_of_the_engines_cores(tmp_path, monkeypatch):
+    """`measure_colocated` with a stand-in client and placement: the same light load beside the engine
+    and with the host work on its cores; the share is the light load's own host CPU over the engine's
+    cores, and k what makes the TPOT beside the one on them. Where the placement keeps nothing apart
+    (or shares cores already) there is nothing to compare."""
+    from contextlib import contextmanager
+
+    from pipeline.planner import profile as profiling
+    from pipeline.stages import serving
+
+    moved: list[str] = []
+
+    @contextmanager
+    def on_engine_cores(engine, bench):  # the pinning itself: the test above
+        moved.append("in")
+        yield True
+        moved.append("out")
+
+    monkeypatch.setattr(profiling, "host_on_engine_cores", on_engine_cores)
+    runs: list[tuple[str, bool]] = []
+
+    class Client:
+        group = 4242
+
+        def ensure(self):
+            pass
+
+        def serve(self, argv, out_dir, name, what=""):
+            runs.append((name, moved[-1:] == ["in"]))
+            n = int(argv[argv.index("--num-prompts") + 1])
+            tpot = 20.0 if name == "colocated.json" else 10.0  # twice as slow with the host work on its core
+            (out_dir / name).write_text(json.dumps({"median_tpot_ms": tpot}))
+            return out_dir / name, 0.4 + n * 0.002  # the run's start, then 2 ms a request
+
+    spec = load_spec(TINY_SPEC).spec
+    engine = type("Engine", (), {"url": "http://x", "groups": []})()
+    for cores, share, cost in (([[0]], 0.05, 10.0), ([[0], [1]], 0.025, 20.0)):
+        runs.clear()
+        engine.placement = serving.Placement(engine_cores=cores, frontend_cores=[2])
+        found = profiling.measure_colocated(Client(), engine, tmp_path, tmp_path, spec, 25.0, 0.4)
+        assert runs == [("beside.json", False), ("colocated.json", True)]  # beside first, then on the cores
+        # 25 req/s x 2 ms = 0.05 of one core (0.025 of two); 1 / (1 - k x share) = 2
+        assert found.rate == 25.0 and found.beside_host_ms_per_request == pytest.approx(2.0)
+        assert found.share == pytest.approx(share) and found.cost == pytest.approx(cost)
+        assert (found.beside_tpot_ms, found.shared_tpot_ms) == (10.0, 20.0)
+    for nothing_apart in (
+        serving.Placement(engine_cores=[[0]]),  # no frontend cores
+        serving.Placement(engine_cores=[[0]], frontend_cores=[0]),  # the frontend on the engine's core
+    ):
+        engine.placement = nothing_apart
+        runs.clear()
+        assert profiling.measure_colocated(Client(), engine, tmp_path, tmp_path, spec, 25.0, 0.4) is None
+        assert runs == []
+    # the light load: 0.1 of every engine core by the steady figure, at most 0.3 of the predicted max
+    assert profiling.light_rate(1000.0, 1, 4.0) == pytest.approx(25.0)
+    assert profiling.light_rate(1000.0, 2, 4.0) == pytest.approx(50.0)
+    assert profiling.light_rate(50.0, 2, 4.0) == pytest.approx(15.0)
+    assert profiling.light_rate(1000.0, 0, 4.0) == pytest.approx(25.0)  # no pinned core: one
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs an engine core and a frontend core")
 def test_the_colocated_check_moves_the_api_server_and_the_client_onto_the_engines_core_and_back():
     """What `host_on_engine_cores` moves: the engine group's processes other than vLLM's engine core and

@@ -367,6 +367,12 @@ def measure_steady(
 COLOCATED_SHARE = 0.1
 
 
+def light_rate(top: float, engine_cores: int, host_ms_per_request: float) -> float:
+    """The co-located check's load: host work of `COLOCATED_SHARE` of every engine core by the steady
+    load's figure, and never more than 0.3 of the predicted max rate (a light load, not a queue)."""
+    return min(0.3 * top, COLOCATED_SHARE * max(1, engine_cores) * 1e3 / max(host_ms_per_request, 1e-3))
+
+
 def colocated_cost(beside_tpot_ms: float, shared_tpot_ms: float, share: float) -> float:
     """k in 1 / (1 - k x share) that makes the TPOT beside the engine the one on its core: how many times
     its own CPU time the host work costs an engine core it shares (at least 1, at most what saturates it)."""
@@ -547,8 +553,7 @@ def run(
         steady = measure_steady(
             prober.bench, engine.url, model_dir, out_dir, spec, STEADY_SHARE * top, engine.groups, fixed
         )
-        cores = max(1, len(engine.placement.all_engine_cores))
-        light = min(0.3 * top, COLOCATED_SHARE * cores * 1e3 / max(steady.host_ms_per_request, 1e-3))
+        light = light_rate(top, len(engine.placement.all_engine_cores), steady.host_ms_per_request)
         colocated = measure_colocated(prober.bench, engine, model_dir, out_dir, spec, light, fixed)
     loads = [(steady.rate, steady.host_ms_per_request)]
     if colocated:
