@@ -17,7 +17,6 @@ reached here, by the same code as the local measurement's.
 
 from __future__ import annotations
 
-import pendulum
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
@@ -31,10 +30,12 @@ from pipeline.release.rebenchmark import scheduled_specs
 def rebenchmark_dag(name: str, spec_path: str, cron: str, execution: str):
     @dag(
         dag_id=f"rebenchmark__{name.replace('-', '_').replace('.', '_')}",
+        # no start date: the first scheduled run is the next cron point, not the last one missed. With
+        # one, Airflow ran every spec's slot of the day the moment the DAG appeared (two re-benchmarks
+        # starting with the embedded Airflow held its SQLite lock 60 s and failed a REST trigger in CI)
         schedule=AssetOrTimeSchedule(
-            timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=(LIVE | ENGINE_IMAGE)
+            timetable=CronTriggerTimetable(cron, timezone="UTC", run_immediately=False), assets=(LIVE | ENGINE_IMAGE)
         ),
-        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
         catchup=False,
         max_active_runs=1,
         doc_md=__doc__,
