@@ -9,7 +9,9 @@
    figures for comparison; both are written to disk before any measurement starts.
 3. Each layout's SLO search (the release's own benchmark_layout, its bracket started from the
    prediction, as the release DAG starts it) measures it.
-Prints predicted vs measured max SLO rate per layout, the error, and both rankings. The layouts are
+Prints predicted vs measured max SLO rate per layout, the error, and both rankings; and this core's
+speed (a fixed pure-Python workload) around the profile and around each layout's measurement, with
+the error the layout would show at the profile's speed: a diagnostic of a shared, drifting machine. The layouts are
 the spec's first at several max-num-seqs (the knob the planner's scheduler simulation turns on) and,
 with --two-replicas, the spec's two-replica layout.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -32,6 +35,24 @@ from pipeline.core.spec import Layout, load_spec
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.stages import benchmark, sources
+
+
+def speed() -> float:
+    """This core's speed now, in loops of a fixed pure-Python workload a millisecond (median of 7
+    runs of ~30 ms): the machine is shared, and its speed halved and recovered within minutes in
+    earlier runs. Read around the profile and around each layout's measurement (never during one),
+    so a miss can be told apart from the machine having changed speed in between."""
+    times = []
+    for _ in range(7):
+        started = time.perf_counter()
+        total = 0
+        for i in range(SPEED_LOOPS):
+            total += i * i % 7
+        times.append(time.perf_counter() - started)
+    return SPEED_LOOPS / statistics.median(times) / 1e3
+
+
+SPEED_LOOPS = 300_000
 
 
 def variants(first: Layout, seqs: list[int]) -> list[Layout]:
@@ -60,7 +81,9 @@ def main() -> None:
     model = Path(sources.materialize(spec, loaded.path.parent).path)
     started = time.monotonic()
 
+    speeds = {"profile": [speed()]}
     profiled = profiling.run(spec, hw, spec.layouts[0], model, out / "profile")
+    speeds["profile"].append(speed())
     profiling.write(profiled, out / "profile.json")
     at_hand = profiled.hardware_at_hand(hw)
     wl = spec.workload
@@ -76,17 +99,25 @@ def main() -> None:
     atomic_write(out / "predictions.json", json.dumps(predicted, indent=2))  # before any measurement
     measured = {}
     for layout in layouts:
+        speeds[layout.name] = [speed()]
         result = benchmark.benchmark_layout(
             spec, hw, layout, model, out / layout.name, predicted=predicted[layout.name]["profiled"]
         )
+        speeds[layout.name].append(speed())
         measured[layout.name] = result
+    atomic_write(out / "speeds.json", json.dumps(speeds, indent=2))
     wall = time.monotonic() - started
 
     print(f"\n{spec.name} on {hw.name}: {wl.input_len} in / {wl.output_len} out, p90 TTFT {spec.slo.p90_ttft_ms:g} ms,"
           f" p90 TPOT {spec.slo.p90_tpot_ms:g} ms; {wall / 60:.1f} min in all")  # fmt: skip
     print(profiling.table(profiled))
     print(profiled.summary())
-    print(f"\n{'layout':22} {'datasheet':>10} {'profiled':>10} {'measured':>10} {'error':>8} {'probes':>7}")
+    profile_speed = statistics.mean(speeds["profile"])
+    print(f"core speed around the profile: {' / '.join(f'{v:.0f}' for v in speeds['profile'])} loops/ms")
+    print(
+        f"\n{'layout':22} {'datasheet':>10} {'profiled':>10} {'measured':>10} {'error':>8} {'probes':>7}"
+        f" {'speed':>9} {'at profile speed':>16}"
+    )
     errors = []
     for layout in layouts:
         r, p = measured[layout.name], predicted[layout.name]
@@ -95,9 +126,14 @@ def main() -> None:
         if error is not None:
             errors.append(abs(error))
         shown = "n/a" if error is None else f"{error:+.1%}"
+        # the error had the core kept the profile's speed (a CPU-bound engine's rate scales with it):
+        # a diagnostic beside the error, never a correction of the prediction
+        ratio = profile_speed / statistics.mean(speeds[layout.name])
+        adjusted = "n/a" if error is None else f"{rate * ratio / p['profiled'] - 1:+.1%}"
         print(
             f"{layout.name:22} {p['datasheet']:10.4g} {p['profiled']:10.4g} {rate or float('nan'):10.4g}"
-            f" {shown:>8} {len(r.probes):7d}  {p['bound']}" + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
+            f" {shown:>8} {len(r.probes):7d} {' / '.join(f'{v:.0f}' for v in speeds[layout.name]):>9}"
+            f" {adjusted:>16}  {p['bound']}" + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
         )
     by_prediction = sorted(predicted, key=lambda n: -predicted[n]["profiled"])
     by_measurement = sorted(measured, key=lambda n: -(measured[n].max_slo_rate or 0))
