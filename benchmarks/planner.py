@@ -36,6 +36,8 @@ from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.stages import benchmark, sources
 
+SPEED_LOOPS = 300_000
+
 
 def speed() -> float:
     """This core's speed now, in loops of a fixed pure-Python workload a millisecond (median of 7
@@ -50,9 +52,6 @@ def speed() -> float:
             total += i * i % 7
         times.append(time.perf_counter() - started)
     return SPEED_LOOPS / statistics.median(times) / 1e3
-
-
-SPEED_LOOPS = 300_000
 
 
 def variants(first: Layout, seqs: list[int]) -> list[Layout]:

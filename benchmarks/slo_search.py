@@ -142,33 +142,29 @@ def in_process(args: argparse.Namespace, workload: WorkloadSpec, slo: SloSpec, t
     print(f"M/M/1 model in-process: mu={args.mu:g}, limit {args.ttft_ms:g} ms, p90 noise up to {args.noise:.0%}, "
           f"{args.in_process} seeds; true max rate {truth:.2f} req/s")  # fmt: skip
     print(f"{'start':28} {'mean runs':>9} {'max':>4} {'mean |error|':>12} {'max |error|':>11} {'no answer':>9}")
-    means = {}
-    for name, factor in starts:
+
+    def row(name: str, factors: list[float | None]) -> float:
+        """Every seed's search from each prior factor (None: no prior): one printed row; its mean runs."""
         runs, errors, missing = [], [], 0
-        for seed in range(args.in_process):
-            run = mm1_run(args.mu, slo, noise=args.noise, seed=seed)
-            found = benchmark.slo_search(run, workload, slo, prior=truth * factor if factor else None)
-            runs.append(len(found.probes))
-            if found.max_slo_rate is None:
-                missing += 1
-            else:
-                errors.append(abs(found.max_slo_rate / truth - 1))
-        means[name] = sum(runs) / len(runs)
-        print(f"{name:28} {means[name]:9.2f} {max(runs):4d} {sum(errors) / max(len(errors), 1):12.1%} "
+        for factor in factors:
+            for seed in range(args.in_process):
+                run = mm1_run(args.mu, slo, noise=args.noise, seed=seed)
+                found = benchmark.slo_search(run, workload, slo, prior=truth * factor if factor else None)
+                runs.append(len(found.probes))
+                if found.max_slo_rate is None:
+                    missing += 1
+                else:
+                    errors.append(abs(found.max_slo_rate / truth - 1))
+        mean = sum(runs) / len(runs)
+        print(f"{name:28} {mean:9.2f} {max(runs):4d} {sum(errors) / max(len(errors), 1):12.1%} "
               f"{max(errors, default=0):11.1%} {missing:9d}")  # fmt: skip
+        return mean
+
+    means = {name: row(name, [factor]) for name, factor in starts}
     with_prior = (means[starts[1][0]] + means[starts[2][0]]) / 2
     print(f"runs ratio from a prior {args.prior_off:.0%} off / without: {with_prior / means[starts[0][0]]:.2f}")
     # a planner's error is not a fixed figure: priors 5, 10, ... 30% off either way, each over the same seeds
-    runs, errors = [], []
-    for off in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3):
-        for sign in (1, -1):
-            for seed in range(args.in_process):
-                run = mm1_run(args.mu, slo, noise=args.noise, seed=seed)
-                found = benchmark.slo_search(run, workload, slo, prior=truth * (1 + sign * off))
-                runs.append(len(found.probes))
-                errors.append(abs(found.max_slo_rate / truth - 1) if found.max_slo_rate else math.inf)
-    print(f"{'from priors 5-30% off':28} {sum(runs) / len(runs):9.2f} {max(runs):4d} "
-          f"{sum(errors) / len(errors):12.1%} {max(errors):11.1%}")  # fmt: skip
+    row("from priors 5-30% off", [1 + sign * off for off in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3) for sign in (1, -1)])
 
 
 if __name__ == "__main__":

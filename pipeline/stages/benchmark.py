@@ -491,11 +491,14 @@ def slo_search(
         # line's crossing: within half the resolution above lo, lo is the answer (once repeated),
         # whether or not a fail above brackets it
         edge_above = crossing([point(r) for r in passes]) if len(passes) == 2 else None
-        closed_below = edge_above is not None and lo is not None and edge_above <= lo * (1 + res / 2)
-        if closed_below and hi is not None and lo is not None:
-            # with a fail above, its line must agree: two noisy passes close together can put the edge
-            # just above them when fails near the edge were noise (an answer 5.7% low in the benchmark)
-            closed_below = secant_close(lo, hi)
+        # with a fail above, its line must agree: two noisy passes close together can put the edge just
+        # above them when fails near the edge were noise (an answer 5.7% low in the benchmark)
+        closed_below = (
+            edge_above is not None
+            and lo is not None
+            and edge_above <= lo * (1 + res / 2)
+            and (hi is None or secant_close(lo, hi))
+        )
         if hi is None and not closed_below:
             # all passed: step up, or go just below where the line through the two highest passes
             # meets the edge (a pass there closes the search from below; a fail brackets it)
