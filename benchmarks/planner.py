@@ -1,7 +1,7 @@
 """The planner held to the engine on this machine, in one run: profile, predict, then measure.
 
     .venv/bin/python benchmarks/planner.py [--spec configs/releases/tiny-qwen3-moe-cpu.yaml]
-        [--seqs 64,16,8] [--two-replicas]
+        [--seqs 64,16,8] [--two-replicas] [--drift] [--out DIR]
 
 1. A profiling run (pipeline/planner/profile.py) on the spec's first layout fits the step-time
    coefficients to this machine's engine (nothing is kept in the registry).
@@ -13,7 +13,9 @@ Prints predicted vs measured max SLO rate per layout, the error, and both rankin
 speed (a fixed pure-Python workload) around the profile and around each layout's measurement, with
 the error the layout would show at the profile's speed: a diagnostic of a shared, drifting machine. The layouts are
 the spec's first at several max-num-seqs (the knob the planner's scheduler simulation turns on) and,
-with --two-replicas, the spec's two-replica layout.
+with --two-replicas, the spec's two-replica layout. With --drift, the first layout is measured again
+and the profile run again after the rest: what one run's truth and calibration move by, the floor
+under any prediction's error on this machine.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import statistics
 import sys
 import tempfile
@@ -69,6 +72,12 @@ def main() -> None:
     parser.add_argument("--seqs", default="64,16,8", help="max-num-seqs of the first layout's variants")
     parser.add_argument("--two-replicas", action="store_true", help="also the spec's layout of two replicas")
     parser.add_argument("--out", help="where profiles, predictions and probes go (default: a temporary dir)")
+    parser.add_argument(
+        "--drift",
+        action="store_true",
+        help="after the measurements, the first layout measured again and the profile run again: how far the"
+        " truth and the calibration move within one run (the floor under any prediction's error here)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     loaded = load_spec(args.spec)
@@ -104,6 +113,22 @@ def main() -> None:
         )
         speeds[layout.name].append(speed())
         measured[layout.name] = result
+    again = None
+    if args.drift:
+        first = layouts[0]
+        speeds[f"{first.name} again"] = [speed()]
+        again = benchmark.benchmark_layout(
+            spec, hw, first, model, out / f"{first.name}-again", predicted=predicted[first.name]["profiled"]
+        )
+        speeds[f"{first.name} again"].append(speed())
+        speeds["profile again"] = [speed()]
+        reprofiled = profiling.run(spec, hw, spec.layouts[0], model, out / "profile-again")
+        speeds["profile again"].append(speed())
+        profiling.write(reprofiled, out / "profile-again.json")
+        for layout in layouts:
+            fitted = planner.predict(spec, reprofiled.hardware_at_hand(hw), layout, wl.input_len, wl.output_len)
+            predicted[layout.name]["profiled again"] = fitted.rate_per_server
+        atomic_write(out / "predictions-again.json", json.dumps(predicted, indent=2))
     atomic_write(out / "speeds.json", json.dumps(speeds, indent=2))
     wall = time.monotonic() - started
 
@@ -143,6 +168,22 @@ def main() -> None:
     if errors:
         inside = sum(e <= 0.15 for e in errors)
         print(f"within 15%: {inside} of {len(errors)}; largest |error| {max(errors):.1%}")
+    if again is not None:
+        first = layouts[0].name
+        rates = [measured[first].max_slo_rate, again.max_slo_rate]
+        apart = f"{rates[1] / rates[0] - 1:+.1%}" if all(rates) else "n/a"
+        print(
+            f"\ndrift within this run: {first} measured {' then '.join(f'{r or math.nan:.4g}' for r in rates)}"
+            f" req/s ({apart}; {len(measured[first].probes)} and {len(again.probes)} probes; core speed"
+            f" {' / '.join(f'{v:.0f}' for v in speeds[f'{first} again'])} at the second)"
+        )
+        print(f"{'layout':22} {'profiled':>10} {'again':>10} {'moved':>8}")
+        for layout in layouts:
+            p = predicted[layout.name]
+            print(
+                f"{layout.name:22} {p['profiled']:10.4g} {p['profiled again']:10.4g}"
+                f" {p['profiled again'] / p['profiled'] - 1:+8.1%}"
+            )
     print(f"files: {out}")
 
 
