@@ -426,6 +426,18 @@ def test_a_profile_fit_recovers_known_coefficients_and_the_plan_then_uses_them(t
         6.0, abs=1.5
     )
     assert steady.fitted_tpot_ms == pytest.approx(steady.measured_tpot_ms, rel=0.1)
+    # a split between two tenths (0.35 of the 15 ms): the simulated TPOT can double from one tenth to the
+    # next, so the tenths are narrowed by halving, to the measured TPOT
+    between = truth.model_copy(update={"request_overhead_ms": 9.75, "admission_ms": 5.25})
+    steady = profiling.Steady(
+        rate=rate,
+        requests=100,
+        measured_tpot_ms=profiling.steady_tpot_ms(spec, profiling.at_hand(hw, between), single, rate),
+    )
+    split = profiling.split_request_overhead(spec, hw, single, truth, steady)
+    assert split.admission_ms == pytest.approx(5.25, abs=0.5)
+    assert split.admission_ms + split.request_overhead_ms == pytest.approx(15.0, abs=0.01)
+    assert steady.fitted_tpot_ms == pytest.approx(steady.measured_tpot_ms, rel=0.03)
     # what the fit is for: the workload's max SLO rate, as the true coefficients would predict it
     rates = [planner.predict(spec, profiling.at_hand(hw, c), single, 64, 16).rate_per_server for c in (truth, fitted)]
     assert rates[1] == pytest.approx(rates[0], rel=0.05)
@@ -547,6 +559,14 @@ def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
     assert "10 ms a request + 0.3 cores a replica" in capped.bound
     swamped = busy.model_copy(update={"performance": looping.model_copy(update={"host_busy_cores": 0.95})})
     assert planner.predict(spec, swamped, single, 64, 16).bound.startswith("no rate: host CPU 10 ms a request")
+    # a load showed one replica's host carrying 80 req/s on its core: up to there the line is no bound (a
+    # polling host reads near a full core long before it falls behind); beyond it, the line's cap stands
+    carrying = lined.model_copy(update={"performance": looping.model_copy(update={"host_carried_rps": 80.0})})
+    assert host.share(carrying, single).slowdown(80) == 1.0 and math.isinf(host.share(carrying, single).slowdown(81))
+    assert host.share(carrying, pair).slowdown(10) == pytest.approx(1 / (1 - 0.4))  # on the engines' cores: priced
+    carried = planner.predict(spec, carrying, single, 64, 16)
+    assert free["single"].rate_per_server > 100  # the engine alone holds more: the host is what binds at 80
+    assert carried.rate_per_server == pytest.approx(80, rel=0.02) and "carried 80 req/s there" in carried.bound
 
 
 def test_the_host_work_is_measured_without_the_clients_start_and_priced_on_the_engines_core(tmp_path):
@@ -649,6 +669,52 @@ def test_the_colocated_check_prices_the_light_loads_own_share_of_the_engines_cor
     assert profiling.light_rate(1000.0, 2, 4.0) == pytest.approx(50.0)
     assert profiling.light_rate(50.0, 2, 4.0) == pytest.approx(15.0)
     assert profiling.light_rate(1000.0, 0, 4.0) == pytest.approx(25.0)  # no pinned core: one
+
+
+def test_the_host_check_loads_the_profiled_layout_at_its_simulated_max_and_judges_it_on_pace(tmp_path):
+    """`measure_host_check` sends the workload at the rate it is given through the release's prober and
+    says the host carried it when the probe kept pace (a p90 over the SLO does not count against the
+    host: the engine's queue is not the host's); one that fell behind is tried once more at 80% (an
+    optimistic simulation's max says nothing of the host); where the placement keeps nothing apart
+    there is nothing to check."""
+    from pipeline.planner import profile as profiling
+    from pipeline.stages import serving
+    from tests.test_benchmark import fixed_probe
+
+    spec = load_spec(TINY_SPEC).spec
+    sent: list[tuple[float, int, int]] = []
+
+    def engine(capacity: float, p90_ms: float):  # completes at most `capacity` req/s
+        def probe(rate, n, seed):
+            sent.append((rate, n, seed))
+            return fixed_probe(rate, n, p90_ms, spec.slo, min(rate, capacity))
+
+        return probe
+
+    apart = serving.Placement(engine_cores=[[0]], frontend_cores=[1])
+    kept = profiling.measure_host_check(engine(1000.0, 900.0), apart, 300.0)
+    assert sent == [(300.0, 2400, profiling.HOST_CHECK_SEED)]  # 8 s of the workload at the rate
+    assert kept.carried and kept.reasons == [] and (kept.rate, kept.achieved, kept.p90_ttft_ms) == (300.0, 300.0, 900.0)
+    sent.clear()
+    lower = profiling.measure_host_check(engine(250.0, 900.0), apart, 300.0)
+    assert [rate for rate, _, _ in sent] == [300.0, 240.0] and lower.carried and lower.rate == 240.0
+    sent.clear()
+    behind = profiling.measure_host_check(engine(150.0, 900.0), apart, 300.0)
+    assert len(sent) == 2 and not behind.carried and behind.rate == 240.0
+    assert any("achieved" in r for r in behind.reasons)
+    sent.clear()
+    for nothing_apart in (
+        serving.Placement(engine_cores=[[0]]),
+        serving.Placement(engine_cores=[[0]], frontend_cores=[0]),
+    ):
+        assert profiling.measure_host_check(engine(1000.0, 100.0), nothing_apart, 300.0) is None
+    assert profiling.measure_host_check(engine(1000.0, 100.0), apart, 0.0) is None and sent == []
+    # what the profile keeps: the rate a check carried, the planner's cap floor (planner/host.py)
+    fitted = profiling.Coefficients(step_overhead_ms=1.0, compute_scale=1.0, memory_scale=1.0, host_carried_rps=240.0)
+    assert fitted.apply(load_spec(TINY_SPEC).hardware.performance).host_carried_rps == 240.0
+    # a steady load that fell behind measured a queue, not the engine's steps: the profile runs it again at half
+    assert profiling.kept_pace(profiling.Steady(rate=300, requests=2400, achieved=295, measured_tpot_ms=9))
+    assert not profiling.kept_pace(profiling.Steady(rate=500, requests=4000, achieved=338, measured_tpot_ms=9))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs an engine core and a frontend core")

@@ -426,6 +426,14 @@ class DevicePerformance(Strict):
             " measured at two rates",
         ),
     ] = 0.0
+    host_carried_rps: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="the rate a replica's host work was seen carrying on cores of its own (a profile's load,"
+            " judged on pace): up to it the host is not a bound, whatever its CPU line says; 0: never checked",
+        ),
+    ] = 0.0
     host_colocated_cost: Annotated[
         float,
         Field(

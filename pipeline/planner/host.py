@@ -12,8 +12,10 @@ API server's loop turns once per engine step whatever it carries), so it is a li
 replica plus milliseconds a request, through the CPU measured at two rates. All of it is measured
 on the engine at hand (the profile's steady loads: the API server's and the client's CPU seconds,
 and the median TPOT with that work moved onto the engine's core against the same load beside it).
-On a GPU server the host's many cores are not modeled as a bound: the figures are kept, the
-engines are not slowed.
+A host on cores of its own is no bound up to a rate a load showed it carrying (the profile's host
+check): a polling API server and client read near a full core long before they fall behind, so
+their CPU line alone caps the rate too low. On a GPU server the host's many cores are not modeled
+as a bound: the figures are kept, the engines are not slowed.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class HostShare(BaseModel):
     ms_per_request: float
     busy_cores: float = 0.0  # a replica's, while it serves, whatever the rate
     colocated_cost: float = 1.0  # x ms_per_request an engine core loses when the host work shares it
+    carried_rate: float = 0.0  # per replica: a rate a load showed one replica's host carrying on its own cores
     replicas: int
     engine_cores: int
     spare_cores: float | None  # cores no engine uses; None: a GPU server, the host is not a bound
@@ -43,13 +46,15 @@ class HostShare(BaseModel):
 
     def slowdown(self, rate_per_replica: float) -> float:
         """How much longer each engine step takes at that rate. With spare cores the host work is kept
-        on them (serving.placement): 1 until they saturate, then inf. Without, the engines' cores lose
-        its share of their time, inf once it saturates them."""
+        on them (serving.placement): 1 until they saturate, then inf, except up to a rate a load showed
+        a replica's host carrying there (one replica: what the profile measures). Without, the engines'
+        cores lose its share of their time, inf once it saturates them."""
         load = self.load(rate_per_replica)
         if self.spare_cores is None or load <= 0:
             return 1.0
         if self.spare_cores:
-            return 1.0 if load < self.spare_cores * SATURATED else math.inf
+            carried = self.replicas == 1 and 0 < self.carried_rate and rate_per_replica <= self.carried_rate
+            return 1.0 if carried or load < self.spare_cores * SATURATED else math.inf
         share = self.colocated_cost * load / self.engine_cores
         return 1 / (1 - share) if share < SATURATED else math.inf
 
@@ -63,9 +68,10 @@ class HostShare(BaseModel):
     def describe(self, rate_per_replica: float) -> str:
         where = "their own cores" if self.spare_cores else f"the engines' cores, x{self.colocated_cost:.3g} there"
         busy = f" + {self.busy_cores:.2g} cores a replica" if self.busy_cores else ""
+        carried = f"; carried {self.carried_rate:.3g} req/s there" if self.spare_cores and self.carried_rate else ""
         return (
             f"host CPU {self.ms_per_request:.3g} ms a request{busy} ({self.load(rate_per_replica):.2f} cores at this"
-            f" rate, on {where})"
+            f" rate, on {where}{carried})"
         )
 
 
@@ -77,6 +83,7 @@ def share(hw: HardwareProfile, layout: Layout) -> HostShare:
         ms_per_request=perf.host_ms_per_request if perf else 0.0,
         busy_cores=perf.host_busy_cores if perf else 0.0,
         colocated_cost=perf.host_colocated_cost if perf else 1.0,
+        carried_rate=perf.host_carried_rps if perf else 0.0,
         replicas=layout.replicas,
         engine_cores=layout.devices,
         spare_cores=spare,

@@ -12,8 +12,9 @@ TTFT, and scales on the profile's compute and memory figures (relative least squ
 and a 40 ms step count alike). They are kept in the registry per hardware profile and engine
 image, and the planner uses them in place of the datasheet's. Steady loads of the workload then
 split the request overhead between latency and engine time, and measure the host's CPU per request
-and what it costs an engine whose core it shares (planner/host.py). What they do not capture yet:
-other costs that only appear under load (README, "Fitted on the engine at hand").
+and what it costs an engine whose core it shares (planner/host.py); a last load at the fitted
+model's max rate checks whether the host work keeps pace there on its own cores. What they do not
+capture yet: other costs that only appear under load (README, "Fitted on the engine at hand").
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class Coefficients(BaseModel):
     host_ms_per_request: float = Field(0.0, description="CPU outside the engine: API server, client (planner/host.py)")
     host_busy_cores: float = Field(0.0, description="host CPU a replica costs while it serves, whatever the rate")
     host_colocated_cost: float = Field(1.0, description="x that CPU an engine core loses when it runs there")
+    host_carried_rps: float = Field(0.0, description="a rate the host work carried on its own cores (`HostCheck`)")
     compute_scale: float = Field(description="x the profile's peak_tflops x compute efficiency")
     memory_scale: float = Field(description="x the profile's memory_gb_s x memory efficiency")
 
@@ -116,6 +118,7 @@ class Coefficients(BaseModel):
                 "host_ms_per_request": self.host_ms_per_request,
                 "host_busy_cores": self.host_busy_cores,
                 "host_colocated_cost": self.host_colocated_cost,
+                "host_carried_rps": self.host_carried_rps,
             }
         )
 
@@ -126,6 +129,7 @@ class Steady(BaseModel):
 
     rate: float
     requests: int
+    achieved: float = Field(0.0, description="req/s the client completed: a load that fell behind measures a queue")
     measured_tpot_ms: float = Field(description="median TPOT, vLLM's client")
     host_ms_per_request: float = Field(0.0, description="CPU of the API server(s) and the client, per request")
     client_fixed_s: float = Field(0.0, description="the client's CPU per run, left out of the per-request figure")
@@ -146,6 +150,21 @@ class Colocated(BaseModel):
     cost: float
 
 
+class HostCheck(BaseModel):
+    """The workload at the profiled layout's simulated max rate, its host work on cores of its own, judged
+    on pace only (no request failed, achieved within the client's keep-up share of offered): a rate the
+    host carried is one it carries, whatever its CPU read there. A polling API server and client take
+    most of their core long before they fall behind: the line through their CPU at two rates capped
+    `single` at 105-272 req/s in five runs of benchmarks/planner.py where it held 145-397 (README)."""
+
+    rate: float
+    requests: int
+    achieved: float
+    p90_ttft_ms: float
+    carried: bool
+    reasons: list[str] = Field(default_factory=list, description="why it did not keep up, if it did not")
+
+
 def at_hand(hw: HardwareProfile, coefficients: Coefficients) -> HardwareProfile:
     """`hw` with its performance figures as `coefficients` make them."""
     if hw.performance is None:
@@ -164,6 +183,7 @@ class Profile(BaseModel):
     shapes: list[Measured]
     steady: Steady | None = Field(None, description="what split the request overhead into latency and engine time")
     colocated: Colocated | None = Field(None, description="what the host work costs an engine whose core it shares")
+    host_check: HostCheck | None = Field(None, description="whether the host work kept up at the simulated max")
     fit_error: float = Field(description="median |fitted / measured - 1| over the shapes")
     seconds: float = Field(description="the run, engine start included")
     id: int | None = Field(None, description="the registry's row, once kept")
@@ -178,7 +198,9 @@ class Profile(BaseModel):
             f" step overhead {c.step_overhead_ms:.3g} ms + {c.sequence_overhead_us:.3g} us per sequence,"
             f" request overhead {c.request_overhead_ms:.3g} ms + {c.admission_ms:.3g} ms of its admitting step,"
             f" host CPU {c.host_ms_per_request:.3g} ms a request + {c.host_busy_cores:.2g} cores a replica"
-            f" (x{c.host_colocated_cost:.3g} on an engine's core),"
+            f" (x{c.host_colocated_cost:.3g} on an engine's core"
+            + (f"; carried {c.host_carried_rps:.3g} req/s on its own" if c.host_carried_rps else "")
+            + "),"
             f" compute x{c.compute_scale:.3g},"
             f" memory x{c.memory_scale:.3g} of the profile's figures; fit within {self.fit_error:.1%} (median)"
         )
@@ -257,6 +279,9 @@ def measure(
 ) -> list[Measured]:
     """Each shape through vLLM's client against the running server at `url`, beside `model`'s time for it."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    # the first requests after an engine starts pay one-time costs (a first prefill 23 read 9.73 ms where
+    # prefill 47 then read 6.94): the first shape once, unrecorded
+    bench.serve(bench_args(shapes[0], url, model_dir, out_dir, "warm-up.json"), out_dir, "warm-up.json", " (warm-up)")
     measured: list[Measured] = []
     for i, shape in enumerate(shapes, 1):
         name = f"shape-{i:02d}.json"
@@ -288,6 +313,7 @@ def measure(
 
 STEADY_SHARE = 0.6  # of the shapes' predicted max rate: loaded enough that admissions overlap decodes
 STEADY_SECONDS = 8
+SPLIT_HALVINGS = 6  # between two tenths of the request overhead: to 1/640 of it
 
 
 def _workload(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> tuple[Callable[..., sim.SimResult], sim.Slo]:
@@ -309,6 +335,11 @@ def steady_tpot_ms(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, rate:
     """The simulated median TPOT of the workload at `rate`."""
     run, _ = _workload(spec, hw, layout)
     return run(rate).p("tpot_s", 50) * 1e3
+
+
+def kept_pace(steady: Steady) -> bool:
+    """Whether a steady load's client completed its requests about as fast as it sent them."""
+    return steady.achieved >= benchmark.keep_up_share(steady.requests) * steady.rate
 
 
 def client_fixed_seconds(measured: list[Measured]) -> float:
@@ -343,6 +374,7 @@ def measure_steady(
     steady = Steady(
         rate=round(rate, 3),
         requests=n,
+        achieved=round(float(data.get("request_throughput", 0.0)), 3),
         measured_tpot_ms=round(float(data["median_tpot_ms"]), 3),
         host_ms_per_request=round((frontend_s + client_s) / n * 1e3, 3),
         client_fixed_s=round(client_fixed_s, 4),
@@ -409,6 +441,53 @@ def host_on_engine_cores(engine: serving.LocalEngine, bench: benchmark.BenchClie
                 serving.pin(pid, sorted(was))
 
 
+def host_apart(plan: serving.Placement) -> bool:
+    """Whether the placement keeps the host work (API servers, client) on cores no engine uses."""
+    engine_cores = set(plan.all_engine_cores)
+    apart = not plan.shared and not engine_cores & set(plan.frontend_cores)
+    return bool(plan.frontend_cores and engine_cores and apart)
+
+
+HOST_CHECK_SEED = 2  # the steady loads use 1: fresh prompts, no cached prefix flatters the check
+# of the simulated max: where the simulation is optimistic (it put one at 492 req/s where the layout held
+# 384) the first falls behind on the engine and says nothing of the host; the second is a rate it can carry
+HOST_CHECK_STEPS = (1.0, 0.8)
+
+
+def measure_host_check(
+    probe: Callable[[float, int, int], benchmark.Probe], plan: serving.Placement, rate: float
+) -> HostCheck | None:
+    """One load of the workload at `rate` through the release's own prober (`STEADY_SECONDS` of it), judged
+    on pace (`HostCheck`); None where the placement keeps nothing apart (the host shares the engines'
+    cores, and its cost there is priced instead) or there is no rate to check."""
+    if not host_apart(plan) or rate <= 0:
+        return None
+    check = None
+    for step in HOST_CHECK_STEPS:
+        n = max(100, math.ceil(rate * step * STEADY_SECONDS))
+        found = probe(rate * step, n, HOST_CHECK_SEED)
+        behind = benchmark.hopeless(found)
+        check = HostCheck(
+            rate=round(rate * step, 3),
+            requests=n,
+            achieved=round(found.achieved_rate, 3),
+            p90_ttft_ms=round(found.p90_ttft_ms, 1),
+            carried=not behind,
+            reasons=found.reasons if behind else [],
+        )
+        log.info(
+            "profile: host check at %.3g req/s (%.0f%% of the simulated max): achieved %.3g, p90 TTFT %.1f ms -> %s",
+            check.rate,
+            step * 100,
+            check.achieved,
+            check.p90_ttft_ms,
+            "carried (the host is no bound up to it)" if check.carried else "not kept up: " + "; ".join(check.reasons),
+        )
+        if check.carried:
+            break
+    return check
+
+
 def measure_colocated(
     bench: benchmark.BenchClient,
     engine: serving.LocalEngine,
@@ -422,7 +501,7 @@ def measure_colocated(
     where the placement keeps nothing apart (nothing to compare)."""
     plan = engine.placement
     engine_cores = set(plan.all_engine_cores)
-    if not plan.frontend_cores or not engine_cores or plan.shared or engine_cores & set(plan.frontend_cores):
+    if not host_apart(plan):
         return None  # the host work already shares the engines' cores: "beside" would not be
     bench.ensure()
     if bench.group is None:
@@ -476,23 +555,42 @@ def split_request_overhead(
     spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, coefficients: Coefficients, steady: Steady
 ) -> Coefficients:
     """How much of the request overhead the engine pays (in the step that admits the request) rather
-    than the request alone (latency): the share whose simulated TPOT at the steady rate is nearest."""
+    than the request alone (latency): the share whose simulated TPOT at the steady rate is nearest.
+    Tenths first, then halving between the two tenths the measured TPOT lies between: near the
+    simulated knee the TPOT doubles from one tenth to the next (5.1 to 10.3 ms at 295 req/s here)."""
     total = coefficients.request_overhead_ms + coefficients.admission_ms
-    best: tuple[float, Coefficients, float] | None = None
-    for tenth in range(11):
-        trial = coefficients.model_copy(
-            update={
-                "admission_ms": round(total * tenth / 10, 3),
-                "request_overhead_ms": round(total * (10 - tenth) / 10, 3),
-            }
+    target = steady.measured_tpot_ms
+
+    def split(share: float) -> Coefficients:
+        return coefficients.model_copy(
+            update={"admission_ms": round(total * share, 3), "request_overhead_ms": round(total * (1 - share), 3)}
         )
-        tpot = steady_tpot_ms(spec, at_hand(hw, trial), layout, steady.rate)
-        error = abs(math.log(max(tpot, 1e-6) / steady.measured_tpot_ms))
-        if best is None or error < best[0]:
-            best = (error, trial, tpot)
-    assert best is not None
-    steady.fitted_tpot_ms = round(best[2], 3)
-    return best[1]
+
+    def tpot(share: float) -> float:
+        return steady_tpot_ms(spec, at_hand(hw, split(share)), layout, steady.rate)
+
+    def error(value: float) -> float:
+        return abs(math.log(max(value, 1e-6) / target))
+
+    shares = [tenth / 10 for tenth in range(11)]
+    tpots = [tpot(share) for share in shares]
+    best = min(range(len(shares)), key=lambda i: error(tpots[i]))
+    share, found = shares[best], tpots[best]
+    for i in (best - 1, best):
+        if 0 <= i < len(shares) - 1 and min(tpots[i], tpots[i + 1]) <= target <= max(tpots[i], tpots[i + 1]):
+            lo, hi, lo_below = shares[i], shares[i + 1], tpots[i] < target
+            for _ in range(SPLIT_HALVINGS):
+                mid = (lo + hi) / 2
+                value = tpot(mid)
+                if error(value) < error(found):
+                    share, found = mid, value
+                if (value < target) == lo_below:
+                    lo = mid
+                else:
+                    hi = mid
+            break
+    steady.fitted_tpot_ms = round(found, 3)
+    return split(share)
 
 
 def fitted_profile(
@@ -504,6 +602,7 @@ def fitted_profile(
     coefficients: Coefficients | None = None,
     steady: Steady | None = None,
     colocated: Colocated | None = None,
+    host_check: HostCheck | None = None,
 ) -> Profile:
     coefficients = coefficients or fit(spec, hw, layout, measured)
     fitted = step_time.step_model(spec, layout, at_hand(hw, coefficients))
@@ -519,6 +618,7 @@ def fitted_profile(
         shapes=measured,
         steady=steady,
         colocated=colocated,
+        host_check=host_check,
         fit_error=round(error, 4),
         seconds=round(seconds, 1),
     )
@@ -553,8 +653,27 @@ def run(
         steady = measure_steady(
             prober.bench, engine.url, model_dir, out_dir, spec, STEADY_SHARE * top, engine.groups, fixed
         )
+        if not kept_pace(steady):
+            # the shapes' fit, its overhead all on latency, can put the max far too high (840 req/s where
+            # the layout held 384): a load past the engine measures its queue, not its steps
+            log.warning(
+                "profile: the steady load fell behind (%.3g of %.3g req/s); at half of it", steady.achieved, steady.rate
+            )
+            steady = measure_steady(
+                prober.bench,
+                engine.url,
+                model_dir,
+                out_dir,
+                spec,
+                steady.rate / 2,
+                engine.groups,
+                fixed,
+                "steady-half.json",
+            )
         light = light_rate(top, len(engine.placement.all_engine_cores), steady.host_ms_per_request)
         colocated = measure_colocated(prober.bench, engine, model_dir, out_dir, spec, light, fixed)
+        coefficients = split_request_overhead(spec, hw, layout, coefficients, steady)
+        check = measure_host_check(prober, engine.placement, max_rate(spec, at_hand(hw, coefficients), layout))
     loads = [(steady.rate, steady.host_ms_per_request)]
     if colocated:
         loads.append((colocated.rate, colocated.beside_host_ms_per_request))
@@ -565,15 +684,16 @@ def run(
         per_request,
         ", ".join(f"{ms:.3g} ms a request at {rate:.3g} req/s" for rate, ms in loads),
     )
-    coefficients = split_request_overhead(spec, hw, layout, coefficients, steady).model_copy(
+    coefficients = coefficients.model_copy(
         update={
             "host_ms_per_request": per_request,
             "host_busy_cores": busy,
             "host_colocated_cost": colocated.cost if colocated else 1.0,
+            "host_carried_rps": check.rate if check and check.carried else 0.0,
         }
     )
     return fitted_profile(
-        spec, hw, layout, measured, time.monotonic() - started, coefficients, steady, colocated=colocated
+        spec, hw, layout, measured, time.monotonic() - started, coefficients, steady, colocated, check
     )
 
 
@@ -592,6 +712,12 @@ def table(profile: Profile) -> str:
         rows.append(
             f"{f'on its core {co.rate:.3g}/s':16} {co.shared_tpot_ms:12.3g} {'-':>10} {'-':>13}  (median TPOT with"
             f" the host work on the engine's core; {co.beside_tpot_ms:.3g} ms beside it: x{co.cost:.3g})"
+        )
+    if profile.host_check:
+        hc = profile.host_check
+        rows.append(
+            f"{f'host check {hc.rate:.3g}/s':16} {hc.p90_ttft_ms:12.4g} {'-':>10} {'-':>13}  (p90 TTFT; achieved"
+            f" {hc.achieved:.3g} req/s: {'carried' if hc.carried else 'not kept up'})"
         )
     return "\n".join(rows)
 
