@@ -180,10 +180,8 @@ def main() -> None:
         print(f"{'layout':22} {'profiled':>10} {'again':>10} {'moved':>8}")
         for layout in layouts:
             p = predicted[layout.name]
-            print(
-                f"{layout.name:22} {p['profiled']:10.4g} {p['profiled again']:10.4g}"
-                f" {p['profiled again'] / p['profiled'] - 1:+8.1%}"
-            )
+            moved = f"{p['profiled again'] / p['profiled'] - 1:+.1%}" if p["profiled"] else "n/a"
+            print(f"{layout.name:22} {p['profiled']:10.4g} {p['profiled again']:10.4g} {moved:>8}")
     print(f"files: {out}")
 
 

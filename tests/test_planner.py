@@ -564,6 +564,11 @@ def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
     carrying = lined.model_copy(update={"performance": looping.model_copy(update={"host_carried_rps": 80.0})})
     assert host.share(carrying, single).slowdown(80) == 1.0 and math.isinf(host.share(carrying, single).slowdown(81))
     assert host.share(carrying, pair).slowdown(10) == pytest.approx(1 / (1 - 0.4))  # on the engines' cores: priced
+    # measured for one replica: two replicas with cores to spare are held to the line (and say nothing of it)
+    two = host.HostShare(
+        ms_per_request=10.0, busy_cores=0.3, replicas=2, engine_cores=2, spare_cores=2, carried_rate=80.0
+    )
+    assert math.isinf(two.slowdown(70)) and "carried" not in two.describe(70)
     carried = planner.predict(spec, carrying, single, 64, 16)
     assert free["single"].rate_per_server > 100  # the engine alone holds more: the host is what binds at 80
     assert carried.rate_per_server == pytest.approx(80, rel=0.02) and "carried 80 req/s there" in carried.bound
@@ -715,6 +720,70 @@ def test_the_host_check_loads_the_profiled_layout_at_its_simulated_max_and_judge
     # a steady load that fell behind measured a queue, not the engine's steps: the profile runs it again at half
     assert profiling.kept_pace(profiling.Steady(rate=300, requests=2400, achieved=295, measured_tpot_ms=9))
     assert not profiling.kept_pace(profiling.Steady(rate=500, requests=4000, achieved=338, measured_tpot_ms=9))
+
+
+def test_a_profiling_run_measures_a_fallen_behind_steady_load_again_and_keeps_what_its_host_check_carried(
+    tmp_path, monkeypatch
+):
+    """`profile.run` with stand-ins for the engine, the shapes' timings and the loads: a steady load that
+    fell behind is measured again at half the rate (its own prompts) and the split is fitted on that one;
+    the host check runs at the engine's simulated max once the overhead is split, steps down to 80% when
+    it falls behind, and the rate it carried is what the profile keeps."""
+    from contextlib import contextmanager
+
+    from pipeline.planner import profile as profiling
+    from pipeline.stages import benchmark, serving
+    from tests.test_benchmark import fixed_probe
+
+    loaded = load_spec(TINY_SPEC)
+    spec, hw, single = loaded.spec, loaded.hardware, loaded.layout("single")
+    truth = profiling.Coefficients(
+        step_overhead_ms=7.0, sequence_overhead_us=180, request_overhead_ms=15, compute_scale=0.35, memory_scale=2.0
+    )
+    model = planner.step_time.step_model(spec, single, profiling.at_hand(hw, truth))
+    # a single prompt's TTFT pays all 15 ms; under load 9 of them are engine time in the admitting step
+    engine_paid = profiling.at_hand(hw, truth.model_copy(update={"request_overhead_ms": 6.0, "admission_ms": 9.0}))
+    timed = [
+        profiling.Measured(shape=shape, measured_ms=profiling.expected_ms(model, shape), datasheet_ms=0.0)
+        for shape in profiling.shapes_for(spec, single)
+    ]
+    monkeypatch.setattr(profiling, "measure", lambda *args: timed)
+    loads: list[tuple[str, int, float]] = []
+
+    def steady(bench, url, model_dir, out_dir, spec, rate, groups=(), fixed=0.0, name="steady.json", seed=1):
+        loads.append((name, seed, rate))
+        behind = name == "steady.json"  # the first falls behind, the one at half the rate keeps pace
+        tpot = profiling.steady_tpot_ms(spec, engine_paid, single, rate)
+        return profiling.Steady(
+            rate=rate, requests=max(100, math.ceil(rate * 8)), achieved=rate / 2 if behind else rate,
+            measured_tpot_ms=tpot, host_ms_per_request=3.0,
+        )  # fmt: skip
+
+    monkeypatch.setattr(profiling, "measure_steady", steady)
+    monkeypatch.setattr(profiling, "measure_colocated", lambda *args: None)
+    checks: list[float] = []
+
+    def prober(rate, n, seed):  # the first check falls behind (an optimistic max), the second keeps pace
+        checks.append(rate)
+        return fixed_probe(rate, n, 900.0, spec.slo, rate / 2 if len(checks) == 1 else rate)
+
+    prober.bench = None  # the client the loads run on: stood in for above
+    engine = type("Engine", (), {"url": "http://x", "groups": []})()
+    engine.placement = serving.Placement(engine_cores=[[0]], frontend_cores=[1])
+
+    @contextmanager
+    def running(*args):
+        yield engine, prober
+
+    monkeypatch.setattr(benchmark, "running_layout", running)
+    found = profiling.run(spec, hw, single, tmp_path, tmp_path / "out")
+    assert [(name, seed) for name, seed, _ in loads] == [("steady.json", 1), ("steady-half.json", 3)]
+    assert loads[1][2] == pytest.approx(loads[0][2] / 2) and found.steady.rate == pytest.approx(loads[1][2])
+    assert found.coefficients.admission_ms == pytest.approx(9.0, abs=1.5)  # the split, on the load that kept pace
+    engine_only = found.coefficients.model_copy(update={"host_ms_per_request": 0.0, "host_busy_cores": 0.0})
+    top = profiling.max_rate(spec, profiling.at_hand(hw, engine_only), single)
+    assert checks == [pytest.approx(top), pytest.approx(0.8 * top)]
+    assert found.host_check.carried and found.coefficients.host_carried_rps == pytest.approx(0.8 * top, rel=1e-3)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs an engine core and a frontend core")

@@ -68,7 +68,8 @@ class HostShare(BaseModel):
     def describe(self, rate_per_replica: float) -> str:
         where = "their own cores" if self.spare_cores else f"the engines' cores, x{self.colocated_cost:.3g} there"
         busy = f" + {self.busy_cores:.2g} cores a replica" if self.busy_cores else ""
-        carried = f"; carried {self.carried_rate:.3g} req/s there" if self.spare_cores and self.carried_rate else ""
+        measured = self.spare_cores and self.replicas == 1 and self.carried_rate
+        carried = f"; carried {self.carried_rate:.3g} req/s there" if measured else ""
         return (
             f"host CPU {self.ms_per_request:.3g} ms a request{busy} ({self.load(rate_per_replica):.2f} cores at this"
             f" rate, on {where}{carried})"

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 DECODE_PROMPT, DECODE_TOKENS = 16, 64  # short prompts, enough tokens for a steady decode
 PREFILL_REQUESTS = 8
 UNJUDGED = SloSpec(p90_ttft_ms=600_000, p90_tpot_ms=600_000)  # a shape is timed, not judged
+WARM_UP_SEED = 9  # the shapes use 0, the steady loads 1 and 3, the host check 2: no run repeats another's prompts
 
 
 class Shape(BaseModel):
@@ -152,10 +153,11 @@ class Colocated(BaseModel):
 
 class HostCheck(BaseModel):
     """The workload at the profiled layout's simulated max rate, its host work on cores of its own, judged
-    on pace only (no request failed, achieved within the client's keep-up share of offered): a rate the
-    host carried is one it carries, whatever its CPU read there. A polling API server and client take
-    most of their core long before they fall behind: the line through their CPU at two rates capped
-    `single` at 105-272 req/s in five runs of benchmarks/planner.py where it held 145-397 (README)."""
+    on pace only (failures within the SLO's share, achieved within the client's keep-up share of
+    offered): a rate the host carried, the offered one as a search reports its answer, is one it
+    carries, whatever its CPU read there. A polling API server and client take most of their core long
+    before they fall behind: in the four runs of benchmarks/planner.py whose bound was the line through
+    their CPU, `single` held 25-60% more than that line's cap (README)."""
 
     rate: float
     requests: int
@@ -261,11 +263,11 @@ def requests(shape: Shape) -> int:
     return shape.batch if shape.kind == "decode" else PREFILL_REQUESTS
 
 
-def bench_args(shape: Shape, url: str, model_dir: Path, out_dir: Path, name: str) -> list[str]:
+def bench_args(shape: Shape, url: str, model_dir: Path, out_dir: Path, name: str, seed: int = 0) -> list[str]:
     """`vllm bench serve` for one shape: its requests at once, at most `batch` in flight."""
-    workload = WorkloadSpec(input_len=shape.input_len, output_len=shape.output_len, num_prompts=1, seed=0)
+    workload = WorkloadSpec(input_len=shape.input_len, output_len=shape.output_len, num_prompts=1, seed=seed)
     n = requests(shape)
-    cmd = benchmark.bench_command([], url, str(model_dir), workload, UNJUDGED, math.inf, n, 0, out_dir, name)
+    cmd = benchmark.bench_command([], url, str(model_dir), workload, UNJUDGED, math.inf, n, seed, out_dir, name)
     return [*cmd, "--max-concurrency", str(shape.batch)]
 
 
@@ -281,7 +283,8 @@ def measure(
     out_dir.mkdir(parents=True, exist_ok=True)
     # the first requests after an engine starts pay one-time costs (a first prefill 23 read 9.73 ms where
     # prefill 47 then read 6.94): the first shape once, unrecorded
-    bench.serve(bench_args(shapes[0], url, model_dir, out_dir, "warm-up.json"), out_dir, "warm-up.json", " (warm-up)")
+    warm_up = bench_args(shapes[0], url, model_dir, out_dir, "warm-up.json", WARM_UP_SEED)  # not the shape's prompts
+    bench.serve(warm_up, out_dir, "warm-up.json", " (warm-up)")
     measured: list[Measured] = []
     for i, shape in enumerate(shapes, 1):
         name = f"shape-{i:02d}.json"
@@ -360,12 +363,13 @@ def measure_steady(
     engine_groups: Iterable[int] = (),
     client_fixed_s: float = 0.0,
     name: str = "steady.json",
+    seed: int = 1,
 ) -> Steady:
     """The workload at a steady rate: its median TPOT, and the host's CPU per request (the API server,
     the processes of `engine_groups` other than vLLM's engine core and workers, plus the client's
     beyond its `client_fixed_s` a run)."""
     n = max(100, math.ceil(rate * STEADY_SECONDS))
-    cmd = benchmark.bench_command([], url, str(model_dir), spec.workload, UNJUDGED, rate, n, 1, out_dir, name)
+    cmd = benchmark.bench_command([], url, str(model_dir), spec.workload, UNJUDGED, rate, n, seed, out_dir, name)
     before = interference.frontend_seconds(engine_groups)
     path, client_s = bench.serve(cmd, out_dir, name, f" on the steady load ({name})")
     frontend_s = interference.frontend_seconds(engine_groups) - before
@@ -668,12 +672,21 @@ def run(
                 steady.rate / 2,
                 engine.groups,
                 fixed,
-                "steady-half.json",
+                name="steady-half.json",
+                seed=3,
             )
+            if not kept_pace(steady):
+                log.warning(
+                    "profile: the steady load fell behind at half the rate too (%.3g of %.3g req/s): the split of"
+                    " the request overhead is fitted on a queue",
+                    steady.achieved,
+                    steady.rate,
+                )
+        coefficients = split_request_overhead(spec, hw, layout, coefficients, steady)
+        top = max_rate(spec, at_hand(hw, coefficients), layout)  # the engine's, the host not yet counted
         light = light_rate(top, len(engine.placement.all_engine_cores), steady.host_ms_per_request)
         colocated = measure_colocated(prober.bench, engine, model_dir, out_dir, spec, light, fixed)
-        coefficients = split_request_overhead(spec, hw, layout, coefficients, steady)
-        check = measure_host_check(prober, engine.placement, max_rate(spec, at_hand(hw, coefficients), layout))
+        check = measure_host_check(prober, engine.placement, top)
     loads = [(steady.rate, steady.host_ms_per_request)]
     if colocated:
         loads.append((colocated.rate, colocated.beside_host_ms_per_request))
