@@ -40,6 +40,11 @@ class HostShare(BaseModel):
     engine_cores: int
     spare_cores: float | None  # cores no engine uses; None: a GPU server, the host is not a bound
 
+    @property
+    def carried(self) -> float:
+        """The carried rate where it applies: one replica on cores of its own, as the profile measures it."""
+        return self.carried_rate if self.spare_cores and self.replicas == 1 else 0.0
+
     def load(self, rate_per_replica: float) -> float:
         """Cores of host work at a per-replica rate."""
         return self.replicas * (self.busy_cores + rate_per_replica * self.ms_per_request / 1e3)
@@ -53,7 +58,7 @@ class HostShare(BaseModel):
         if self.spare_cores is None or load <= 0:
             return 1.0
         if self.spare_cores:
-            carried = self.replicas == 1 and 0 < self.carried_rate and rate_per_replica <= self.carried_rate
+            carried = 0 < self.carried and rate_per_replica <= self.carried
             return 1.0 if carried or load < self.spare_cores * SATURATED else math.inf
         share = self.colocated_cost * load / self.engine_cores
         return 1 / (1 - share) if share < SATURATED else math.inf
@@ -68,8 +73,7 @@ class HostShare(BaseModel):
     def describe(self, rate_per_replica: float) -> str:
         where = "their own cores" if self.spare_cores else f"the engines' cores, x{self.colocated_cost:.3g} there"
         busy = f" + {self.busy_cores:.2g} cores a replica" if self.busy_cores else ""
-        measured = self.spare_cores and self.replicas == 1 and self.carried_rate
-        carried = f"; carried {self.carried_rate:.3g} req/s there" if measured else ""
+        carried = f"; carried {self.carried:.3g} req/s there" if self.carried else ""
         return (
             f"host CPU {self.ms_per_request:.3g} ms a request{busy} ({self.load(rate_per_replica):.2f} cores at this"
             f" rate, on {where}{carried})"

@@ -261,6 +261,11 @@ def keep_up_share(num_prompts: int) -> float:
     return max(0.5, KEEP_UP - 2 / math.sqrt(max(num_prompts, 1)))
 
 
+def kept_up(rate: float, achieved: float, num_prompts: int) -> bool:
+    """Whether `achieved` req/s is within the keep-up share of the `rate` offered (a burst, inf, always is)."""
+    return math.isinf(rate) or achieved >= keep_up_share(num_prompts) * rate
+
+
 def judge(probe: Probe, slo: SloSpec) -> None:
     reasons = []
     if probe.p90_ttft_ms > slo.p90_ttft_ms:
@@ -269,8 +274,8 @@ def judge(probe: Probe, slo: SloSpec) -> None:
         reasons.append(f"p90 TPOT {probe.p90_tpot_ms:.1f} ms > {slo.p90_tpot_ms:g}")
     if probe.failed_fraction > slo.max_failed_fraction:
         reasons.append(f"failed {probe.failed_fraction:.1%} > {slo.max_failed_fraction:.1%}")
-    share = keep_up_share(probe.num_prompts)
-    if not math.isinf(probe.rate) and probe.achieved_rate < share * probe.rate:
+    if not kept_up(probe.rate, probe.achieved_rate, probe.num_prompts):
+        share = keep_up_share(probe.num_prompts)
         reasons.append(f"achieved {probe.achieved_rate:.2f} req/s < {share:.0%} of offered {probe.rate:.2f}")
     probe.reasons = reasons
     probe.passed = not reasons
