@@ -421,7 +421,9 @@ def test_a_profile_fit_recovers_known_coefficients_and_the_plan_then_uses_them(t
         requests=100,
         measured_tpot_ms=profiling.steady_tpot_ms(spec, profiling.at_hand(hw, engine_paid), single, rate),
     )
-    split = profiling.split_request_overhead(spec, hw, single, truth, steady)
+    split, steady.fitted_tpot_ms = profiling.split_request_overhead(
+        spec, hw, single, truth, steady.rate, steady.measured_tpot_ms
+    )
     assert split.admission_ms == pytest.approx(9.0, abs=1.5) and split.request_overhead_ms == pytest.approx(
         6.0, abs=1.5
     )
@@ -434,7 +436,9 @@ def test_a_profile_fit_recovers_known_coefficients_and_the_plan_then_uses_them(t
         requests=100,
         measured_tpot_ms=profiling.steady_tpot_ms(spec, profiling.at_hand(hw, between), single, rate),
     )
-    split = profiling.split_request_overhead(spec, hw, single, truth, steady)
+    split, steady.fitted_tpot_ms = profiling.split_request_overhead(
+        spec, hw, single, truth, steady.rate, steady.measured_tpot_ms
+    )
     assert split.admission_ms == pytest.approx(5.25, abs=0.5)
     assert split.admission_ms + split.request_overhead_ms == pytest.approx(15.0, abs=0.01)
     assert steady.fitted_tpot_ms == pytest.approx(steady.measured_tpot_ms, rel=0.03)
@@ -722,13 +726,56 @@ def test_the_host_check_loads_the_profiled_layout_at_its_simulated_max_and_judge
     assert not profiling.kept_pace(profiling.Steady(rate=500, requests=4000, achieved=338, measured_tpot_ms=9))
 
 
+def test_the_split_is_refitted_on_the_host_checks_tpot_and_checked_again_where_that_moves_the_max(tmp_path):
+    """`refit_at_max`: a steady load's split can make the simulated engine slower under load than the real
+    one (the runs of 2026-12-04: ~30%); the check at the simulated max then reads a lower TPOT than the
+    simulation, the split refitted on it finds the engine's own, and where that moves the max more
+    than `REFIT_MOVE` past the checked rate one more check runs there. A check that fell behind refits
+    nothing (it measured a queue)."""
+    from pipeline.planner import profile as profiling
+    from pipeline.stages import serving
+    from tests.test_benchmark import fixed_probe
+
+    loaded = load_spec(TINY_SPEC)
+    spec, hw, single = loaded.spec, loaded.hardware, loaded.layout("single")
+    fitted = profiling.Coefficients(
+        step_overhead_ms=7.0, sequence_overhead_us=180, request_overhead_ms=15, compute_scale=0.35, memory_scale=2.0
+    )
+    real = fitted.model_copy(update={"request_overhead_ms": 12.0, "admission_ms": 3.0})  # the engine at hand
+    slow = fitted.model_copy(update={"request_overhead_ms": 6.0, "admission_ms": 9.0})  # the steady load's split
+    truth, first = (profiling.max_rate(spec, profiling.at_hand(hw, c), single) for c in (real, slow))
+    assert truth > 1.2 * first  # the split the steady load gave holds the engine well under its max
+    sent: list[float] = []
+
+    def engine(capacity: float):
+        def probe(rate, n, seed):
+            sent.append(rate)
+            tpot = profiling.steady_tpot_ms(spec, profiling.at_hand(hw, real), single, min(rate, truth))
+            return fixed_probe(rate, n, 300.0, spec.slo, min(rate, capacity)).model_copy(update={"p50_tpot_ms": tpot})
+
+        return probe
+
+    apart = serving.Placement(engine_cores=[[0]], frontend_cores=[1])
+    refitted, checks = profiling.refit_at_max(spec, hw, single, slow, engine(math.inf), apart, first)
+    assert sent == [pytest.approx(first), pytest.approx(truth, rel=0.1)]
+    assert refitted.admission_ms == pytest.approx(3.0, abs=1.0)
+    assert refitted.admission_ms + refitted.request_overhead_ms == pytest.approx(15.0, abs=0.01)
+    assert [c.carried for c in checks] == [True, True] and checks[0].fitted_tpot_ms < checks[0].median_tpot_ms * 1.1
+    assert profiling.max_rate(spec, profiling.at_hand(hw, refitted), single) == pytest.approx(truth, rel=0.1)
+    sent.clear()
+    kept, behind = profiling.refit_at_max(spec, hw, single, slow, engine(first / 2), apart, first)
+    assert sent == [pytest.approx(first), pytest.approx(0.8 * first)] and kept == slow
+    assert [c.carried for c in behind] == [False] and behind[0].fitted_tpot_ms is None
+
+
 def test_a_profiling_run_measures_a_fallen_behind_steady_load_again_and_keeps_what_its_host_check_carried(
     tmp_path, monkeypatch
 ):
     """`profile.run` with stand-ins for the engine, the shapes' timings and the loads: a steady load that
     fell behind is measured again at half the rate (its own prompts) and the split is fitted on that one;
     the host check runs at the engine's simulated max once the overhead is split, steps down to 80% when
-    it falls behind, and the rate it carried is what the profile keeps."""
+    it falls behind, the split is refitted on the TPOT of the check that carried, and the highest rate a
+    check carried is what the profile keeps."""
     from contextlib import contextmanager
 
     from pipeline.planner import profile as profiling
@@ -763,9 +810,10 @@ def test_a_profiling_run_measures_a_fallen_behind_steady_load_again_and_keeps_wh
     monkeypatch.setattr(profiling, "measure_colocated", lambda *args: None)
     checks: list[float] = []
 
-    def prober(rate, n, seed):  # the first check falls behind (an optimistic max), the second keeps pace
+    def prober(rate, n, seed):  # the first check falls behind (an optimistic max), the rest keep pace
         checks.append(rate)
-        return fixed_probe(rate, n, 900.0, spec.slo, rate / 2 if len(checks) == 1 else rate)
+        found = fixed_probe(rate, n, 900.0, spec.slo, rate / 2 if len(checks) == 1 else rate)
+        return found.model_copy(update={"p50_tpot_ms": profiling.steady_tpot_ms(spec, engine_paid, single, rate)})
 
     prober.bench = None  # the client the loads run on: stood in for above
     engine = type("Engine", (), {"url": "http://x", "groups": []})()
@@ -780,10 +828,15 @@ def test_a_profiling_run_measures_a_fallen_behind_steady_load_again_and_keeps_wh
     assert [(name, seed) for name, seed, _ in loads] == [("steady.json", 1), ("steady-half.json", 3)]
     assert loads[1][2] == pytest.approx(loads[0][2] / 2) and found.steady.rate == pytest.approx(loads[1][2])
     assert found.coefficients.admission_ms == pytest.approx(9.0, abs=1.5)  # the split, on the load that kept pace
-    engine_only = found.coefficients.model_copy(update={"host_ms_per_request": 0.0, "host_busy_cores": 0.0})
-    top = profiling.max_rate(spec, profiling.at_hand(hw, engine_only), single)
-    assert checks == [pytest.approx(top), pytest.approx(0.8 * top)]
-    assert found.host_check.carried and found.coefficients.host_carried_rps == pytest.approx(0.8 * top, rel=1e-3)
+    # the check at the simulated max fell behind, 80% of it carried and the split was refitted on its
+    # TPOT; that moved the max more than 10% past it, so one more check there, which carried
+    top = profiling.max_rate(spec, engine_paid, single)
+    assert checks == [pytest.approx(top, rel=0.1), pytest.approx(0.8 * checks[0]), pytest.approx(top, rel=0.1)]
+    assert [(c.rate, c.carried) for c in found.host_checks] == [(pytest.approx(checks[1], rel=1e-3), True)] + [
+        (pytest.approx(checks[2], rel=1e-3), True)
+    ]
+    assert all(c.fitted_tpot_ms == pytest.approx(c.median_tpot_ms, rel=0.1) for c in found.host_checks)
+    assert found.coefficients.host_carried_rps == pytest.approx(checks[2], rel=1e-3)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs an engine core and a frontend core")
