@@ -650,7 +650,8 @@ def test_the_colocated_check_prices_the_light_loads_own_share_of_the_engines_cor
         def serve(self, argv, out_dir, name, what=""):
             runs.append((name, moved[-1:] == ["in"]))
             n = int(argv[argv.index("--num-prompts") + 1])
-            tpot = 20.0 if name == "colocated.json" else 10.0  # twice as slow with the host work on its core
+            # twice as slow with the host work on its core; the second pair 10% slower on both sides
+            tpot = (20.0 if name.startswith("colocated") else 10.0) * (1.1 if name.endswith("-2.json") else 1.0)
             (out_dir / name).write_text(json.dumps({"median_tpot_ms": tpot}))
             return out_dir / name, 0.4 + n * 0.002  # the run's start, then 2 ms a request
 
@@ -660,11 +661,15 @@ def test_the_colocated_check_prices_the_light_loads_own_share_of_the_engines_cor
         runs.clear()
         engine.placement = serving.Placement(engine_cores=cores, frontend_cores=[2])
         found = profiling.measure_colocated(Client(), engine, tmp_path, tmp_path, spec, 25.0, 0.4)
-        assert runs == [("beside.json", False), ("colocated.json", True)]  # beside first, then on the cores
-        # 25 req/s x 2 ms = 0.05 of one core (0.025 of two); 1 / (1 - k x share) = 2
+        # beside first, then on the cores, in two pairs
+        assert runs == [("beside.json", False), ("colocated.json", True)] + [
+            ("beside-2.json", False), ("colocated-2.json", True)
+        ]  # fmt: skip
+        # 25 req/s x 2 ms = 0.05 of one core (0.025 of two); 1 / (1 - k x share) = 2 on the pairs' means
         assert found.rate == 25.0 and found.beside_host_ms_per_request == pytest.approx(2.0)
         assert found.share == pytest.approx(share) and found.cost == pytest.approx(cost)
-        assert (found.beside_tpot_ms, found.shared_tpot_ms) == (10.0, 20.0)
+        assert (found.beside_tpot_ms, found.shared_tpot_ms) == (10.5, 21.0)
+        assert (found.beside_tpots_ms, found.shared_tpots_ms) == ([10.0, 11.0], [20.0, 22.0])
     for nothing_apart in (
         serving.Placement(engine_cores=[[0]]),  # no frontend cores
         serving.Placement(engine_cores=[[0]], frontend_cores=[0]),  # the frontend on the engine's core
@@ -673,11 +678,11 @@ def test_the_colocated_check_prices_the_light_loads_own_share_of_the_engines_cor
         runs.clear()
         assert profiling.measure_colocated(Client(), engine, tmp_path, tmp_path, spec, 25.0, 0.4) is None
         assert runs == []
-    # the light load: 0.1 of every engine core by the steady figure, at most 0.3 of the predicted max
-    assert profiling.light_rate(1000.0, 1, 4.0) == pytest.approx(25.0)
-    assert profiling.light_rate(1000.0, 2, 4.0) == pytest.approx(50.0)
+    # the load: 0.25 of every engine core by the steady figure, at most 0.3 of the predicted max
+    assert profiling.light_rate(1000.0, 1, 4.0) == pytest.approx(62.5)
+    assert profiling.light_rate(1000.0, 2, 4.0) == pytest.approx(125.0)
     assert profiling.light_rate(50.0, 2, 4.0) == pytest.approx(15.0)
-    assert profiling.light_rate(1000.0, 0, 4.0) == pytest.approx(25.0)  # no pinned core: one
+    assert profiling.light_rate(1000.0, 0, 4.0) == pytest.approx(62.5)  # no pinned core: one
 
 
 def test_the_host_check_loads_the_profiled_layout_at_its_simulated_max_and_judges_it_on_pace(tmp_path):
@@ -730,8 +735,8 @@ def test_the_split_is_refitted_on_the_host_checks_tpot_and_checked_again_where_t
     """`refit_at_max`: a steady load's split can make the simulated engine slower under load than the real
     one (the runs of 2026-12-04: ~30%); the check at the simulated max then reads a lower TPOT than the
     simulation, the split refitted on it finds the engine's own, and where that moves the max more
-    than `REFIT_MOVE` past the checked rate one more check runs there. A check that fell behind refits
-    nothing (it measured a queue)."""
+    than `REFIT_MOVE` past the checked rate one more check runs there (at that rate only). A check
+    that fell behind refits nothing (it measured a queue)."""
     from pipeline.planner import profile as profiling
     from pipeline.stages import serving
     from tests.test_benchmark import fixed_probe
@@ -762,6 +767,11 @@ def test_the_split_is_refitted_on_the_host_checks_tpot_and_checked_again_where_t
     assert refitted.admission_ms + refitted.request_overhead_ms == pytest.approx(15.0, abs=0.01)
     assert [c.carried for c in checks] == [True, True] and checks[0].fitted_tpot_ms < checks[0].median_tpot_ms * 1.1
     assert profiling.max_rate(spec, profiling.at_hand(hw, refitted), single) == pytest.approx(truth, rel=0.1)
+    sent.clear()
+    # the second check falls behind: the max is under it; the first refit stands, no 80% of it is tried
+    once, checks = profiling.refit_at_max(spec, hw, single, slow, engine(first), apart, first)
+    assert sent == [pytest.approx(first), pytest.approx(truth, rel=0.1)] and once == refitted
+    assert [c.carried for c in checks] == [True, False] and checks[1].fitted_tpot_ms is None
     sent.clear()
     kept, behind = profiling.refit_at_max(spec, hw, single, slow, engine(first / 2), apart, first)
     assert sent == [pytest.approx(first), pytest.approx(0.8 * first)] and kept == slow
