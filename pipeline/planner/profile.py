@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from scipy.optimize import nnls
 
 from pipeline.core.errors import ReleaseError
@@ -198,6 +198,15 @@ class Profile(BaseModel):
     fit_error: float = Field(description="median |fitted / measured - 1| over the shapes")
     seconds: float = Field(description="the run, engine start included")
     id: int | None = Field(None, description="the registry's row, once kept")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_check(cls, data: object) -> object:
+        """A profile kept before the refit (2026-12-04) holds its one check as `host_check`."""
+        if isinstance(data, dict) and "host_check" in data and "host_checks" not in data:
+            one = data.get("host_check")
+            return {**{k: v for k, v in data.items() if k != "host_check"}, "host_checks": [one] if one else []}
+        return data
 
     def hardware_at_hand(self, hw: HardwareProfile) -> HardwareProfile:
         return at_hand(hw, self.coefficients)
@@ -416,7 +425,7 @@ COLOCATED_SHARE = 0.25
 COLOCATED_PAIRS = 2
 
 
-def light_rate(top: float, engine_cores: int, host_ms_per_request: float) -> float:
+def colocated_rate(top: float, engine_cores: int, host_ms_per_request: float) -> float:
     """The co-located check's load: host work of `COLOCATED_SHARE` of every engine core by the steady
     load's figure, and never more than 0.3 of the predicted max rate (the engine's own queue stays out)."""
     return min(0.3 * top, COLOCATED_SHARE * max(1, engine_cores) * 1e3 / max(host_ms_per_request, 1e-3))
@@ -477,9 +486,10 @@ def measure_host_check(
     rate: float,
     steps: tuple[float, ...] = HOST_CHECK_STEPS,
 ) -> HostCheck | None:
-    """One load of the workload at `rate` through the release's own prober (`STEADY_SECONDS` of it), judged
-    on pace (`HostCheck`); None where the placement keeps nothing apart (the host shares the engines'
-    cores, and its cost there is priced instead) or there is no rate to check."""
+    """A load of the workload at each of `steps` x `rate` in turn (`STEADY_SECONDS` of it, through the
+    release's own prober) until one keeps pace, judged on pace (`HostCheck`): the last one run. None
+    where the placement keeps nothing apart (the host shares the engines' cores, and its cost there is
+    priced instead) or there is no rate to check."""
     if not host_apart(plan) or rate <= 0:
         return None
     check = None
@@ -492,12 +502,12 @@ def measure_host_check(
             requests=n,
             achieved=round(found.achieved_rate, 3),
             p90_ttft_ms=round(found.p90_ttft_ms, 1),
-            median_tpot_ms=round(found.p50_tpot_ms, 3),
+            median_tpot_ms=round(found.p50_tpot_ms, 3) if math.isfinite(found.p50_tpot_ms) else 0.0,
             carried=not behind,
             reasons=found.reasons if behind else [],
         )
         log.info(
-            "profile: host check at %.3g req/s (%.0f%% of the simulated max): achieved %.3g, p90 TTFT %.1f ms -> %s",
+            "profile: host check at %.3g req/s (%.0f%% of the rate asked): achieved %.3g, p90 TTFT %.1f ms -> %s",
             check.rate,
             step * 100,
             check.achieved,
@@ -518,7 +528,7 @@ def measure_colocated(
     rate: float,
     client_fixed_s: float,
 ) -> Colocated | None:
-    """The light load beside the engine, then with the host work on its cores (see `Colocated`); None
+    """The load beside the engine, then with the host work on its cores, in pairs (see `Colocated`); None
     where the placement keeps nothing apart (nothing to compare)."""
     plan = engine.placement
     engine_cores = set(plan.all_engine_cores)
@@ -653,15 +663,17 @@ def refit_at_max(
     refitted on the check's TPOT, 15 of the 18 single-layout predictions of six saved profiles came within
     15% of their truth, 11 before; README).
     Where a refit moves the max past the checked rate by more than `REFIT_MOVE`, one more check there
-    (the host is only known to carry what a check carried); if that one falls behind, the refit before
-    it stands. -> (coefficients, the checks in order)."""
+    (the host is only known to carry what a check carried), unless the first stepped down to 80% (a load
+    fell behind at the max: it is under it); if the second falls behind, the refit before it stands.
+    -> (coefficients, the checks in order)."""
     checks: list[HostCheck] = []
     rate = top
     for attempt in range(REFIT_ROUNDS):
         # a later round's check at the refitted max only: one that falls behind says the max is under it, and
         # 80% of it says nothing the carried check before it did not (in one run it read 274 req/s right after
         # an overload at 342, TPOT 11 ms where 278 read 6.56 a minute before, and its refit took 13% off)
-        check = measure_host_check(probe, plan, rate, HOST_CHECK_STEPS if attempt == 0 else (1.0,))
+        asked = rate
+        check = measure_host_check(probe, plan, asked, HOST_CHECK_STEPS if attempt == 0 else (1.0,))
         if check is None:
             break
         checks.append(check)
@@ -681,6 +693,8 @@ def refit_at_max(
             coefficients.admission_ms / total if total else 0.0,
             rate,
         )
+        if check.rate < asked:
+            break  # it stepped down: a load at `asked` fell behind, the max is under it, no rate above to check
         if rate <= check.rate * (1 + REFIT_MOVE):
             break
     return coefficients, checks
@@ -775,8 +789,8 @@ def run(
             spec, hw, layout, coefficients, steady.rate, steady.measured_tpot_ms
         )
         top = max_rate(spec, at_hand(hw, coefficients), layout)  # the engine's, the host not yet counted
-        light = light_rate(top, len(engine.placement.all_engine_cores), steady.host_ms_per_request)
-        colocated = measure_colocated(prober.bench, engine, model_dir, out_dir, spec, light, fixed)
+        at = colocated_rate(top, len(engine.placement.all_engine_cores), steady.host_ms_per_request)
+        colocated = measure_colocated(prober.bench, engine, model_dir, out_dir, spec, at, fixed)
         coefficients, checks = refit_at_max(spec, hw, layout, coefficients, prober, engine.placement, top)
     loads = [(steady.rate, steady.host_ms_per_request)]
     if colocated:
@@ -821,8 +835,9 @@ def table(profile: Profile) -> str:
         verdict = (
             "not kept up" if not hc.carried else "carried, the split refitted on it" if hc.fitted_tpot_ms else "carried"
         )
+        fitted = f"{hc.fitted_tpot_ms:10.3g}" if hc.fitted_tpot_ms else f"{'-':>10}"
         rows.append(
-            f"{f'host check {hc.rate:.3g}/s':16} {hc.median_tpot_ms:12.3g} {hc.fitted_tpot_ms or math.nan:10.3g}"
+            f"{f'host check {hc.rate:.3g}/s':16} {hc.median_tpot_ms:12.3g} {fitted}"
             f" {'-':>13}  (median TPOT; p90 TTFT {hc.p90_ttft_ms:.4g} ms, achieved {hc.achieved:.3g} req/s: {verdict})"
         )
     return "\n".join(rows)
