@@ -10,7 +10,8 @@
 3. Each layout's SLO search (the release's own benchmark_layout, its bracket started from the
    prediction, as the release DAG starts it) measures it.
 Prints predicted vs measured max SLO rate per layout, the error, and both rankings; and this core's
-speed (a fixed pure-Python workload) around the profile and around each layout's measurement, with
+speed (a fixed pure-Python workload) and the memory bandwidth (a 64 MB copy) around the profile and
+around each layout's measurement, with
 the error the layout would show at the profile's speed: a diagnostic of a shared, drifting machine. The layouts are
 the spec's first at several max-num-seqs (the knob the planner's scheduler simulation turns on) and,
 with --two-replicas, the spec's two-replica layout. With --drift, the first layout is measured again
@@ -57,6 +58,25 @@ def speed() -> float:
     return SPEED_LOOPS / statistics.median(times) / 1e3
 
 
+BANDWIDTH_MB = 64
+
+
+def bandwidth() -> float:
+    """This machine's memory bandwidth now, GB/s copying a 64 MB array (median of 7): the machine slowed
+    under earlier runs (the same layout held 24% less nine minutes later) while the core speed above and
+    the CPU steal read unchanged; a neighbour on the memory bus would show here, not there."""
+    import numpy as np
+
+    source = np.ones(BANDWIDTH_MB * 2**20 // 8)
+    target = np.empty_like(source)
+    times = []
+    for _ in range(7):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        times.append(time.perf_counter() - started)
+    return 2 * source.nbytes / statistics.median(times) / 1e9  # read + write
+
+
 def variants(first: Layout, seqs: list[int]) -> list[Layout]:
     return [
         first.model_copy(
@@ -89,9 +109,15 @@ def main() -> None:
     model = Path(sources.materialize(spec, loaded.path.parent).path)
     started = time.monotonic()
 
-    speeds = {"profile": [speed()]}
+    bandwidths: dict[str, list[float]] = {}
+
+    def read(key: str) -> float:
+        bandwidths.setdefault(key, []).append(bandwidth())
+        return speed()
+
+    speeds = {"profile": [read("profile")]}
     profiled = profiling.run(spec, hw, spec.layouts[0], model, out / "profile")
-    speeds["profile"].append(speed())
+    speeds["profile"].append(read("profile"))
     profiling.write(profiled, out / "profile.json")
     at_hand = profiled.hardware_at_hand(hw)
     wl = spec.workload
@@ -107,29 +133,29 @@ def main() -> None:
     atomic_write(out / "predictions.json", json.dumps(predicted, indent=2))  # before any measurement
     measured = {}
     for layout in layouts:
-        speeds[layout.name] = [speed()]
+        speeds[layout.name] = [read(layout.name)]
         result = benchmark.benchmark_layout(
             spec, hw, layout, model, out / layout.name, predicted=predicted[layout.name]["profiled"]
         )
-        speeds[layout.name].append(speed())
+        speeds[layout.name].append(read(layout.name))
         measured[layout.name] = result
     again = None
     if args.drift:
         first = layouts[0]
-        speeds[f"{first.name} again"] = [speed()]
+        speeds[f"{first.name} again"] = [read(f"{first.name} again")]
         again = benchmark.benchmark_layout(
             spec, hw, first, model, out / f"{first.name}-again", predicted=predicted[first.name]["profiled"]
         )
-        speeds[f"{first.name} again"].append(speed())
-        speeds["profile again"] = [speed()]
+        speeds[f"{first.name} again"].append(read(f"{first.name} again"))
+        speeds["profile again"] = [read("profile again")]
         reprofiled = profiling.run(spec, hw, spec.layouts[0], model, out / "profile-again")
-        speeds["profile again"].append(speed())
+        speeds["profile again"].append(read("profile again"))
         profiling.write(reprofiled, out / "profile-again.json")
         for layout in layouts:
             fitted = planner.predict(spec, reprofiled.hardware_at_hand(hw), layout, wl.input_len, wl.output_len)
             predicted[layout.name]["profiled again"] = fitted.rate_per_server
         atomic_write(out / "predictions-again.json", json.dumps(predicted, indent=2))
-    atomic_write(out / "speeds.json", json.dumps(speeds, indent=2))
+    atomic_write(out / "speeds.json", json.dumps({"loops_per_ms": speeds, "gb_per_s": bandwidths}, indent=2))
     wall = time.monotonic() - started
 
     print(f"\n{spec.name} on {hw.name}: {wl.input_len} in / {wl.output_len} out, p90 TTFT {spec.slo.p90_ttft_ms:g} ms,"
@@ -137,10 +163,13 @@ def main() -> None:
     print(profiling.table(profiled))
     print(profiled.summary())
     profile_speed = statistics.mean(speeds["profile"])
-    print(f"core speed around the profile: {' / '.join(f'{v:.0f}' for v in speeds['profile'])} loops/ms")
+    print(
+        f"core speed around the profile: {' / '.join(f'{v:.0f}' for v in speeds['profile'])} loops/ms;"
+        f" memory {' / '.join(f'{v:.1f}' for v in bandwidths['profile'])} GB/s"
+    )
     print(
         f"\n{'layout':22} {'datasheet':>10} {'profiled':>10} {'measured':>10} {'error':>8} {'probes':>7}"
-        f" {'speed':>9} {'at profile speed':>16}"
+        f" {'speed':>11} {'GB/s':>9} {'at profile speed':>16}"
     )
     errors = []
     for layout in layouts:
@@ -156,7 +185,8 @@ def main() -> None:
         adjusted = "n/a" if error is None else f"{rate * ratio / p['profiled'] - 1:+.1%}"
         print(
             f"{layout.name:22} {p['datasheet']:10.4g} {p['profiled']:10.4g} {rate or float('nan'):10.4g}"
-            f" {shown:>8} {len(r.probes):7d} {' / '.join(f'{v:.0f}' for v in speeds[layout.name]):>9}"
+            f" {shown:>8} {len(r.probes):7d} {' / '.join(f'{v:.0f}' for v in speeds[layout.name]):>11}"
+            f" {' / '.join(f'{v:.1f}' for v in bandwidths[layout.name]):>9}"
             f" {adjusted:>16}  {p['bound']}" + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
         )
     by_prediction = sorted(predicted, key=lambda n: -predicted[n]["profiled"])
@@ -175,7 +205,8 @@ def main() -> None:
         print(
             f"\ndrift within this run: {first} measured {' then '.join(f'{r or math.nan:.4g}' for r in rates)}"
             f" req/s ({apart}; {len(measured[first].probes)} and {len(again.probes)} probes; core speed"
-            f" {' / '.join(f'{v:.0f}' for v in speeds[f'{first} again'])} at the second)"
+            f" {' / '.join(f'{v:.0f}' for v in speeds[f'{first} again'])}, memory"
+            f" {' / '.join(f'{v:.1f}' for v in bandwidths[f'{first} again'])} GB/s at the second)"
         )
         print(f"{'layout':22} {'profiled':>10} {'again':>10} {'moved':>8}")
         for layout in layouts:
