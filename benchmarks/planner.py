@@ -169,7 +169,7 @@ def main() -> None:
     )
     print(
         f"\n{'layout':22} {'datasheet':>10} {'profiled':>10} {'measured':>10} {'error':>8} {'probes':>7}"
-        f" {'speed':>11} {'GB/s':>9} {'at profile speed':>16}"
+        f" {'speed':>11} {'GB/s':>9} {'at profile speed':>16} {'at profile GB/s':>15}"
     )
     errors = []
     for layout in layouts:
@@ -183,11 +183,16 @@ def main() -> None:
         # a diagnostic beside the error, never a correction of the prediction
         ratio = profile_speed / statistics.mean(speeds[layout.name])
         adjusted = "n/a" if error is None else f"{rate * ratio / p['profiled'] - 1:+.1%}"
+        # ... and had the memory bus kept the profile's bandwidth (run 10 on 2026-12-04: 45 GB/s around the
+        # profile, 29-36 around the last layouts, which held ~20% less than predicted; the core speed unchanged)
+        by_memory = statistics.mean(bandwidths["profile"]) / statistics.mean(bandwidths[layout.name])
+        at_memory = "n/a" if error is None else f"{rate * by_memory / p['profiled'] - 1:+.1%}"
         print(
             f"{layout.name:22} {p['datasheet']:10.4g} {p['profiled']:10.4g} {rate or float('nan'):10.4g}"
             f" {shown:>8} {len(r.probes):7d} {' / '.join(f'{v:.0f}' for v in speeds[layout.name]):>11}"
             f" {' / '.join(f'{v:.1f}' for v in bandwidths[layout.name]):>9}"
-            f" {adjusted:>16}  {p['bound']}" + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
+            f" {adjusted:>16} {at_memory:>15}  {p['bound']}"
+            + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
         )
     by_prediction = sorted(predicted, key=lambda n: -predicted[n]["profiled"])
     by_measurement = sorted(measured, key=lambda n: -(measured[n].max_slo_rate or 0))
