@@ -77,6 +77,17 @@ def bandwidth() -> float:
     return 2 * source.nbytes / statistics.median(times) / 1e9  # read + write
 
 
+def had_kept(readings: dict[str, list[float]], name: str, rate: float | None, predicted: float) -> str:
+    """The error layout `name` would show had the machine kept the profile's reading: a diagnostic beside
+    the error, never a correction of the prediction. By the core's speed for a CPU-bound engine, and by
+    the memory bus's bandwidth (run 10 on 2026-12-04: 45 GB/s around the profile, 29-36 around the last
+    layouts, which held ~20% less than predicted; the core speed unchanged)."""
+    if not rate or not predicted:
+        return "n/a"
+    ratio = statistics.mean(readings["profile"]) / statistics.mean(readings[name])
+    return f"{rate * ratio / predicted - 1:+.1%}"
+
+
 def variants(first: Layout, seqs: list[int]) -> list[Layout]:
     return [
         first.model_copy(
@@ -109,15 +120,17 @@ def main() -> None:
     model = Path(sources.materialize(spec, loaded.path.parent).path)
     started = time.monotonic()
 
+    speeds: dict[str, list[float]] = {}
     bandwidths: dict[str, list[float]] = {}
 
-    def read(key: str) -> float:
+    def read(key: str) -> None:
+        """The core's speed and the memory bandwidth now, kept under `key` (before and after its step)."""
         bandwidths.setdefault(key, []).append(bandwidth())
-        return speed()
+        speeds.setdefault(key, []).append(speed())
 
-    speeds = {"profile": [read("profile")]}
+    read("profile")
     profiled = profiling.run(spec, hw, spec.layouts[0], model, out / "profile")
-    speeds["profile"].append(read("profile"))
+    read("profile")
     profiling.write(profiled, out / "profile.json")
     at_hand = profiled.hardware_at_hand(hw)
     wl = spec.workload
@@ -133,23 +146,23 @@ def main() -> None:
     atomic_write(out / "predictions.json", json.dumps(predicted, indent=2))  # before any measurement
     measured = {}
     for layout in layouts:
-        speeds[layout.name] = [read(layout.name)]
+        read(layout.name)
         result = benchmark.benchmark_layout(
             spec, hw, layout, model, out / layout.name, predicted=predicted[layout.name]["profiled"]
         )
-        speeds[layout.name].append(read(layout.name))
+        read(layout.name)
         measured[layout.name] = result
     again = None
     if args.drift:
         first = layouts[0]
-        speeds[f"{first.name} again"] = [read(f"{first.name} again")]
+        read(f"{first.name} again")
         again = benchmark.benchmark_layout(
             spec, hw, first, model, out / f"{first.name}-again", predicted=predicted[first.name]["profiled"]
         )
-        speeds[f"{first.name} again"].append(read(f"{first.name} again"))
-        speeds["profile again"] = [read("profile again")]
+        read(f"{first.name} again")
+        read("profile again")
         reprofiled = profiling.run(spec, hw, spec.layouts[0], model, out / "profile-again")
-        speeds["profile again"].append(read("profile again"))
+        read("profile again")
         profiling.write(reprofiled, out / "profile-again.json")
         for layout in layouts:
             fitted = planner.predict(spec, reprofiled.hardware_at_hand(hw), layout, wl.input_len, wl.output_len)
@@ -162,7 +175,6 @@ def main() -> None:
           f" p90 TPOT {spec.slo.p90_tpot_ms:g} ms; {wall / 60:.1f} min in all")  # fmt: skip
     print(profiling.table(profiled))
     print(profiled.summary())
-    profile_speed = statistics.mean(speeds["profile"])
     print(
         f"core speed around the profile: {' / '.join(f'{v:.0f}' for v in speeds['profile'])} loops/ms;"
         f" memory {' / '.join(f'{v:.1f}' for v in bandwidths['profile'])} GB/s"
@@ -179,14 +191,7 @@ def main() -> None:
         if error is not None:
             errors.append(abs(error))
         shown = "n/a" if error is None else f"{error:+.1%}"
-        # the error had the core kept the profile's speed (a CPU-bound engine's rate scales with it):
-        # a diagnostic beside the error, never a correction of the prediction
-        ratio = profile_speed / statistics.mean(speeds[layout.name])
-        adjusted = "n/a" if error is None else f"{rate * ratio / p['profiled'] - 1:+.1%}"
-        # ... and had the memory bus kept the profile's bandwidth (run 10 on 2026-12-04: 45 GB/s around the
-        # profile, 29-36 around the last layouts, which held ~20% less than predicted; the core speed unchanged)
-        by_memory = statistics.mean(bandwidths["profile"]) / statistics.mean(bandwidths[layout.name])
-        at_memory = "n/a" if error is None else f"{rate * by_memory / p['profiled'] - 1:+.1%}"
+        adjusted, at_memory = (had_kept(kept, layout.name, rate, p["profiled"]) for kept in (speeds, bandwidths))
         print(
             f"{layout.name:22} {p['datasheet']:10.4g} {p['profiled']:10.4g} {rate or float('nan'):10.4g}"
             f" {shown:>8} {len(r.probes):7d} {' / '.join(f'{v:.0f}' for v in speeds[layout.name]):>11}"

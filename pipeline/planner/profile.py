@@ -537,29 +537,19 @@ def measure_colocated(
     bench.ensure()
     if bench.group is None:
         return None
+
+    def load(name: str) -> Steady:
+        return measure_steady(bench, engine.url, model_dir, out_dir, spec, rate, engine.groups, client_fixed_s, name)
+
     besides: list[Steady] = []
     shared: list[float] = []
     for pair in range(1, COLOCATED_PAIRS + 1):
         suffix = "" if pair == 1 else f"-{pair}"
-        besides.append(
-            measure_steady(
-                bench, engine.url, model_dir, out_dir, spec, rate, engine.groups, client_fixed_s, f"beside{suffix}.json"
-            )
-        )
+        besides.append(load(f"beside{suffix}.json"))
         with host_on_engine_cores(engine, bench) as moved:
             if not moved:
                 return None
-            on = measure_steady(
-                bench,
-                engine.url,
-                model_dir,
-                out_dir,
-                spec,
-                rate,
-                engine.groups,
-                client_fixed_s,
-                f"colocated{suffix}.json",
-            )
+            on = load(f"colocated{suffix}.json")
         shared.append(on.measured_tpot_ms)
     beside_ms = statistics.mean(b.host_ms_per_request for b in besides)
     beside_tpot = statistics.mean(b.measured_tpot_ms for b in besides)
