@@ -286,16 +286,18 @@ class _Threads:
         self.all = torch.get_num_threads()
         self.now = int(os.environ.get("MODEL_RELEASE_TRAIN_THREADS") or self.all)
         self.full = self.now >= self.all
-        self.listening = not self.full
-        if self.listening:
-            signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "full", True))
+        # a build started with the variable is one the suite signals: where it already has every
+        # thread (torch sees one core: an affinity of one), the signal is ignored rather than fatal
+        self.asked = "MODEL_RELEASE_TRAIN_THREADS" in os.environ
+        if self.asked:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN if self.full else lambda *_: setattr(self, "full", True))
         torch.set_num_threads(self.now)
 
     def close(self) -> None:
         """Training is over: a late SIGUSR1 (the suite asks every few seconds until the build exits)
         is ignored from now on. The handler would not do: Python resets the signals it handles to
         their default at exit, and that default ends the process (a finished build reported -10)."""
-        if self.listening:
+        if self.asked:
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
     def update(self) -> None:
