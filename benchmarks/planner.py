@@ -1,7 +1,7 @@
 """The planner held to the engine on this machine, in one run: profile, predict, then measure.
 
     .venv/bin/python benchmarks/planner.py [--spec configs/releases/tiny-qwen3-moe-cpu.yaml]
-        [--seqs 64,16,8] [--two-replicas] [--drift] [--out DIR]
+        [--seqs 64,16,8] [--two-replicas] [--twice] [--drift] [--out DIR]
 
 1. A profiling run (pipeline/planner/profile.py) on the spec's first layout fits the step-time
    coefficients to this machine's engine (nothing is kept in the registry).
@@ -16,7 +16,9 @@ the error the layout would show at the profile's speed: a diagnostic of a shared
 the spec's first at several max-num-seqs (the knob the planner's scheduler simulation turns on) and,
 with --two-replicas, the spec's two-replica layout. With --drift, the first layout is measured again
 and the profile run again after the rest: what one run's truth and calibration move by, the floor
-under any prediction's error on this machine.
+under any prediction's error on this machine. With --twice, every layout is measured twice in a balanced
+order (A B C D D C B A): the machine's slow drift within the run lands on every layout's mean alike
+instead of on whichever came last, and each layout shows its own repeatability beside its error.
 """
 
 from __future__ import annotations
@@ -88,6 +90,14 @@ def had_kept(readings: dict[str, list[float]], name: str, rate: float | None, pr
     return f"{rate * ratio / predicted - 1:+.1%}"
 
 
+def twice(results: list[benchmark.LayoutResult]) -> str:
+    """A layout's two measurements and how far apart they are (the second against the first)."""
+    rates = [r.max_slo_rate for r in results]
+    shown = " / ".join(f"{r or math.nan:.4g}" for r in rates)
+    apart = f"{rates[1] / rates[0] - 1:+.1%}" if len(rates) == 2 and rates[0] and rates[1] else "n/a"
+    return f"{shown:>15} {apart:>7}"
+
+
 def variants(first: Layout, seqs: list[int]) -> list[Layout]:
     return [
         first.model_copy(
@@ -102,6 +112,12 @@ def main() -> None:
     parser.add_argument("--spec", default=str(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml"))
     parser.add_argument("--seqs", default="64,16,8", help="max-num-seqs of the first layout's variants")
     parser.add_argument("--two-replicas", action="store_true", help="also the spec's layout of two replicas")
+    parser.add_argument(
+        "--twice",
+        action="store_true",
+        help="measure every layout twice, in the order A B C D D C B A; the error is the mean's, and the two"
+        " measurements' spread is shown beside it",
+    )
     parser.add_argument("--out", help="where profiles, predictions and probes go (default: a temporary dir)")
     parser.add_argument(
         "--drift",
@@ -144,14 +160,22 @@ def main() -> None:
             "bound": fitted.bound,
         }
     atomic_write(out / "predictions.json", json.dumps(predicted, indent=2))  # before any measurement
-    measured = {}
-    for layout in layouts:
+    runs: dict[str, list[benchmark.LayoutResult]] = {}
+    for index, layout in enumerate(layouts + (layouts[::-1] if args.twice else [])):
+        folder = out / (layout.name if index < len(layouts) else f"{layout.name}-2")
         read(layout.name)
         result = benchmark.benchmark_layout(
-            spec, hw, layout, model, out / layout.name, predicted=predicted[layout.name]["profiled"]
+            spec, hw, layout, model, folder, predicted=predicted[layout.name]["profiled"]
         )
         read(layout.name)
-        measured[layout.name] = result
+        runs.setdefault(layout.name, []).append(result)
+    measured = {name: results[0] for name, results in runs.items()}
+
+    def rate_of(name: str) -> float | None:
+        """The layout's max SLO rate: the mean of its measurements, none where one found no rate."""
+        rates = [r.max_slo_rate for r in runs[name]]
+        return statistics.mean(r for r in rates if r) if all(rates) else None
+
     again = None
     if args.drift:
         first = layouts[0]
@@ -182,25 +206,29 @@ def main() -> None:
     print(
         f"\n{'layout':22} {'datasheet':>10} {'profiled':>10} {'measured':>10} {'error':>8} {'probes':>7}"
         f" {'speed':>11} {'GB/s':>9} {'at profile speed':>16} {'at profile GB/s':>15}"
+        + (f" {'1st / 2nd':>15} {'apart':>7}" if args.twice else "")
     )
     errors = []
     for layout in layouts:
-        r, p = measured[layout.name], predicted[layout.name]
-        rate = r.max_slo_rate
+        p = predicted[layout.name]
+        rate = rate_of(layout.name)
         error = rate / p["profiled"] - 1 if rate and p["profiled"] else None
         if error is not None:
             errors.append(abs(error))
         shown = "n/a" if error is None else f"{error:+.1%}"
+        probes = sum(len(r.probes) for r in runs[layout.name])
         adjusted, at_memory = (had_kept(kept, layout.name, rate, p["profiled"]) for kept in (speeds, bandwidths))
         print(
             f"{layout.name:22} {p['datasheet']:10.4g} {p['profiled']:10.4g} {rate or float('nan'):10.4g}"
-            f" {shown:>8} {len(r.probes):7d} {' / '.join(f'{v:.0f}' for v in speeds[layout.name]):>11}"
+            f" {shown:>8} {probes:7d} {' / '.join(f'{v:.0f}' for v in speeds[layout.name]):>11}"
             f" {' / '.join(f'{v:.1f}' for v in bandwidths[layout.name]):>9}"
-            f" {adjusted:>16} {at_memory:>15}  {p['bound']}"
-            + ("" if r.status == "ok" else f"  ({r.status}: {r.error})")
+            f" {adjusted:>16} {at_memory:>15}"
+            + (f" {twice(runs[layout.name])}" if args.twice else "")
+            + f"  {p['bound']}"
+            + "".join(f"  ({r.status}: {r.error})" for r in runs[layout.name] if r.status != "ok")
         )
     by_prediction = sorted(predicted, key=lambda n: -predicted[n]["profiled"])
-    by_measurement = sorted(measured, key=lambda n: -(measured[n].max_slo_rate or 0))
+    by_measurement = sorted(measured, key=lambda n: -(rate_of(n) or 0))
     print(f"ranking predicted: {' > '.join(by_prediction)}")
     print(
         f"ranking measured:  {' > '.join(by_measurement)}  ({'same' if by_prediction == by_measurement else 'differs'})"
