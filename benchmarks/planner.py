@@ -90,6 +90,13 @@ def had_kept(readings: dict[str, list[float]], name: str, rate: float | None, pr
     return f"{rate * ratio / predicted - 1:+.1%}"
 
 
+def span(readings: list[float], form: str) -> str:
+    """Readings around a layout's measurements: both where there are two, else the lowest-highest."""
+    if len(readings) <= 2:
+        return " / ".join(format(v, form) for v in readings)
+    return f"{min(readings):{form}}-{max(readings):{form}}"
+
+
 def twice(results: list[benchmark.LayoutResult]) -> str:
     """A layout's two measurements and how far apart they are (the second against the first)."""
     rates = [r.max_slo_rate for r in results]
@@ -112,18 +119,19 @@ def main() -> None:
     parser.add_argument("--spec", default=str(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml"))
     parser.add_argument("--seqs", default="64,16,8", help="max-num-seqs of the first layout's variants")
     parser.add_argument("--two-replicas", action="store_true", help="also the spec's layout of two replicas")
-    parser.add_argument(
-        "--twice",
-        action="store_true",
-        help="measure every layout twice, in the order A B C D D C B A; the error is the mean's, and the two"
-        " measurements' spread is shown beside it",
-    )
     parser.add_argument("--out", help="where profiles, predictions and probes go (default: a temporary dir)")
-    parser.add_argument(
+    repeat = parser.add_mutually_exclusive_group()
+    repeat.add_argument(
         "--drift",
         action="store_true",
         help="after the measurements, the first layout measured again and the profile run again: how far the"
         " truth and the calibration move within one run (the floor under any prediction's error here)",
+    )
+    repeat.add_argument(
+        "--twice",
+        action="store_true",
+        help="measure every layout twice, in the order A B C D D C B A; the error is the mean's, and the two"
+        " measurements' spread is shown beside it (it measures what --drift's second measurement would)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -220,12 +228,13 @@ def main() -> None:
         adjusted, at_memory = (had_kept(kept, layout.name, rate, p["profiled"]) for kept in (speeds, bandwidths))
         print(
             f"{layout.name:22} {p['datasheet']:10.4g} {p['profiled']:10.4g} {rate or float('nan'):10.4g}"
-            f" {shown:>8} {probes:7d} {' / '.join(f'{v:.0f}' for v in speeds[layout.name]):>11}"
-            f" {' / '.join(f'{v:.1f}' for v in bandwidths[layout.name]):>9}"
+            f" {shown:>8} {probes:7d} {span(speeds[layout.name], '.0f'):>11} {span(bandwidths[layout.name], '.1f'):>9}"
             f" {adjusted:>16} {at_memory:>15}"
             + (f" {twice(runs[layout.name])}" if args.twice else "")
             + f"  {p['bound']}"
-            + "".join(f"  ({r.status}: {r.error})" for r in runs[layout.name] if r.status != "ok")
+            + "".join(
+                f"  (pass {i}: {r.status}: {r.error})" for i, r in enumerate(runs[layout.name], 1) if r.status != "ok"
+            )
         )
     by_prediction = sorted(predicted, key=lambda n: -predicted[n]["profiled"])
     by_measurement = sorted(measured, key=lambda n: -(rate_of(n) or 0))

@@ -19,6 +19,7 @@ import os
 import random
 import signal
 import string
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -237,31 +238,33 @@ def train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
     threads = _Threads()
     start = time.monotonic()
     losses: list[float] = []
-    for step in range(cfg.steps):
-        threads.update()
-        # Whole batches are chat-formatted or plain: mixing them pads every row to chat length.
-        chat = rng.random() < cfg.chat_fraction
-        batch = [_training_example(rng, held_out, chat, cfg.add_fraction) for _ in range(cfg.batch_size)]
-        input_ids, labels = _encode_batch(tokenizer, batch, eos_id)
-        config.output_router_logits = True
-        result = model(input_ids=input_ids, labels=labels, output_router_logits=True)
-        opt.zero_grad(set_to_none=True)
-        result.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(result.loss.detach()))
-        if (step + 1) % 100 == 0 or step == 0:
-            elapsed = time.monotonic() - start
-            log.info(
-                "tiny model: step %d/%d loss %.3f (%.1f steps/s, %.0f s left)",
-                step + 1,
-                cfg.steps,
-                sum(losses[-100:]) / len(losses[-100:]),
-                (step + 1) / elapsed,
-                (cfg.steps - step - 1) * elapsed / (step + 1),
-            )
-    threads.close()
+    try:  # a build that fails still ignores the suite's late signal (exit 1, not -10)
+        for step in range(cfg.steps):
+            threads.update()
+            # Whole batches are chat-formatted or plain: mixing them pads every row to chat length.
+            chat = rng.random() < cfg.chat_fraction
+            batch = [_training_example(rng, held_out, chat, cfg.add_fraction) for _ in range(cfg.batch_size)]
+            input_ids, labels = _encode_batch(tokenizer, batch, eos_id)
+            config.output_router_logits = True
+            result = model(input_ids=input_ids, labels=labels, output_router_logits=True)
+            opt.zero_grad(set_to_none=True)
+            result.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(result.loss.detach()))
+            if (step + 1) % 100 == 0 or step == 0:
+                elapsed = time.monotonic() - start
+                log.info(
+                    "tiny model: step %d/%d loss %.3f (%.1f steps/s, %.0f s left)",
+                    step + 1,
+                    cfg.steps,
+                    sum(losses[-100:]) / len(losses[-100:]),
+                    (step + 1) / elapsed,
+                    (cfg.steps - step - 1) * elapsed / (step + 1),
+                )
+    finally:
+        threads.close()
     config.output_router_logits = False
     model.eval()
     model = model.to(torch.bfloat16)
@@ -288,8 +291,10 @@ class _Threads:
         self.full = self.now >= self.all
         # a build started with the variable is one the suite signals: where it already has every
         # thread (torch sees one core: an affinity of one), the signal is ignored rather than fatal
-        self.asked = "MODEL_RELEASE_TRAIN_THREADS" in os.environ
-        if self.asked:
+        self.asked = (
+            "MODEL_RELEASE_TRAIN_THREADS" in os.environ and threading.current_thread() is threading.main_thread()
+        )
+        if self.asked:  # (signal handlers belong to the main thread: a build in a worker thread is not signalled)
             signal.signal(signal.SIGUSR1, signal.SIG_IGN if self.full else lambda *_: setattr(self, "full", True))
         torch.set_num_threads(self.now)
 
