@@ -97,12 +97,16 @@ def span(readings: list[float], form: str) -> str:
     return f"{min(readings):{form}}-{max(readings):{form}}"
 
 
-def twice(results: list[benchmark.LayoutResult]) -> str:
-    """A layout's two measurements and how far apart they are (the second against the first)."""
+def apart(results: list[benchmark.LayoutResult]) -> str:
+    """How far a layout's second measurement lies from its first."""
     rates = [r.max_slo_rate for r in results]
-    shown = " / ".join(f"{r or math.nan:.4g}" for r in rates)
-    apart = f"{rates[1] / rates[0] - 1:+.1%}" if len(rates) == 2 and rates[0] and rates[1] else "n/a"
-    return f"{shown:>15} {apart:>7}"
+    return f"{rates[1] / rates[0] - 1:+.1%}" if len(rates) == 2 and rates[0] and rates[1] else "n/a"
+
+
+def twice(results: list[benchmark.LayoutResult]) -> str:
+    """A layout's two measurements and how far apart they are."""
+    shown = " / ".join(f"{r.max_slo_rate or math.nan:.4g}" for r in results)
+    return f"{shown:>15} {apart(results):>7}"
 
 
 def variants(first: Layout, seqs: list[int]) -> list[Layout]:
@@ -177,7 +181,6 @@ def main() -> None:
         )
         read(layout.name)
         runs.setdefault(layout.name, []).append(result)
-    measured = {name: results[0] for name, results in runs.items()}
 
     def rate_of(name: str) -> float | None:
         """The layout's max SLO rate: the mean of its measurements, none where one found no rate."""
@@ -208,8 +211,8 @@ def main() -> None:
     print(profiling.table(profiled))
     print(profiled.summary())
     print(
-        f"core speed around the profile: {' / '.join(f'{v:.0f}' for v in speeds['profile'])} loops/ms;"
-        f" memory {' / '.join(f'{v:.1f}' for v in bandwidths['profile'])} GB/s"
+        f"core speed around the profile: {span(speeds['profile'], '.0f')} loops/ms;"
+        f" memory {span(bandwidths['profile'], '.1f')} GB/s"
     )
     print(
         f"\n{'layout':22} {'datasheet':>10} {'profiled':>10} {'measured':>10} {'error':>8} {'probes':>7}"
@@ -237,7 +240,7 @@ def main() -> None:
             )
         )
     by_prediction = sorted(predicted, key=lambda n: -predicted[n]["profiled"])
-    by_measurement = sorted(measured, key=lambda n: -(rate_of(n) or 0))
+    by_measurement = sorted(runs, key=lambda n: -(rate_of(n) or 0))
     print(f"ranking predicted: {' > '.join(by_prediction)}")
     print(
         f"ranking measured:  {' > '.join(by_measurement)}  ({'same' if by_prediction == by_measurement else 'differs'})"
@@ -247,13 +250,13 @@ def main() -> None:
         print(f"within 15%: {inside} of {len(errors)}; largest |error| {max(errors):.1%}")
     if again is not None:
         first = layouts[0].name
-        rates = [measured[first].max_slo_rate, again.max_slo_rate]
-        apart = f"{rates[1] / rates[0] - 1:+.1%}" if all(rates) else "n/a"
+        both = [runs[first][0], again]
+        rates = " then ".join(f"{r.max_slo_rate or math.nan:.4g}" for r in both)
         print(
-            f"\ndrift within this run: {first} measured {' then '.join(f'{r or math.nan:.4g}' for r in rates)}"
-            f" req/s ({apart}; {len(measured[first].probes)} and {len(again.probes)} probes; core speed"
-            f" {' / '.join(f'{v:.0f}' for v in speeds[f'{first} again'])}, memory"
-            f" {' / '.join(f'{v:.1f}' for v in bandwidths[f'{first} again'])} GB/s at the second)"
+            f"\ndrift within this run: {first} measured {rates}"
+            f" req/s ({apart(both)}; {len(both[0].probes)} and {len(again.probes)} probes; core speed"
+            f" {span(speeds[f'{first} again'], '.0f')}, memory {span(bandwidths[f'{first} again'], '.1f')} GB/s"
+            " at the second)"
         )
         print(f"{'layout':22} {'profiled':>10} {'again':>10} {'moved':>8}")
         for layout in layouts:
