@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -885,7 +885,8 @@ class Prober:
         self.numbers = itertools.count(1)
         self.done: list[Probe] = []  # every probe, kept when the engine dies mid-search
 
-    def __call__(self, rate: float, n: int, seed: int) -> Probe:
+    def __call__(self, rate: float, n: int, seed: int, client_args: Sequence[str] = ()) -> Probe:
+        """client_args: extra flags for vLLM's client (a benchmark's --max-concurrency, say)."""
         if not self.engine.alive():
             raise self.engine.exit_error("during the benchmark")
         name = f"probe-{next(self.numbers):02d}.json"
@@ -900,7 +901,7 @@ class Prober:
             seed,
             self.out_dir,
             name,
-        )
+        ) + list(client_args)
         before = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
         self.bench.ensure()  # its one-time start-up (the vLLM import) stays outside the probe's window
         window = interference.Window(engine_groups=set(self.engine.groups), client_group=self.bench.group)
