@@ -9,7 +9,8 @@
    figures for comparison; both are written to disk before any measurement starts.
 3. Each layout's SLO search (the release's own benchmark_layout, its bracket started from the
    prediction, as the release DAG starts it) measures it.
-Prints predicted vs measured max SLO rate per layout, the error, and both rankings; and this core's
+Prints predicted vs measured max SLO rate per layout, the error, and both rankings (for each pair
+measured in the other order, whether the two layouts' measurements overlap); and this core's
 speed (a fixed pure-Python workload) and the memory bandwidth (a 64 MB copy) around the profile and
 around each layout's measurement, with
 the error the layout would show at the profile's speed: a diagnostic of a shared, drifting machine. The layouts are
@@ -101,6 +102,31 @@ def apart(results: list[benchmark.LayoutResult]) -> str:
     """How far a layout's second measurement lies from its first."""
     rates = [r.max_slo_rate for r in results]
     return f"{rates[1] / rates[0] - 1:+.1%}" if len(rates) == 2 and rates[0] and rates[1] else "n/a"
+
+
+def swapped(by_prediction: list[str], by_measurement: list[str]) -> list[tuple[str, str]]:
+    """Pairs (a, b) the prediction puts a over b and the measurement b over a."""
+    place = {name: i for i, name in enumerate(by_measurement)}
+    return [(a, b) for i, a in enumerate(by_prediction) for b in by_prediction[i + 1 :] if place[a] > place[b]]
+
+
+def bounds(results: list[benchmark.LayoutResult]) -> tuple[float, float]:
+    """A layout's lowest and highest measurement (one that found no rate counts as 0)."""
+    rates = [r.max_slo_rate or 0.0 for r in results]
+    return min(rates), max(rates)
+
+
+def overlap(a: list[benchmark.LayoutResult], b: list[benchmark.LayoutResult]) -> bool:
+    """Whether two layouts' measurements (lowest to highest of each) overlap: then this run does not
+    order them, whatever their means say."""
+    (low_a, high_a), (low_b, high_b) = bounds(a), bounds(b)
+    return max(low_a, low_b) <= min(high_a, high_b)
+
+
+def extent(results: list[benchmark.LayoutResult]) -> str:
+    """A layout's measurements, lowest to highest."""
+    low, high = bounds(results)
+    return f"{low:.4g}-{high:.4g}" if len(results) > 1 else f"{low:.4g}"
 
 
 def twice(results: list[benchmark.LayoutResult]) -> str:
@@ -245,6 +271,16 @@ def main() -> None:
     print(
         f"ranking measured:  {' > '.join(by_measurement)}  ({'same' if by_prediction == by_measurement else 'differs'})"
     )
+    for a, b in swapped(by_prediction, by_measurement):
+        pa, pb = predicted[a]["profiled"], predicted[b]["profiled"]
+        ma, mb = rate_of(a) or 0.0, rate_of(b) or 0.0
+        told = "overlap: this run does not order them" if overlap(runs[a], runs[b]) else "do not overlap"
+        said = (
+            f"{a} over {b} predicted ({pa:.4g} vs {pb:.4g}, {pa / pb - 1:+.1%}), the other way measured"
+            if pa != pb
+            else f"{a} and {b} predicted level ({pa:.4g}), measured"
+        )
+        print(f"  {said} ({ma:.4g} vs {mb:.4g}); their measurements {extent(runs[a])} and {extent(runs[b])} {told}")
     if errors:
         inside = sum(e <= 0.15 for e in errors)
         print(f"within 15%: {inside} of {len(errors)}; largest |error| {max(errors):.1%}")
