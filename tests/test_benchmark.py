@@ -345,6 +345,25 @@ def test_a_probe_beside_a_cpu_hog_is_measured_again_and_flagged_when_it_stays_di
     assert outcome.unclean_rates == [first_steady] and "no clean measurement" in outcome.stop_reason
 
 
+def test_a_far_low_prior_on_flat_latencies_widens_its_steps():
+    """From a prior far below the edge, latencies that creep up with the rate (a p90 TTFT of ~10 ms
+    against a 500 ms limit) put a line through two passes' edge far away: the step must keep
+    growing, as with no line at all. CI's re-benchmark of a live release promoted at 10 req/s climbed
+    by 1.5625x to the end of its 5 probes (10, 12.5, 19.5, 30.5, 47.7: a lower bound that a starved
+    engine then matched); a line's edge beyond the step now squares it like no edge does."""
+    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=1000, resolution=0.05)  # TTFT the latency nearest its limit
+
+    def creeping(rate: float, n: int, seed: int) -> benchmark.Probe:
+        return fixed_probe(rate, n, 10 + rate / 20, slo)  # margin ~50 at 10 req/s, 1 near 10,000
+
+    outcome = benchmark.slo_search(creeping, WorkloadSpec(input_len=1, output_len=2), slo, prior=10.0, max_probes=5)
+    rates = [p.rate for p in outcome.probes]
+    assert all(p.passed for p in outcome.probes) and outcome.bound_only
+    assert rates[:3] == pytest.approx([10, 12.5, 19.53], rel=1e-3)
+    assert rates[3] / rates[2] > 2 and rates[4] / rates[3] == pytest.approx(4.0)  # 1.5625 squared, then MAX_STEP
+    assert outcome.max_slo_rate == rates[-1] > 150
+
+
 def test_search_reports_a_bound_when_the_budget_runs_out():
     slo = SloSpec(p90_ttft_ms=1e9, p90_tpot_ms=50)
     outcome = benchmark.slo_search(mm1_run(1e6, slo), WorkloadSpec(input_len=1, output_len=2), slo, max_probes=6)

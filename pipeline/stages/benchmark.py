@@ -515,7 +515,10 @@ def slo_search(
             # where latency grows at least in proportion to the rate (near the knee it grows faster),
             # the edge lies below lo x its margin: no step beyond that
             cap = lo * min(step, max(point(lo)[1], 1 + res / 2))
-            if edge_above is None:
+            if edge_above is None or edge_above * (1 - AIM * res) >= cap:
+                # no edge in sight, or one past the step (flat latencies at a low load: a line through
+                # two of them reaches the edge far off or never): keep widening the step, as from a
+                # low prior the search would otherwise climb by its first step to the end of its budget
                 rate, step = cap, min(step * step, MAX_STEP)
             else:
                 rate = min(max(edge_above * (1 - AIM * res), lo * (1 + res / 2)), cap)
