@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 
 import pytest
 
@@ -44,12 +44,29 @@ def test_dagbag_imports_without_errors(af_env):
 
 
 TASKS_SCRIPT = """
+import datetime
 import json
+from unittest import mock
 from airflow.dag_processing.dagbag import DagBag
 from airflow.serialization.decoders import decode_timetable
 from airflow.serialization.encoders import encode_timetable
 from airflow.timetables.base import TimeRestriction
 bag = DagBag()
+
+
+def first_run(name, now):  # the first scheduled run of a DAG that appears at `now`
+    timetable = decode_timetable(encode_timetable(bag.get_dag(name).timetable))
+    restriction = TimeRestriction(earliest=bag.get_dag(name).start_date, latest=None, catchup=False)
+    with mock.patch("airflow.timetables.trigger.utcnow", return_value=now):
+        info = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
+    return info.run_after.isoformat()
+
+
+# now, and a minute past each spec's cron point (the tiny spec's @daily, the 235B spec's 03:00): the
+# missed point must not be run even when it is that recent
+today = datetime.datetime.now(datetime.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+after = [datetime.timedelta(minutes=1), datetime.timedelta(hours=3, minutes=1)]
+NOWS = [datetime.datetime.now(datetime.UTC)] + [today + t for t in after]
 dag = bag.get_dag("model_release")
 approve = dag.get_task("approve")
 review = dag.get_task("review_step")
@@ -61,10 +78,7 @@ print(json.dumps({
     "retries": {t.task_id: t.retries for t in dag.tasks},
     "rebench_schedule": repr(bag.get_dag("rebenchmark__qwen3_235b_a22b_fp8").timetable),
     "rebench_first": {  # as the scheduler reads it: the serialized timetable, the DAG's start date
-        name: decode_timetable(encode_timetable(bag.get_dag(name).timetable)).next_dagrun_info(
-            last_automated_data_interval=None,
-            restriction=TimeRestriction(earliest=bag.get_dag(name).start_date, latest=None, catchup=False),
-        ).run_after.isoformat()
+        name: {now.isoformat(): first_run(name, now) for now in NOWS}
         for name in ("rebenchmark__qwen3_235b_a22b_fp8", "rebenchmark__tiny_qwen3_moe_fp8")
     },
     "pools": {t.task_id: t.pool for t in dag.tasks},
@@ -100,8 +114,11 @@ def test_release_dag_runs_gates_then_review_then_promotion(af_env):
     assert "0 3 * * *" in info["rebench_schedule"] and "live-release" in info["rebench_schedule"]
     # a re-benchmark DAG that appears runs first at its next cron point, never the one just missed
     # (two re-benchmarks starting with the embedded Airflow held its SQLite lock and failed a trigger)
-    for name, first in info["rebench_first"].items():
-        assert datetime.fromisoformat(first) > datetime.now(UTC), (name, first)
+    # (Airflow's run_immediately=False still runs a cron point missed by under 10% of the interval:
+    # apache/airflow#64162; a DAG appearing at 00:22 ran the day's 00:00 slot in CI on 2026-12-05)
+    for name, firsts in info["rebench_first"].items():
+        for now, first in firsts.items():
+            assert datetime.fromisoformat(first) > datetime.fromisoformat(now), (name, now, first)
 
 
 def test_dag_files_hold_wiring_only():
