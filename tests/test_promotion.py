@@ -210,6 +210,8 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
                         "per_device": 2.0,
                         "load_seconds": [41.5],
                         "probes": [probe],
+                        "predicted_max_slo_rate": 5.0,
+                        "prediction_error": -0.2,
                     }
                 ],
                 "selection": {"best": "single", "passed": True, "reason": "single: 4 req/s per server"},
@@ -239,6 +241,15 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
     ):
         assert needle in page, needle
     assert "src='http" not in page and "href='http" not in page  # nothing fetched from elsewhere
+    # the prediction's legend says what the planner ran on: the datasheet where the plan recorded nothing,
+    # else what the plan task recorded (a profile fitted on the engine at hand)
+    assert (
+        "-20%" in page and "the step-time model (its step times: the hardware profile&#x27;s datasheet figures" in page
+    )
+    fitted = "fitted on the engine at hand (profile 3 of 2026-12-05 01:08 UTC on layout single: ...)"
+    reg.record(rel.id, "predicted", "planner", {"layouts": [], "step_times": fitted})
+    page = report.write(reg, reg.get(rel.id), load_spec(spec), run).read_text()
+    assert "(its step times: fitted on the engine at hand (profile 3 of" in page and "datasheet figures x" not in page
 
 
 # ---------------------------------------------------------------- the local target, for real

@@ -129,8 +129,15 @@ def _section_accuracy(gate: dict[str, Any] | None) -> str:
 
 
 def _section_performance(
-    bench: dict[str, Any] | None, data: dict[str, Any], live: Release | None, loaded: LoadedSpec, png: Path | None
+    bench: dict[str, Any] | None,
+    data: dict[str, Any],
+    live: Release | None,
+    loaded: LoadedSpec,
+    png: Path | None,
+    step_times: str = "",
 ) -> str:
+    """step_times: what the planner's predictions ran on (a profile fitted on the engine at hand, or
+    the datasheet), as the plan recorded it."""
     if not bench:
         return "<h2>Serving performance</h2><p class='muted'>The benchmark has not run.</p>"
     hw = loaded.hardware
@@ -179,6 +186,7 @@ def _section_performance(
             "standard errors and meet the gate's recovery and floor); a failure fails the layout.</p>"
         )
     if any(lay.get("predicted_max_slo_rate") for lay in bench["layouts"]):
+        datasheet = "the hardware profile's datasheet figures x efficiency factors"  # a plan that recorded none
         how = "".join(
             f"<br>{_e(lay['layout'])}: "
             + (
@@ -191,8 +199,9 @@ def _section_performance(
         )
         out.append(
             "<p class='muted'>predicted: the planner's max SLO rate at the layout's endpoint, published before "
-            "the measurement and where its search started: the hardware profile's datasheet figures x "
-            "efficiency factors, times the median measured / planner ratio of earlier releases on the same "
+            "the measurement and where its search started: the step-time model (its step times: "
+            f"{_e(step_times or datasheet)}), "
+            "times the median measured / planner ratio of earlier releases on the same "
             f"hardware, engine and layout shape where there are any; error = measured / predicted - 1.{how}</p>"
         )
     if png and png.exists():
@@ -430,6 +439,8 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
     data = rel.data
     live = reg.live(rel.name, rel.target)
     live = live if live and live.id != rel.id else None
+    planned = [ev for ev in reg.events(rel.id) if ev.kind == "predicted"]
+    step_times = str(planned[-1].detail.get("step_times") or "") if planned else ""
     headline = (
         f"{_e(loaded.spec.model.name)} FP8 → layout <b>{_e(data.get('layout') or '—')}</b>, "
         f"{_num(data.get('rate_per_server'))} req/s per server within the SLO"
@@ -441,7 +452,7 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
         f"<p>{headline}. Run <code>{_e(rel.run_key)}</code>.</p>"
         + _section_spec(loaded)
         + _section_accuracy(data.get("accuracy"))
-        + _section_performance(bench, data, live, loaded, png)
+        + _section_performance(bench, data, live, loaded, png, step_times)
         + _section_capacity(data)
         + _section_measurement(bench)
         + _section_planner(reg, rel)
