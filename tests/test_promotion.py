@@ -241,15 +241,16 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
     ):
         assert needle in page, needle
     assert "src='http" not in page and "href='http" not in page  # nothing fetched from elsewhere
-    # the prediction's legend says what the planner ran on: the datasheet where the plan recorded nothing,
-    # else what the plan task recorded (a profile fitted on the engine at hand)
-    assert (
-        "-20%" in page and "the step-time model (its step times: the hardware profile&#x27;s datasheet figures" in page
+    # the prediction's legend says what the planner ran on: the datasheet where the layouts' calibration
+    # keys name no profile, else the profiling run they name
+    assert "-20%" in page and "the step-time model (step times from the datasheet figures)" in page
+    bench = json.loads((run / "benchmark" / "benchmark.json").read_text())
+    bench["layouts"][0]["calibration_key"] = (
+        "cpu-local | model-release/vllm-cpu:0.32.0 | tp1-ep1-pp1-dp1-x1 | profile 3"
     )
-    fitted = "fitted on the engine at hand (profile 3 of 2026-12-05 01:08 UTC on layout single: ...)"
-    reg.record(rel.id, "predicted", "planner", {"layouts": [], "step_times": fitted})
+    (run / "benchmark" / "benchmark.json").write_text(json.dumps(bench))
     page = report.write(reg, reg.get(rel.id), load_spec(spec), run).read_text()
-    assert "(its step times: fitted on the engine at hand (profile 3 of" in page and "datasheet figures x" not in page
+    assert "the step-time model (step times fitted by profile 3)" in page and "from the datasheet figures" not in page
 
 
 # ---------------------------------------------------------------- the local target, for real

@@ -129,15 +129,8 @@ def _section_accuracy(gate: dict[str, Any] | None) -> str:
 
 
 def _section_performance(
-    bench: dict[str, Any] | None,
-    data: dict[str, Any],
-    live: Release | None,
-    loaded: LoadedSpec,
-    png: Path | None,
-    step_times: str = "",
+    bench: dict[str, Any] | None, data: dict[str, Any], live: Release | None, loaded: LoadedSpec, png: Path | None
 ) -> str:
-    """step_times: what the planner's predictions ran on (a profile fitted on the engine at hand, or
-    the datasheet), as the plan recorded it."""
     if not bench:
         return "<h2>Serving performance</h2><p class='muted'>The benchmark has not run.</p>"
     hw = loaded.hardware
@@ -186,7 +179,6 @@ def _section_performance(
             "standard errors and meet the gate's recovery and floor); a failure fails the layout.</p>"
         )
     if any(lay.get("predicted_max_slo_rate") for lay in bench["layouts"]):
-        datasheet = "the hardware profile's datasheet figures x efficiency factors"  # a plan that recorded none
         how = "".join(
             f"<br>{_e(lay['layout'])}: "
             + (
@@ -199,8 +191,8 @@ def _section_performance(
         )
         out.append(
             "<p class='muted'>predicted: the planner's max SLO rate at the layout's endpoint, published before "
-            "the measurement and where its search started: the step-time model (its step times: "
-            f"{_e(step_times or datasheet)}), "
+            "the measurement and where its search started: the step-time model ("
+            f"{_e(step_times([lay.get('calibration_key') for lay in bench['layouts']]))}), "
             "times the median measured / planner ratio of earlier releases on the same "
             f"hardware, engine and layout shape where there are any; error = measured / predicted - 1.{how}</p>"
         )
@@ -367,6 +359,13 @@ def _section_trend(reg: Registry, release_id: int) -> str:
     return "<h2>Re-benchmarks since promotion</h2>" + img + "<table>" + "".join(rows) + "</table>"
 
 
+def step_times(keys: list[str | None]) -> str:
+    """Which step times a run's predictions ran on, from their calibration keys (one run, one set of
+    figures): a profiling run's, or the datasheet's (also where no key was recorded)."""
+    profile = next((calibration.CalibrationKey.parse(k).profile for k in keys if k), None)
+    return f"step times fitted by profile {profile}" if profile else "step times from the datasheet figures"
+
+
 def _section_planner(reg: Registry, rel: Release) -> str:
     """How far the planner has been from the measurements for this release's layout shapes, on this
     hardware and engine, release after release: its own rate, and the calibrated rate each search
@@ -380,9 +379,7 @@ def _section_planner(reg: Registry, rel: Release) -> str:
         return ""
     own, used = calibration.median_abs_errors(rows)
     first = calibration.CalibrationKey.parse(keys[0])
-    figures = (
-        f"step times fitted by profile {first.profile}" if first.profile else "step times from the datasheet figures"
-    )
+    figures = step_times(keys)
     out = [
         "<h2>Planner error across releases</h2>",
         f"<p class='muted'>the last measurements of this release's layout shapes on {_e(first.hardware)} "
@@ -439,8 +436,6 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
     data = rel.data
     live = reg.live(rel.name, rel.target)
     live = live if live and live.id != rel.id else None
-    planned = [ev for ev in reg.events(rel.id) if ev.kind == "predicted"]
-    step_times = str(planned[-1].detail.get("step_times") or "") if planned else ""
     headline = (
         f"{_e(loaded.spec.model.name)} FP8 → layout <b>{_e(data.get('layout') or '—')}</b>, "
         f"{_num(data.get('rate_per_server'))} req/s per server within the SLO"
@@ -452,7 +447,7 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
         f"<p>{headline}. Run <code>{_e(rel.run_key)}</code>.</p>"
         + _section_spec(loaded)
         + _section_accuracy(data.get("accuracy"))
-        + _section_performance(bench, data, live, loaded, png, step_times)
+        + _section_performance(bench, data, live, loaded, png)
         + _section_capacity(data)
         + _section_measurement(bench)
         + _section_planner(reg, rel)
