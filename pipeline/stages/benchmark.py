@@ -515,13 +515,14 @@ def slo_search(
             # where latency grows at least in proportion to the rate (near the knee it grows faster),
             # the edge lies below lo x its margin: no step beyond that
             cap = lo * min(step, max(point(lo)[1], 1 + res / 2))
-            if edge_above is None or edge_above * (1 - AIM * res) >= cap:
+            aimed = None if edge_above is None else edge_above * (1 - AIM * res)  # just below the line's edge
+            if aimed is None or aimed >= cap:
                 # no edge in sight, or one past the step (flat latencies at a low load: a line through
                 # two of them reaches the edge far off or never): keep widening the step, as from a
                 # low prior the search would otherwise climb by its first step to the end of its budget
                 rate, step = cap, min(step * step, MAX_STEP)
             else:
-                rate = min(max(edge_above * (1 - AIM * res), lo * (1 + res / 2)), cap)
+                rate = min(max(aimed, lo * (1 + res / 2)), cap)
         elif lo is None:
             # all failed: step down, or to where the line through the two lowest fails meets the edge
             assert hi is not None  # with no fail, some rate passed
