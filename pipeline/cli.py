@@ -25,6 +25,38 @@ def emit(text: str) -> None:
     print(text, file=_results, flush=True)
 
 
+# Argument types: a value no command can use is refused by argparse itself, one line naming the
+# option (exit 2), before anything loads or starts.
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def need_dir(path: str | None, option: str) -> None:
+    """A model or artifact directory a command reads, checked before anything loads or starts: a
+    typo is one line, not a model loader's traceback from deep inside an engine start. (Not an
+    argparse type: the pod commands' arguments are parsed where their paths do not exist.)"""
+    if path is not None and not Path(path).is_dir():
+        raise ReleaseError(f"{option} {path}: no such directory")
+
+
 def _validate(args: argparse.Namespace) -> int:
     from pipeline.core.spec import load_spec
 
@@ -64,6 +96,7 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 def _tiny_accuracy(args: argparse.Namespace) -> int:
     from pipeline.stages import tiny_model
 
+    need_dir(args.model, "--model")
     path = Path(args.model) if args.model else tiny_model.build()
     for task in args.task:
         acc = tiny_model.greedy_accuracy(path, task, limit=args.limit)
@@ -93,11 +126,12 @@ def _quantize(args: argparse.Namespace) -> int:
 def _stage(args: argparse.Namespace) -> int:
     from pipeline.entry import flow
 
-    emit(
-        json.dumps(
-            flow.stage(str(Path(args.spec).resolve()), {"path": args.artifact} if args.artifact else None), indent=2
-        )
+    spec_path = str(Path(args.spec).resolve())
+    need_dir(args.artifact, "--artifact")
+    staged = (
+        flow.stage_artifact(spec_path, str(Path(args.artifact).resolve())) if args.artifact else flow.stage(spec_path)
     )
+    emit(json.dumps(staged, indent=2))
     return 0
 
 
@@ -112,6 +146,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from pipeline.entry import flow
 
     spec_path = str(Path(args.spec).resolve())
+    need_dir(args.candidate, "--candidate")
     if args.side:  # one side only, result to storage: what an evaluation pod runs (execution: kubernetes)
         from pipeline.entry import pod_steps
 
@@ -121,12 +156,10 @@ def _evaluate(args: argparse.Namespace) -> int:
             raise ReleaseError("evaluate --side candidate needs --candidate DIR")
         emit(json.dumps(pod_steps.evaluate_side(spec_path, args.side, args.results, args.run_id, args.candidate)))
         return 0
+    # a given candidate is verified before the source is materialized (a tiny-model build takes minutes)
+    given = {"path": args.candidate, "manifest_hash": _hash_of(args.candidate)} if args.candidate else None
     source = flow.materialize_model(spec_path)
-    candidate = (
-        {"path": args.candidate, "manifest_hash": _hash_of(args.candidate)}
-        if args.candidate
-        else flow.quantize(spec_path, source)
-    )
+    candidate = given or flow.quantize(spec_path, source)
     baseline = flow.evaluate(spec_path, source, baseline=True)
     result = flow.evaluate(spec_path, candidate, baseline=False)
     decision = flow.accuracy_gate(spec_path, baseline, result, args.run_id)
@@ -138,6 +171,7 @@ def _benchmark(args: argparse.Namespace) -> int:
     """One layout's SLO search; exit 0 even when the layout failed (its result says so)."""
     from pipeline.entry import pod_steps
 
+    need_dir(args.model, "--model")
     emit(
         json.dumps(
             pod_steps.benchmark_layout(
@@ -151,8 +185,14 @@ def _benchmark(args: argparse.Namespace) -> int:
 def _remeasure(args: argparse.Namespace) -> int:
     """A live release's re-benchmark on this node; exit 0 when it could not measure (the stored
     result says why, and the judge task alerts with it)."""
+    from pipeline.core.spec import load_spec
     from pipeline.entry import pod_steps
 
+    # the arguments themselves are checked first: a layout or a source that is not there is the
+    # caller's mistake (exit 1), not a measurement that could not be made
+    load_spec(args.spec).layout(args.layout)
+    if not (args.s3_uri or args.nfs_path):
+        raise ReleaseError("remeasure: give --s3-uri or --nfs-path (where the release's artifact is staged)")
     staged = {"s3_uri": args.s3_uri, "nfs_path": args.nfs_path, "manifest_hash": args.manifest_hash}
     emit(
         json.dumps(
@@ -311,6 +351,7 @@ def _profile(args: argparse.Namespace) -> int:
     from pipeline.entry import flow
     from pipeline.planner import profile as profiling
 
+    need_dir(args.model, "--model")
     profiled = flow.profile_engine(args.spec, args.layout, args.model, save=not args.no_save)
     emit(profiling.table(profiled))
     emit(profiled.summary() + ("" if args.no_save else " (kept in the registry: `model-release plan` uses it)"))
@@ -394,13 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="directory to create (default: cached under MODEL_RELEASE_HOME/models)")
     p.add_argument("--seed", type=int, help="training seed (default: the cached model's)")
-    p.add_argument("--steps", type=int, help="training steps (default: the cached model's)")
+    p.add_argument("--steps", type=positive_int, help="training steps (default: the cached model's)")
     p.set_defaults(func=_make_tiny_model)
 
     p = sub.add_parser("tiny-accuracy", help="greedy exact-match accuracy of the tiny model on its held-out tasks")
     p.add_argument("--model", help="model directory (default: the cached tiny model)")
     p.add_argument("--task", nargs="+", default=["tiny_add", "tiny_copy"])
-    p.add_argument("--limit", type=int)
+    p.add_argument("--limit", type=positive_int)
     p.set_defaults(func=_tiny_accuracy)
 
     p = sub.add_parser("materialize", help="resolve the spec's model source to a local directory and its manifest hash")
@@ -425,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("spec")
     p.add_argument(
-        "--candidate", help="candidate model directory with a manifest (default: the spec's quantized model)"
+        "--candidate",
+        help="candidate model directory with a manifest (default: the spec's quantized model)",
     )
     p.add_argument("--run-id", default="cli", help="results go to MODEL_RELEASE_HOME/runs/RUN_ID/")
     p.add_argument(
@@ -462,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-uri", help="s3:// URI the release was staged to")
     p.add_argument("--nfs-path", help="NFS path the release was staged to")
     p.add_argument("--manifest-hash", required=True)
-    p.add_argument("--promoted-rate", type=float, required=True, help="req/s the release was promoted at")
+    p.add_argument("--promoted-rate", type=positive_float, required=True, help="req/s the release was promoted at")
     p.add_argument("--run-id", required=True)
     p.add_argument("--results", required=True, help="s3://bucket/prefix or a directory")
     p.add_argument(
@@ -477,7 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("spec")
     p.add_argument(
-        "--artifact", help="artifact directory (default: quantize the spec's model, reusing a finished output)"
+        "--artifact",
+        help="artifact directory (default: quantize the spec's model, reusing a finished output)",
     )
     p.set_defaults(func=_stage)
 
@@ -521,8 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
         "plan", help="predict each feasible layout's max SLO rate per server (step-time model + scheduler simulation)"
     )
     p.add_argument("spec")
-    p.add_argument("--input-len", type=int, help="prompt tokens (default: the spec's workload)")
-    p.add_argument("--output-len", type=int, help="output tokens (default: the spec's workload)")
+    p.add_argument("--input-len", type=positive_int, help="prompt tokens (default: the spec's workload)")
+    p.add_argument("--output-len", type=positive_int, help="output tokens (default: the spec's workload)")
     p.add_argument("--all", action="store_true", help="print every feasible layout, not the best 8")
     p.add_argument("--datasheet", action="store_true", help="the hardware profile's own figures, not a profiling run's")
     p.add_argument("--png", help="where to write the chart (default: $MODEL_RELEASE_HOME/plans/SPEC-IN-OUT.png)")
@@ -546,10 +589,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("spec")
     p.add_argument("--release", type=int, help="the release to roll out (registry); else give its rate")
-    p.add_argument("--rate-per-server", type=float, help="the new release's max SLO req/s per server")
+    p.add_argument("--rate-per-server", type=positive_float, help="the new release's max SLO req/s per server")
     p.add_argument("--layout", help="the new release's layout (default: the spec's first)")
-    p.add_argument("--load-seconds", type=float, help="its replicas' load time, process start to healthy")
-    p.add_argument("--live-rate-per-server", type=float, help="the live release's rate (none: nothing live)")
+    p.add_argument("--load-seconds", type=positive_float, help="its replicas' load time, process start to healthy")
+    p.add_argument("--live-rate-per-server", type=positive_float, help="the live release's rate (none: nothing live)")
     p.add_argument("--live-layout", help="the live release's layout")
     p.add_argument("--json", action="store_true", help="also print the plan as JSON")
     p.set_defaults(func=_rollout_plan)

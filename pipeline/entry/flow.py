@@ -151,10 +151,17 @@ def quantize(spec_path: str, source: dict[str, Any]) -> dict[str, Any]:
 
 def stage(spec_path: str, quantized: dict[str, Any] | None = None, release_id: int | None = None) -> dict[str, Any]:
     """Stage the FP8 artifact; without `quantized`, quantize first (a finished output is reused)."""
-    loaded = load_spec(spec_path)
     if quantized is None:
         quantized = quantize(spec_path, materialize_model(spec_path))
-    artifact = Path(QuantizedArtifact.model_validate(quantized).path)
+    return stage_artifact(spec_path, QuantizedArtifact.model_validate(quantized).path, release_id)
+
+
+def stage_artifact(spec_path: str, artifact_dir: str, release_id: int | None = None) -> dict[str, Any]:
+    """Stage a published artifact directory by its manifest (`model-release stage --artifact`): a
+    missing manifest, a missing, truncated or changed file is refused, naming it, before any
+    manifest is committed anywhere."""
+    loaded = load_spec(spec_path)
+    artifact = Path(artifact_dir)
     staged = storage.stage(artifact, loaded.spec.staging, name=artifact.name)
     if release_id is not None:
         record_staged(release_id, {**staged.model_dump(), "quantized_path": str(artifact)})
