@@ -108,7 +108,7 @@ def test_applying_the_same_objects_again_changes_no_generation(fake, releases):
     assert fake.get("deployments", NS, R1[0])["spec"]["replicas"] == 2
 
 
-def test_steps_move_servers_in_waves_and_the_old_release_goes_only_at_the_end(fake, releases):
+def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_the_last_analysis(fake, releases):
     live(fake, releases["1"], "1")
     judged = []
 
@@ -122,30 +122,38 @@ def test_steps_move_servers_in_waves_and_the_old_release_goes_only_at_the_end(fa
     )
     assert outcome.status == "live", outcome.error
     assert names(outcome) == ["deploy_started", "smoke_test"] + ["rollout_step"] * 3 + ["rollout_complete"]
-    assert judged == [(1, {"1": 3, "2": 1}), (2, {"1": 2, "2": 2}), (3, {"1": 0, "2": 3})]
+    # the last step is judged with the old release still serving on what the spare budget leaves it
+    assert judged == [(1, {"1": 3, "2": 1}), (2, {"1": 2, "2": 2}), (3, {"1": 1, "2": 3})]
     # never more than the live fleet + the spare server, and never fewer than the fleet serving
     assert all(sum(h.values()) <= 4 for h in fake.history), fake.history
     assert all(sum(h.values()) >= 3 for h in fake.history if h), fake.history
     # and what serves, not only what was asked for: ready servers (a ready pod in each replica group,
     # counted from the pods the Deployments' ReplicaSets made) never fewer than the fleet
     assert fake.ready_history and all(sum(h.values()) >= 3 for h in fake.ready_history), fake.ready_history
-    assert fake.ready_history[-1] == {"2": 3}
-    assert fake.names("deployments", NS) == R2  # release 1's objects go once release 2 holds everything
-    # what is left runs as Kubernetes runs it: each group's ReplicaSet owns three ready pods; release 1's
-    # ReplicaSets and pods went with its Deployment
-    sets = {name: fake.get("replicasets", NS, name) for name in fake.names("replicasets", NS)}
-    assert sorted(rs["metadata"]["ownerReferences"][0]["name"] for rs in sets.values()) == R2
+    assert fake.ready_history[-1] == {"1": 0, "2": 3}
+    # release 1 went to zero servers only after the last analysis passed; its objects stay (at zero)
+    assert fake.history[-1] == {"1": 0, "2": 3} and fake.history[-2] == {"1": 1, "2": 3}
+    assert fake.names("deployments", NS) == R1 + R2
+    assert [fake.get("deployments", NS, n)["spec"]["replicas"] for n in R1] == [0]
+    assert dict(outcome.events)["rollout_complete"]["kept_at_zero"] == [f"Deployment/{n}" for n in R1]
+    # what serves runs as Kubernetes runs it: each group's ReplicaSet owns three ready pods; release 1's
+    # ReplicaSet is left with none
     pods = [fake.get("pods", NS, name) for name in fake.names("pods", NS)]
-    assert len(pods) == 6 and {p["metadata"]["ownerReferences"][0]["name"] for p in pods} == set(sets)
+    owners = {
+        fake.get("replicasets", NS, p["metadata"]["ownerReferences"][0]["name"])["metadata"]["ownerReferences"][0][
+            "name"
+        ]
+        for p in pods
+    }
+    assert len(pods) == 6 and owners == set(R2)
     assert all(p["metadata"]["labels"]["model-release/release-id"] == "2" for p in pods)
     assert all(p["status"]["conditions"] == [{"type": "Ready", "status": "True"}] for p in pods)
-    assert "qwen3-235b-a22b-fp8-r1" not in fake.names("services", NS) + fake.names("poddisruptionbudgets", NS)
     assert "qwen3-235b-a22b-fp8" in fake.names("services", NS)  # the address clients call stays
     steps = [d for k, d in outcome.events if k == "rollout_step"]
     assert [(s["old_servers"], s["new_servers"], s["passed"]) for s in steps] == [
         (3, 1, True),
         (2, 2, True),
-        (0, 3, True),
+        (1, 3, True),
     ]
 
 
@@ -186,7 +194,9 @@ def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases)
     )
     assert outcome.status == "live", outcome.error
     assert dict(outcome.events)["pruned"]["objects"][:2] == [f"Deployment/{n}" for n in R2]
-    assert fake.names("deployments", NS) == ["qwen3-235b-a22b-fp8-r3-0"]
+    # release 1, which served until release 3 passed its last analysis, stays at zero beside it
+    assert fake.names("deployments", NS) == [*R1, "qwen3-235b-a22b-fp8-r3-0"]
+    assert fake.get("deployments", NS, R1[0])["spec"]["replicas"] == 0
 
 
 def test_a_rollout_that_never_becomes_ready_leaves_the_old_release_serving(fake, releases):

@@ -10,9 +10,10 @@ release has; authentication and TLS stay the client's.
 A deploy (KubernetesTarget.deploy) is: check the API server answers, delete what earlier
 releases left scaled to zero, start the new release's first servers beside the live release,
 smoke-test them through the release's own Service, then move step by step (new servers up in
-waves, old ones down as the new are ready), judging each step on live metrics; the old
-release's objects go only after the last step. Any failure gives the old release its servers
-back before the new one scales to zero.
+waves, old ones down as the new are ready, as many kept as the spare budget allows), judging each
+step on live metrics; the old release scales to zero only after the last step's analysis passed,
+and its objects stay until the next release prunes them. Any failure gives the old release its
+servers back before the new one scales to zero.
 """
 
 from __future__ import annotations
@@ -444,9 +445,10 @@ class KubernetesTarget:
     `spare_servers` at a time; as a wave is ready the old release gives back what the step no
     longer needs, so what serves never drops below the fleet. The stable Service sends each
     release traffic in proportion to its ready pods. After each step the judge (the PromQL
-    analysis of the window) decides; a failed step scales the old release back to where it was,
-    waits for it, then scales the new one to zero. Only after the last step are the old
-    release's objects deleted.
+    analysis of the window) decides, while the old release keeps as many servers as the budget
+    leaves it; a failed step scales the old release back to where it was, waits for it, then
+    scales the new one to zero. Only after the last step's analysis does the old release go to
+    zero servers; its objects are pruned by the next release's deploy.
     """
 
     def __init__(
@@ -543,7 +545,11 @@ class KubernetesTarget:
                         events.append(self._smoke(namespace, manifests, port, model))
                 if answers is not None:
                     self._check_answers(answers, number, namespace, manifests, port, model, new_servers, events)
-                old_servers = self._scale_to(old, min(step.old_servers, old_servers), old_servers, timeout_s)
+                # the old release keeps every server the budget leaves it while the step is judged
+                # (never fewer than the step's own): at the last step it still serves beside the new
+                # one, and an abort there has that much less to reload
+                keep = max(step.old_servers, budget - new_servers)
+                old_servers = self._scale_to(old, min(keep, old_servers), old_servers, timeout_s)
                 detail: dict[str, Any] = {
                     "step": number,
                     "fraction": step.fraction,
@@ -571,13 +577,16 @@ class KubernetesTarget:
                     new_servers,
                     old_servers,
                 )
+            # every analysis passed: only now does the old release give back its last servers; its
+            # objects stay, at zero, until the next release's deploy prunes them
+            old_servers = self._scale_to(old, 0, old_servers, timeout_s)
         except Exception as exc:
             return self._undo(exc, events, applied, old, old_release, live_servers, started, timeout_s)
-        removed = self._remove_releases({old_release} if old_release else set(), namespace, instance)
+        kept = [f"Deployment/{d['metadata']['name']}" for d in old]
         events.append(
             (
                 "rollout_complete",
-                {"removed": removed, "seconds": round(time.monotonic() - started, 1), "servers": new_servers},
+                {"kept_at_zero": kept, "seconds": round(time.monotonic() - started, 1), "servers": new_servers},
             )
         )
         log.info("release %s is live in %s on %d servers", release_id, namespace, new_servers)
