@@ -216,6 +216,16 @@ def _manifests(args: argparse.Namespace) -> int:
     from pipeline.k8s import manifests
 
     loaded = load_spec(args.spec)
+    if not (args.layout or args.monitoring):
+        raise ReleaseError("manifests: give --layout NAME (or --monitoring)")
+    if args.monitoring:  # once per model, beside the releases' objects
+        from pipeline.k8s import monitoring
+
+        problems = monitoring.validate_pod_monitor(monitoring.pod_monitor(loaded))
+        if problems:
+            raise ReleaseError("rendered PodMonitor fails the operator's CRD schema:\n" + "\n".join(problems))
+        emit(monitoring.to_yaml(loaded))
+        return 0
     staging = loaded.spec.staging
     s3_uri, nfs_path, preview = args.s3_uri, args.nfs_path, ""
     if not (s3_uri or nfs_path):
@@ -539,7 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
         "for a layout: Deployments per replica group, Service, PDB, weights volume",
     )
     p.add_argument("spec")
-    p.add_argument("--layout", required=True)
+    p.add_argument("--layout", help="the layout to render (required unless --monitoring)")
+    p.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="instead: the PodMonitor (and the equivalent plain scrape config) through which the cluster's "
+        "Prometheus labels each engine's series with its release, as the rollout analysis selects them",
+    )
     p.add_argument("--release-id", default="preview")
     p.add_argument("--manifest-hash", default="0" * 64)
     p.add_argument("--s3-uri")

@@ -119,7 +119,7 @@ def render(
     base = dns_name(spec.name)
     own = release_name(spec, release_id)
     weights = _weights(spec, artifact, base, options)
-    labels = {**_instance_labels(spec), **_release_labels(layout, release_id, artifact)}
+    labels = {**instance_labels(spec), **_release_labels(layout, release_id, artifact)}
     annotations = _annotations(release_id, artifact)
     deployments = [
         _deployment(spec, hw, layout, weights, group, own, labels, annotations, options.servers)
@@ -141,7 +141,7 @@ def render(
         }
 
     # the model's one address: every serving pod of every release, whichever is live
-    stable = service(base, {**serving_selector(spec)}, _instance_labels(spec))
+    stable = service(base, {**serving_selector(spec)}, instance_labels(spec))
     stable["metadata"]["annotations"] = {}
     # this release's pods only: its smoke test goes here before it takes traffic
     own_service = service(own, release_selector, labels)
@@ -165,10 +165,10 @@ def release_name(spec: ReleaseSpec, release_id: str) -> str:
 
 
 def serving_selector(spec: ReleaseSpec) -> dict[str, str]:
-    return {**_instance_labels(spec), SERVING_LABEL: "true"}
+    return {**instance_labels(spec), SERVING_LABEL: "true"}
 
 
-def _instance_labels(spec: ReleaseSpec) -> dict[str, str]:
+def instance_labels(spec: ReleaseSpec) -> dict[str, str]:
     """Stable across releases: Deployment selectors are immutable, and pruning finds our objects by these."""
     return {
         "app.kubernetes.io/name": spec.serving.engine,
@@ -237,7 +237,7 @@ def _nfs_weights(spec: ReleaseSpec, artifact: Artifact, base: str, options: Rend
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim_name, "namespace": spec.promotion.namespace, "labels": _instance_labels(spec)},
+        "metadata": {"name": claim_name, "namespace": spec.promotion.namespace, "labels": instance_labels(spec)},
         "spec": claim_spec,
     }
     volume = {"name": "models", "persistentVolumeClaim": {"claimName": claim_name, "readOnly": True}}
@@ -300,7 +300,7 @@ def _deployment(
 ) -> dict:
     group_label = {f"{FIELD_PREFIX}/replica-group": str(group)}
     # a Deployment of its own per release, so its (immutable) selector may name the release
-    selector = {**_instance_labels(spec), RELEASE_LABEL: labels[RELEASE_LABEL], **group_label}
+    selector = {**instance_labels(spec), RELEASE_LABEL: labels[RELEASE_LABEL], **group_label}
     pod_annotations = {**annotations, **_placement_annotations(hw, layout, group)}
     return {
         "apiVersion": "apps/v1",
@@ -397,7 +397,7 @@ def _anti_affinity(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> di
                     "weight": 100,
                     "podAffinityTerm": {
                         "topologyKey": "kubernetes.io/hostname",
-                        "labelSelector": {"matchLabels": _instance_labels(spec)},
+                        "labelSelector": {"matchLabels": instance_labels(spec)},
                     },
                 }
             ]
