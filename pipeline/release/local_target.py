@@ -102,6 +102,16 @@ def smoke(url: str, timeout: float = 60) -> str:
     return text
 
 
+def _smoke_replica(dep: Deployment, replica: int, port: int) -> str:
+    """The smoke completion at one new engine; a failure carries the tail of that engine's log,
+    where vLLM writes why it answered an error."""
+    try:
+        return smoke(f"http://127.0.0.1:{port}")
+    except LocalDeployFailed as exc:
+        log_path = Path(dep.log_dir) / f"engine-{replica}.log"
+        raise LocalDeployFailed(f"{exc}; log {log_path}:\n{_tail(log_path, 30)}") from None
+
+
 def _stop_groups(pgids: list[int], grace: float = 30) -> None:
     # recorded pids may have been reused since (a reboot, a crash): only signal our own processes
     serving.stop_groups([p for p in pgids if serving._group_is_engine(p)], grace)
@@ -451,8 +461,8 @@ def deploy(
         dep = _start_engines(spec, hw, layout, model_dir, release_id, timeout, beside=fallback)
         steps: list[analysis.StepAnalysis] = []
         try:
-            for port in dep.ports:
-                text = smoke(f"http://127.0.0.1:{port}")
+            for replica, port in enumerate(dep.ports):
+                text = _smoke_replica(dep, replica, port)
             if fallback and fallback.release_id != release_id:
                 steps = _progressive(spec, fallback, dep, answers, review)
             elif wrong := answered_wrong(answers, dep, 1):
