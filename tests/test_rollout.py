@@ -26,12 +26,16 @@ class FakeEngine:
     fed `rate` requests a second at the latencies set on it (a thread), like a replica under load."""
 
     def __init__(self, ttft: float, tpot: float, rate: float = 20):
-        self.ttft, self.tpot, self.rate, self.failed_share = ttft, tpot, rate, 0.0
+        self.ttft, self.tpot, self.rate, self.failed_share, self.http_failed_share = ttft, tpot, rate, 0.0, 0.0
         self.registry = CollectorRegistry()
         self.h_ttft = Histogram(analysis.TTFT, "ttft", buckets=BUCKETS, registry=self.registry)
         self.h_tpot = Histogram(analysis.TPOT, "tpot", buckets=BUCKETS, registry=self.registry)
         self.done = Counter(
             analysis.FINISHED.removesuffix("_total"), "finished", ["finished_reason"], registry=self.registry
+        )
+        # vLLM's API server's own count of answered requests (grouped status, as it exposes it)
+        self.http = Counter(
+            analysis.HTTP.removesuffix("_total"), "http", ["handler", "status", "method"], registry=self.registry
         )
         self.server = http_stub.serve(lambda: generate_latest(self.registry))
         self.port = self.server.server_address[1]
@@ -44,10 +48,14 @@ class FakeEngine:
             if not self.rate:
                 continue
             n += 1
+            if self.http_failed_share and n % round(1 / self.http_failed_share) == 0:
+                self.http.labels("/v1/completions", "5xx", "POST").inc()  # failed before the engine finished it
+                continue
             self.h_ttft.observe(self.ttft)
             self.h_tpot.observe(self.tpot)
             failed = self.failed_share and n % round(1 / self.failed_share) == 0
             self.done.labels("abort" if failed else "length").inc()
+            self.http.labels("/v1/completions", "2xx", "POST").inc()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -102,9 +110,23 @@ def test_a_step_passes_on_good_live_metrics_and_fails_with_its_evidence(promethe
         errors = judge(3)
         assert not errors.passed and any("aborted or failed" in r for r in errors.reasons), errors.reasons
 
-        new.rate = old.rate = 0  # a quiet window: nothing to judge, nobody affected
+        # requests that failed at HTTP level (500s the engine never finished) count as failures too
+        new.failed_share, new.http_failed_share = 0.0, 0.25
+        http_errors = judge(3)
+        assert http_errors.queries["new_http_errors"].value > 0, http_errors.summary()
+        assert any("aborted or failed (HTTP 5xx:" in r for r in http_errors.reasons), http_errors.reasons
+        new.http_failed_share = 0.0
+
+        new.rate = old.rate = 0  # a quiet window: nothing to judge, so no pass (fails closed)
         quiet = judge(4)
-        assert quiet.passed and quiet.inconclusive, quiet.summary()
+        assert not quiet.passed and quiet.inconclusive, quiet.summary()
+        assert any(r.startswith("inconclusive: 0 requests") for r in quiet.reasons), quiet.reasons
+        assert "inconclusive (too little traffic)" in quiet.summary()
+        # a reviewer who knows why may Continue it; unanswered, it stays an abort
+        from pipeline.release.analysis import StepReview
+
+        assert quiet.decided(StepReview(step=4, decision="continue", actor="sre")).passed
+        assert not quiet.decided(StepReview(step=4, decision="continue", actor="nobody", by_default=True)).passed
 
         old.rate = 20  # traffic flows, but none reaches the new release: the split is broken
         starved = judge(5)

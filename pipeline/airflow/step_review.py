@@ -42,7 +42,7 @@ def body(release_id: int, pending: dict[str, Any], slo: Any, base_url: str) -> s
     q = {k: v.get("value") for k, v in step["queries"].items()}
     verdict = "passed" if step["passed"] else "FAILED"
     if step.get("inconclusive"):
-        verdict = "inconclusive (no traffic)"
+        verdict = "inconclusive (too little traffic: Continue only if you know why)"
     reasons = "".join(f"- {r}\n" for r in step.get("reasons", []))
     return (
         f"**Release {release_id}, rollout step {step['step']}: {step['fraction']:.0%} of traffic on it.** "

@@ -26,6 +26,10 @@ TTFT = "vllm:time_to_first_token_seconds"
 # vLLM's per-request mean time per output token (decode time / (output tokens - 1))
 TPOT = "vllm:request_time_per_output_token_seconds"
 FINISHED = "vllm:request_success_total"  # label finished_reason: stop, length, abort, error, repetition
+# vLLM's API server counts every answered HTTP request (prometheus-fastapi-instrumentator, status
+# grouped as 2xx/4xx/5xx): a request that failed before or outside the engine (a 500) never
+# reaches FINISHED, so the error share counts these too
+HTTP = "http_requests_total"
 
 
 class PrometheusError(ReleaseError):
@@ -55,7 +59,11 @@ class StepAnalysis(BaseModel):
     window_s: int
     passed: bool
     reasons: list[str] = Field(default_factory=list, description="why it failed; empty when it passed")
-    inconclusive: bool = Field(False, description="no live traffic on either release: nothing to judge, nobody hurt")
+    inconclusive: bool = Field(
+        False,
+        description="too little traffic on either release to judge: never a pass (a reviewer may "
+        "Continue it; unanswered, it aborts)",
+    )
     queries: dict[str, Query]
     analysis_passed: bool | None = Field(None, description="the PromQL verdict, when a reviewer's decision differs")
     review: StepReview | None = None
@@ -86,7 +94,7 @@ class StepAnalysis(BaseModel):
             v = q.get(key)
             return "-" if v is None else f"{v * 1000:.0f} ms"
 
-        verdict = "FAILED" if not self.passed else "inconclusive (no traffic)" if self.inconclusive else "passed"
+        verdict = "inconclusive (too little traffic)" if self.inconclusive else "passed" if self.passed else "FAILED"
         if self.review and not self.review.by_default:
             verdict += f", {self.review.decision} by {self.review.actor}"
         return (
@@ -130,6 +138,7 @@ def queries(new: str, old: str | None, window_s: int) -> dict[str, str]:
         "new_p90_tpot": p90(TPOT, new),
         "new_requests": f"sum(increase({FINISHED}{{{new}}}[{w}]))",
         "new_failed": f'sum(increase({FINISHED}{{{new},finished_reason=~"abort|error"}}[{w}])) or vector(0)',
+        "new_http_errors": f'sum(increase({HTTP}{{{new},status=~"5.."}}[{w}])) or vector(0)',
         "new_targets_down": f"count(up{{{new}}} == 0) or vector(0)",
         "new_targets": f"count(up{{{new}}})",
     }
@@ -155,17 +164,28 @@ def analyze(
         reasons.append(f"no engine of the new release is scraped ({new})")
     elif v["new_targets_down"]:
         reasons.append(f"{v['new_targets_down']:.0f} of {v['new_targets']:.0f} engines of the new release are down")
+    http_errors = v["new_http_errors"] or 0.0
     idle = requests_done < rollout.min_requests and (v.get("old_requests") or 0.0) < rollout.min_requests
     if idle:
-        pass  # no traffic at all (a quiet hour, a demo): a canary has nothing to be judged on
+        # a quiet window (a quiet hour, a demo) holds no evidence either way: not a pass. With step
+        # reviews a person may Continue it; otherwise, or unanswered, the step aborts
+        reasons.append(
+            f"inconclusive: {requests_done:.0f} requests finished on the new release and "
+            f"{v.get('old_requests') or 0.0:.0f} on the old in the window, fewer than "
+            f"rollout.min_requests ({rollout.min_requests}): nothing to judge, so no pass"
+        )
     elif requests_done < rollout.min_requests:
         reasons.append(f"{requests_done:.0f} requests finished in the window, fewer than {rollout.min_requests}")
-    if not idle and requests_done > 0:
+    if requests_done + http_errors > 0:
         # what did finish is judged too: a release too slow to finish `min_requests` in the window
-        # (8 of 10 in a CI run, p90 TTFT 6.6 s) is aborted for its latency, and the record says so
-        failed = (v["new_failed"] or 0.0) / requests_done
+        # (8 of 10 in a CI run, p90 TTFT 6.6 s) is aborted for its latency, and the record says so.
+        # Failed: engine aborts and errors, and HTTP 5xx answers (requests the engine never finished)
+        failed = ((v["new_failed"] or 0.0) + http_errors) / (requests_done + http_errors)
         if failed > rollout.max_error_fraction:
-            reasons.append(f"{failed:.1%} of requests aborted or failed > {rollout.max_error_fraction:.1%}")
+            reasons.append(
+                f"{failed:.1%} of requests aborted or failed (HTTP 5xx: {http_errors:.0f}) "
+                f"> {rollout.max_error_fraction:.1%}"
+            )
         for key, limit, label in (("ttft", slo.p90_ttft_ms, "TTFT"), ("tpot", slo.p90_tpot_ms, "TPOT")):
             value = v[f"new_p90_{key}"]
             if value is None:
@@ -186,7 +206,7 @@ def analyze(
         window_s=window_s,
         passed=not reasons,
         reasons=reasons,
-        inconclusive=idle and not reasons,
+        inconclusive=idle,
         queries=results,
     )
     log.info("rollout analysis: %s", verdict.summary())
