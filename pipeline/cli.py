@@ -324,7 +324,9 @@ def _rollout_plan(args: argparse.Namespace) -> int:
         loaded.layout(layout)  # an unknown name fails here, naming the spec's layouts
         new = rollout_plan.Side(layout=layout, rate_per_server=args.rate_per_server, load_seconds=args.load_seconds)
         old = (
-            rollout_plan.Side(layout=args.live_layout, rate_per_server=args.live_rate_per_server)
+            rollout_plan.Side(
+                layout=args.live_layout, rate_per_server=args.live_rate_per_server, load_seconds=args.live_load_seconds
+            )
             if args.live_rate_per_server
             else None
         )
@@ -610,6 +612,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-seconds", type=positive_float, help="its replicas' load time, process start to healthy")
     p.add_argument("--live-rate-per-server", type=positive_float, help="the live release's rate (none: nothing live)")
     p.add_argument("--live-layout", help="the live release's layout")
+    p.add_argument(
+        "--live-load-seconds", type=positive_float, help="the live release's load time: what an abort reloads"
+    )
     p.add_argument("--json", action="store_true", help="also print the plan as JSON")
     p.set_defaults(func=_rollout_plan)
 

@@ -165,9 +165,9 @@ CASES = [
     Case(
         "rollout-plan-given",
         "rollout-plan {prod} --rate-per-server 18 --layout tp4-ep4-x2 --load-seconds 600"
-        " --live-rate-per-server 12.5 --live-layout tp8-ep8 --json",
+        " --live-rate-per-server 12.5 --live-layout tp8-ep8 --live-load-seconds 540 --json",
         0,
-        r"step",
+        r"3 reloads \(9\.0 min\)",
     ),
     Case(
         "rollout-plan-bad-rate", "rollout-plan {prod} --rate-per-server -5", 2, r"--rate-per-server: must be positive"

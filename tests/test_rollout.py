@@ -208,6 +208,9 @@ def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(
     assert all(s.old_holds_rps >= s.old_share_rps and s.new_holds_rps >= s.new_share_rps for s in p.steps)
     assert max(s.at_once for s in p.steps) <= p.live_servers + p.spare_servers and p.feasible
     assert [s.seconds for s in p.steps] == [900, 3 * 600 + 300, 4 * 600 + 300] and p.expected_seconds == 5700
+    # while a step is judged the old release keeps what the 12 + 1 budget leaves it: all 12 beside 1 new
+    # (an abort is instant), 9 beside 4, 5 beside 8; an abort reloads the rest
+    assert [(s.old_kept, s.abort_reloads) for s in p.steps] == [(12, 0), (9, 3), (5, 7)]
 
     tight = loaded.model_copy(deep=True)
     tight.spec.rollout.spare_servers = 0

@@ -36,6 +36,12 @@ class StepPlan(BaseModel):
     old_share_rps: float | None = Field(description="its share of the peak + headroom")
     new_share_rps: float | None
     starts_servers: int = Field(description="new servers this step starts (each loads the weights)")
+    old_kept: int = Field(
+        0, description="old servers kept while the step is judged: the step's own, or more where the budget leaves room"
+    )
+    abort_reloads: int = Field(
+        0, description="old servers an abort at this step starts again (0: instant, traffic goes straight back)"
+    )
     seconds: float | None = Field(description="expected: waves x load of the new servers + the analysis window")
     ok: bool
     problem: str = ""
@@ -57,6 +63,7 @@ class RolloutPlan(BaseModel):
     analysis_window_s: int
     review_timeout_s: int | None = Field(None, description="release DAG: each step waits up to this for a reviewer")
     load_seconds: float | None = Field(description="measured: the release's slowest replica, process start to healthy")
+    live_load_seconds: float | None = Field(None, description="the same for the live release: what an abort reloads")
     steps: list[StepPlan]
     expected_seconds: float | None
     feasible: bool
@@ -136,6 +143,9 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
                 f"holds {old} old + {new} new servers; the live fleet is {live_servers} "
                 f"and rollout.spare_servers allows {rollout.spare_servers} more"
             )
+        # as pipeline.k8s.deploy judges a step: the old release keeps what the budget leaves it; an
+        # abort gives it back every server it had, loading those it gave away (locally it never stops)
+        kept = min(live_servers, max(old, budget - new)) if kubernetes and live else live_servers
         started, old_before = max(started, new), old
         old_holds = round(old * rate_old, 3) if need is not None and rate_old else None
         new_holds = round(new * rate_new, 3) if need is not None and rate_new else None
@@ -152,6 +162,8 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
                 old_share_rps=round((1 - fraction) * need, 3) if need is not None else None,
                 new_share_rps=round(fraction * need, 3) if need is not None else None,
                 starts_servers=starts,
+                old_kept=kept,
+                abort_reloads=live_servers - kept,
                 seconds=(waves * load + (window if live else 0)) if load is not None else None,
                 ok=not problem,
                 problem=problem,
@@ -174,6 +186,7 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
         analysis_window_s=window,
         review_timeout_s=duration_seconds(rollout.review_timeout) if rollout.review_timeout and live else None,
         load_seconds=load,
+        live_load_seconds=live.load_seconds if live else None,
         steps=steps,
         expected_seconds=total,
         feasible=all(s.ok for s in steps),
@@ -205,8 +218,16 @@ def table(p: RolloutPlan) -> str:
     ]
     rows = [
         f"{'step':>4} {'traffic':>7} {'old srv':>7} {'new srv':>7} {'at once':>7} {'old holds/share':>18} "
-        f"{'new holds/share':>18} {'waves':>5} {'duration':>9}  ok"
+        f"{'new holds/share':>18} {'waves':>5} {'duration':>9} {'abort':>18}  ok"
     ]
+
+    def abort(s: StepPlan) -> str:
+        if not p.live_servers:
+            return "-"
+        if not s.abort_reloads:
+            return f"instant ({s.old_kept} kept)"
+        return f"{s.abort_reloads} reload{'s' if s.abort_reloads > 1 else ''} ({minutes(p.live_load_seconds)})"
+
     for s in p.steps:
 
         def holds(h: float | None, share: float | None) -> str:
@@ -215,7 +236,7 @@ def table(p: RolloutPlan) -> str:
         rows.append(
             f"{s.step:>4} {s.fraction:>7.0%} {s.old_servers:>7} {s.new_servers:>7} {s.at_once:>7} "
             f"{holds(s.old_holds_rps, s.old_share_rps):>18} {holds(s.new_holds_rps, s.new_share_rps):>18} "
-            f"{s.waves:>5} {minutes(s.seconds):>9}  {'yes' if s.ok else 'NO: ' + s.problem}"
+            f"{s.waves:>5} {minutes(s.seconds):>9} {abort(s):>18}  {'yes' if s.ok else 'NO: ' + s.problem}"
         )
     tail = [
         f"expected duration: {minutes(p.expected_seconds)}"
@@ -226,6 +247,12 @@ def table(p: RolloutPlan) -> str:
         )
         + ("" if p.feasible else "; NOT FEASIBLE as planned")
     ]
+    if p.live_servers:
+        tail.append(
+            "abort: the old release gets every server back before the new one goes to zero; 'instant' where it "
+            "still runs them all while the step is judged. After the last step it goes to zero and its objects stay "
+            "until the next release: a rollback then rolls it out again in steps"
+        )
     return "\n".join(head + rows + tail + [f"note: {n}" for n in p.notes])
 
 
