@@ -211,6 +211,16 @@ def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(
     # while a step is judged the old release keeps what the 12 + 1 budget leaves it: all 12 beside 1 new
     # (an abort is instant), 9 beside 4, 5 beside 8; an abort reloads the rest
     assert [(s.old_kept, s.abort_reloads) for s in p.steps] == [(12, 0), (9, 3), (5, 7)]
+    instant = loaded.model_copy(deep=True)
+    instant.spec.rollout.instant_abort = True  # refused: it needs 8 spare servers at the last step
+    held = rollout_plan.plan(instant, new, old)
+    assert not held.feasible and [s.ok for s in held.steps] == [True, False, False]
+    assert held.steps[2].problem == (
+        "rollout.instant_abort keeps all 12 old servers beside 8 new: rollout.spare_servers must be at least 8 (is 1)"
+    )
+    instant.spec.rollout.spare_servers = 8  # held: every abort is instant
+    held = rollout_plan.plan(instant, new, old)
+    assert held.feasible and all(s.abort_reloads == 0 for s in held.steps)
 
     tight = loaded.model_copy(deep=True)
     tight.spec.rollout.spare_servers = 0

@@ -303,6 +303,11 @@ class RolloutSpec(Strict):
     spare_servers: Annotated[
         int, Field(ge=0, description="servers a step may run beyond the live fleet (old ones go as new are ready)")
     ] = 1
+    instant_abort: bool = Field(
+        False,
+        description="keep every old server through every step, so an abort anywhere only moves traffic back "
+        "(no reloads); refused at plan time when spare_servers cannot hold the old fleet beside each step's new one",
+    )
     review_timeout: Annotated[
         str | None,
         Field(

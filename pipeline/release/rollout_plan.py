@@ -143,6 +143,11 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
                 f"holds {old} old + {new} new servers; the live fleet is {live_servers} "
                 f"and rollout.spare_servers allows {rollout.spare_servers} more"
             )
+        elif kubernetes and live and rollout.instant_abort and live_servers + new > budget:
+            problem = (
+                f"rollout.instant_abort keeps all {live_servers} old servers beside {new} new: "
+                f"rollout.spare_servers must be at least {new} (is {rollout.spare_servers})"
+            )
         # as pipeline.k8s.deploy judges a step: the old release keeps what the budget leaves it; an
         # abort gives it back every server it had, loading those it gave away (locally it never stops)
         kept = min(live_servers, max(old, budget - new)) if kubernetes and live else live_servers
