@@ -201,22 +201,23 @@ CASES = [
 
 # Doors no case walks, each with why: a walk would take minutes or Airflow, and another test runs it.
 EXEMPT = {
-    "make-tiny-model": "trains for minutes; tests/test_tiny_model.py drives it through cli.main with every option",
-    "make-tiny-model --out": "a build: tests/test_tiny_model.py",
-    "make-tiny-model --seed": "a build: tests/test_tiny_model.py",
-    "tiny-accuracy --task": "greedy decoding of the tiny model: tests/test_tiny_model.py (its bad inputs are walked)",
-    "materialize": "builds or reuses the tiny model (minutes on a fresh clone): every stage test materializes",
-    "quantize": "llmcompressor on the tiny model: tests/test_quantize.py",
-    "evaluate": "lm-eval on both sides (minutes): tests/test_evaluate.py; its bad inputs are walked",
-    "benchmark": "an SLO search on a live engine (minutes): tests/test_benchmark.py; its bad inputs are walked",
-    "remeasure": "a re-benchmark on a live engine: tests/test_rebenchmark.py; its bad inputs are walked",
-    "profile": "a profiling run on a live engine (a minute and a half): tests/test_planner.py",
+    "make-tiny-model": "trains for minutes; tests/test_tiny_model.py drives this command through cli.main",
+    "make-tiny-model --out": "a build (minutes): tests/test_tiny_model.py builds through tiny_model.build",
+    "make-tiny-model --seed": "a build: tests/test_tiny_model.py passes --seed through cli.main (build stubbed)",
+    "tiny-accuracy --task": "greedy decoding of the tiny model: tests/test_tiny_model.py calls greedy_accuracy",
+    "materialize": "builds or reuses the tiny model (minutes on a fresh clone): conftest's fixtures materialize",
+    "quantize": "llmcompressor on the tiny model: tests/test_quantize.py runs this command in a subprocess",
+    "evaluate": "lm-eval on both sides (minutes): tests/test_evaluate.py runs the same stage functions",
+    "benchmark": "an SLO search on a live engine (minutes): tests/test_benchmark.py runs benchmark.benchmark_layout",
+    "remeasure": "a re-benchmark on a live engine: tests/test_k8s_pods.py runs pod_steps.remeasure",
+    "profile": "a profiling run on an engine (a minute and a half): tests/test_planner.py profiles a simulated server",
     "profile --model": "the profiling run's model: tests/test_planner.py",
-    "rollout-plan --release": "a plan from registry releases: tests/test_rollout.py",
-    "releases show": "an audit trail: tests/test_promotion.py (the unknown id is walked)",
-    "releases rollback --to": "a real rollback: tests/test_promotion.py (unknown ids are walked)",
-    "approve": "needs a running Airflow with a waiting approval: tests/test_e2e.py approves through it",
-    "reject": "needs a running Airflow with a waiting approval: tests/test_e2e.py",
+    "rollout-plan --release": "a plan from registry releases: tests/test_rollout.py runs this command",
+    "releases show": "an audit trail: tests/test_promotion.py runs this command (the unknown id is walked here)",
+    "releases rollback --to": "a real rollback: tests/test_promotion.py runs promote.rollback (unknown ids walked)",
+    "approve": "needs Airflow with a waiting approval: tests/test_e2e.py answers through the same "
+    "AirflowClient.respond (an unreachable server and a missing password are walked here)",
+    "reject": "needs Airflow with a waiting approval: as approve",
 }
 
 
