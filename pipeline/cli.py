@@ -478,8 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("spec")
     p.add_argument(
-        "--candidate",
-        help="candidate model directory with a manifest (default: the spec's quantized model)",
+        "--candidate", help="candidate model directory with a manifest (default: the spec's quantized model)"
     )
     p.add_argument("--run-id", default="cli", help="results go to MODEL_RELEASE_HOME/runs/RUN_ID/")
     p.add_argument(
@@ -531,8 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("spec")
     p.add_argument(
-        "--artifact",
-        help="artifact directory (default: quantize the spec's model, reusing a finished output)",
+        "--artifact", help="artifact directory (default: quantize the spec's model, reusing a finished output)"
     )
     p.set_defaults(func=_stage)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import time
 
@@ -50,20 +51,10 @@ def test_the_pod_monitor_is_valid_against_the_operators_crd_schema(loaded):
 def test_the_pod_monitor_and_the_scrape_config_map_labels_by_the_same_rules(loaded):
     camel = monitoring.pod_monitor(loaded)["spec"]["podMetricsEndpoints"][0]["relabelings"]
     snake = monitoring.scrape_config(loaded)["relabel_configs"]
-    as_snake = [{"_".join(part.lower() for part in _words(k)): v for k, v in rule.items()} for rule in camel]
+    as_snake = [{re.sub(r"([A-Z])", r"_\1", k).lower(): v for k, v in rule.items()} for rule in camel]
     assert as_snake == snake[-len(as_snake) :]  # the plain config: the operator's selection first, then these
     assert {"target_label": "release", "action": "replace"}.items() <= as_snake[0].items()
     assert as_snake[0]["source_labels"] == ["__meta_kubernetes_pod_label_model_release_release_id"]
-
-
-def _words(camel: str) -> list[str]:
-    out, word = [], ""
-    for ch in camel:
-        if ch.isupper() and word:
-            out.append(word)
-            word = ""
-        word += ch
-    return [*out, word]
 
 
 def test_promtool_accepts_the_rendered_scrape_config(loaded, tmp_path):

@@ -108,8 +108,7 @@ def _smoke_replica(dep: Deployment, replica: int, port: int) -> str:
     try:
         return smoke(f"http://127.0.0.1:{port}")
     except LocalDeployFailed as exc:
-        log_path = Path(dep.log_dir) / f"engine-{replica}.log"
-        raise LocalDeployFailed(f"{exc}; log {log_path}:\n{_tail(log_path, 30)}") from None
+        raise LocalDeployFailed(f"{exc}; {_replica_log(dep, replica)}") from None
 
 
 def _stop_groups(pgids: list[int], grace: float = 30) -> None:
@@ -203,8 +202,7 @@ def _wait_healthy(dep: Deployment, timeout: float) -> None:
         for i in sorted(pending):
             if not serving.alive_group(pgids[i]):
                 raise LocalDeployFailed(
-                    f"release {release_id}: engine replica {i} exited before it was healthy; "
-                    f"log {log_dir}/engine-{i}.log:\n{_tail(log_dir / f'engine-{i}.log')}"
+                    f"release {release_id}: engine replica {i} exited before it was healthy; " + _replica_log(dep, i)
                 )
             if serving.healthy(f"http://127.0.0.1:{ports[i]}"):
                 dep.load_seconds.append(round(time.monotonic() - started, 1))
@@ -224,6 +222,12 @@ def _wait_healthy(dep: Deployment, timeout: float) -> None:
             time.sleep(1)
             if int(time.monotonic() - started) % 15 == 0:
                 log.info("waiting for %d replica(s) to load (%.0f s)", len(pending), time.monotonic() - started)
+
+
+def _replica_log(dep: Deployment, replica: int) -> str:
+    """Where an engine replica logs, and the end of it: what a failure to start or answer says."""
+    path = Path(dep.log_dir) / f"engine-{replica}.log"
+    return f"log {path}:\n{_tail(path)}"
 
 
 def _tail(path: Path, lines: int = 20) -> str:
