@@ -14,7 +14,7 @@ import time
 import pytest
 
 from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
-from pipeline.stages import benchmark, serving
+from pipeline.stages import affinity_guard, benchmark, serving
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.processes import engine_processes
 from tests.simserver import true_max_rate
@@ -724,3 +724,92 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
         assert benchmark.select([result], loaded.spec.slo).best is None  # never the release's layout
     else:
         assert checked == [] and result.status == "ok" and result.max_slo_rate is None
+
+
+def _live() -> dict[int, int]:
+    """pid -> parent pid of the live (not zombie) processes."""
+    out = {}
+    for proc in serving.Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                out[int(proc.name)] = int(fields[1])
+    return out
+
+
+def _family(root: int) -> set[int]:
+    """`root` and its live descendants."""
+    parents, family = _live(), {root}
+    while grown := {pid for pid, parent in parents.items() if parent in family} - family:
+        family |= grown
+    return family
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(serving.all_cores()) < 2, reason="isolation needs a second core")
+def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec_file, tmp_path):
+    """SIGKILL of `model-release benchmark` (the OOM killer's, or Airflow's after its grace) during its
+    first probe: within a minute no process it started is left, and every process it confined has its
+    own mask back: PID 1, one on the whole machine, one pinned to the engine's core (a live engine the
+    local target pinned, say), this test's own."""
+    import os
+    import sys
+
+    from pipeline.core.paths import run_key
+
+    if os.sched_getaffinity(0) != set(serving.all_cores()):
+        pytest.skip("this process is confined to some of the machine's cores: its children would start there")
+    loaded = load_spec(TINY_SPEC)
+    engine_core = serving.placement(loaded.hardware, loaded.layout("single")).all_engine_cores[0]
+
+    def eager(data):  # no compile warm-up: what is killed is the processes, not a measured engine
+        data["layouts"][0]["engine_args"]["enforce-eager"] = True
+
+    spec = spec_file(TINY_SPEC, eager)
+    sleep = [sys.executable, "-c", "import time; time.sleep(300)"]
+    narrow = subprocess.Popen(sleep, preexec_fn=lambda: os.sched_setaffinity(0, {engine_core}))
+    wide = subprocess.Popen(sleep)
+    everyone = {}  # a failed run's masks go back in `finally`, not only the checked ones
+    for pid in _live():
+        with contextlib.suppress(OSError):
+            everyone[pid] = (affinity_guard.started(pid), os.sched_getaffinity(pid))
+    checked = {p: everyone[p][1] for p in (1, narrow.pid, wide.pid, os.getpid())}
+    home = tmp_path / "home"
+    probe = home / "runs" / run_key("killed") / "benchmark" / "single" / "probe-01.json.log"
+    argv = ["benchmark", str(spec), "--layout", "single", "--model", str(tiny_model_dir), "--run-id", "killed"]
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *argv, "--results", str(tmp_path / "results")],
+        env={**os.environ, "MODEL_RELEASE_HOME": str(home)},
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "benchmark.log", "w"),  # noqa: SIM115 - closed with the process
+    )
+    family: set[int] = set()
+    passed = False
+    try:
+        deadline = time.monotonic() + 300
+        while not probe.exists() and owner.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert probe.exists(), (tmp_path / "benchmark.log").read_text()[-3000:]
+        assert os.sched_getaffinity(1) != checked[1]  # the isolation is in force
+        family = _family(owner.pid)
+        owner.kill()
+        owner.wait()
+        masks = lambda: {p: os.sched_getaffinity(p) for p in checked}  # noqa: E731
+        deadline = time.monotonic() + 60
+        while (family & set(_live()) or masks() != checked) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not family & set(_live()), engine_processes()
+        assert masks() == checked
+        passed = True
+    finally:
+        owner.kill()
+        for pid in family if not passed else ():  # what a failed run left: its processes, every mask it narrowed
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid, (started, mask) in everyone.items() if not passed else ():
+            with contextlib.suppress(OSError):
+                if affinity_guard.started(pid) == started and os.sched_getaffinity(pid) != mask:
+                    serving.pin(pid, sorted(mask))
+        for proc in (narrow, wide):
+            proc.kill()
+            proc.wait()

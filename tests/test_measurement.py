@@ -228,9 +228,12 @@ def test_isolation_keeps_every_other_process_off_the_engine_cores_and_gives_them
             assert bystander.pid in iso.moved
             born = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
             assert sorted(os.sched_getaffinity(born.pid)) == service
+            guardian, state = iso.guardian, iso.state_file
+            assert guardian and guardian.poll() is None and state and state.exists()  # written before any change
         assert os.sched_getaffinity(bystander.pid) == before
         assert os.sched_getaffinity(0) == set(cores)
-        assert os.sched_getaffinity(born.pid) == set(cores)  # born confined: gets the machine back
+        assert os.sched_getaffinity(born.pid) == set(cores)  # born confined: gets its parent's mask back
+        assert guardian.poll() == 0 and not state.exists()  # told to leave, nothing for it to restore
     finally:
         for proc in (bystander, engine, locals().get("born")):
             if proc:

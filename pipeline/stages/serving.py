@@ -27,10 +27,10 @@ from pydantic import BaseModel, Field
 
 from pipeline.core import storage
 from pipeline.core.errors import ReleaseError
-from pipeline.core.files import atomic_write
+from pipeline.core.files import atomic_json, atomic_write
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec
-from pipeline.stages import dequant
+from pipeline.stages import affinity_guard, dequant
 
 log = logging.getLogger(__name__)
 
@@ -254,14 +254,6 @@ def pin(pid: int, cores: list[int]) -> None:
             pass
 
 
-def _started(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot): tells a pid apart from a reused one."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -269,54 +261,55 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-PF_KTHREAD = 0x00200000  # include/linux/sched.h
+GUARDIAN = Path(affinity_guard.__file__)  # run by path with -S: it needs nothing but the standard library
 
 
 class isolated:
     """While a layout is measured, every other process on the machine that may be moved (Airflow's,
     the task's, the search's own, anyone's) runs on `other_cores` only, so the engines' compute
-    cores serve nothing else. Afterwards each gets its own affinity back; a process born meanwhile
-    with the confined mask gets the whole machine. A no-op without such cores (a GPU node)."""
+    cores serve nothing else. Afterwards each thread gets its own mask back, and a process born
+    meanwhile with the confined mask its nearest older ancestor's. A no-op without such cores (a GPU
+    node).
+
+    Also when the owner dies without an `__exit__` (SIGKILL, the OOM killer): the masks are written
+    down (home/isolation/, atomically) before any changes, and a guardian in its own session
+    (`affinity_guard.py`) restores them when the owner's pipe closes, unless the owner did."""
 
     def __init__(self, engine_groups: list[int], other_cores: list[int]):
         self.engine_groups, self.cores = set(engine_groups), sorted(other_cores)
-        self.moved: dict[int, tuple[int | None, list[int]]] = {}
+        self.moved: dict[int, int | None] = {}  # pid -> its start time
         self.skipped = 0
-
-    def _others(self) -> list[int]:
-        """User-space processes outside the engines. Kernel threads carry PF_KTHREAD in their stat
-        flags (a command line can be empty for a moment in a process that is just exec'ing)."""
-        out = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or _pgid(int(proc.name)) in self.engine_groups:
-                continue
-            try:
-                flags = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[6])
-            except (OSError, IndexError, ValueError):
-                continue
-            if not flags & PF_KTHREAD:
-                out.append(int(proc.name))
-        return out
+        self.state: dict[str, Any] = {}
+        self.state_file: Path | None = None
+        self.guardian: subprocess.Popen | None = None
+        self.pipe = -1
 
     def __enter__(self) -> isolated:
         if not self.cores or set(self.cores) == set(all_cores()):
             return self
-        for pid in self._others():
-            try:
-                before = sorted(os.sched_getaffinity(pid))
-            except OSError:
+        self.state_file = _isolation_dir() / f"{os.getpid()}-{time.time_ns()}.json"
+        read, self.pipe = os.pipe()  # close-on-exec: no child of ours holds the writer, so EOF is our death
+        try:
+            self.guardian = subprocess.Popen(
+                [sys.executable, "-S", str(GUARDIAN), str(self.state_file)],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a kill of our process group (Airflow's) does not reach it
+            )
+        finally:
+            os.close(read)
+        seen = affinity_guard.snapshot(self.engine_groups, {self.guardian.pid})
+        self.state = {"cores": self.cores, "engine_groups": sorted(self.engine_groups), "seen": seen}
+        atomic_json(self.state_file, self.state)  # before any mask changes: the guardian's to restore
+        for pid, (start, threads) in seen.items():
+            if all(mask == self.cores for mask in threads.values()):
                 continue
-            if before == self.cores:
-                continue
-            pin(pid, self.cores)
-            try:
-                moved = sorted(os.sched_getaffinity(pid)) == self.cores
-            except OSError:
-                moved = False
-            if moved:
-                self.moved[pid] = (_started(pid), before)
+            affinity_guard.set_masks(int(pid), self.cores)
+            if all(mask == self.cores for mask in affinity_guard.masks(int(pid)).values()):
+                self.moved[int(pid)] = start
             else:
-                self.skipped += 1  # kernel threads and other processes that may not be moved
+                self.skipped += 1  # processes that may not be moved (or are gone since)
         log.info(
             "isolation: %d processes confined to cores %s for the measurement (%d could not be moved)",
             len(self.moved),
@@ -326,19 +319,25 @@ class isolated:
         return self
 
     def __exit__(self, *exc) -> None:
-        if not self.moved:
+        if self.guardian is None:
             return
-        everything = all_cores()
-        for pid in self._others():
-            old = self.moved.get(pid)
+        try:
+            affinity_guard.restore(self.state)
+        finally:
+            if self.state_file:
+                self.state_file.unlink(missing_ok=True)  # done: the guardian leaves without restoring
+            os.close(self.pipe)
             try:
-                now = sorted(os.sched_getaffinity(pid))
-            except OSError:
-                continue
-            if old and old[0] == _started(pid):
-                pin(pid, old[1])
-            elif pid not in self.moved and now == self.cores:
-                pin(pid, everything)  # born confined during the measurement
+                self.guardian.wait(10)
+            except subprocess.TimeoutExpired:
+                log.warning("isolation guardian %d did not leave; left running", self.guardian.pid)
+            self.guardian = None
+
+
+def _isolation_dir() -> Path:
+    path = home() / "isolation"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 # A watchdog per process group, in its own session: it blocks on a pipe whose only writer is the

@@ -1,0 +1,165 @@
+"""CPU masks that a benchmark narrows, and the guardian that gives them back when it dies.
+
+`serving.isolated` confines every other process on the machine to the cores no engine computes on
+while a layout is measured. What it changes is written down first (`snapshot`, one file, atomically),
+and a guardian started from this file (`python -S affinity_guard.py STATE`, its own session, SIGTERM,
+SIGINT and SIGHUP ignored, last in the OOM killer's line) blocks on a pipe whose only writer is the
+benchmark: the read ends when the benchmark closes it or dies by any means, SIGKILL and the OOM
+killer included. The guardian then gives back what the file says (`restore`), unless the benchmark
+did so itself and removed the file. Standard library only: it runs without the project's packages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h
+
+Masks = dict[int, list[int]]  # thread id -> cores
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def started(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot): tells a pid apart from a reused one."""
+    try:
+        return int(_stat(pid)[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(_stat(pid)[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def others(skip_groups: set[int], skip: set[int] | None = None) -> list[int]:
+    """User-space processes outside the process groups `skip_groups` and the pids `skip`. Kernel
+    threads carry PF_KTHREAD in their stat flags (a command line can be empty for a moment in a
+    process that is just exec'ing)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) in (skip or ()) or _pgid(int(proc.name)) in skip_groups:
+            continue
+        try:
+            flags = int(_stat(int(proc.name))[6])
+        except (OSError, IndexError, ValueError):
+            continue
+        if not flags & PF_KTHREAD:
+            out.append(int(proc.name))
+    return out
+
+
+def masks(pid: int) -> Masks:
+    """Each thread's mask (sched_setaffinity is per thread on Linux: vLLM binds its OpenMP threads
+    one core each); empty when the process is gone."""
+    out = {}
+    try:
+        tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return {}
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            out[tid] = sorted(os.sched_getaffinity(tid))
+    return out
+
+
+def set_masks(pid: int, cores: list[int], own: Masks | None = None) -> None:
+    """Every thread of `pid` onto `own`'s mask for it when given, else onto `cores`."""
+    for tid in masks(pid):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, (own or {}).get(tid, cores))
+
+
+def snapshot(skip_groups: set[int], skip: set[int]) -> dict[str, tuple[int | None, Masks]]:
+    """pid -> (start time, each thread's mask) of every process `others` lists."""
+    out = {}
+    for pid in others(skip_groups, skip):
+        seen = masks(pid)
+        if seen:
+            out[str(pid)] = (started(pid), seen)
+    return out
+
+
+def restore(state: dict) -> int:
+    """Give back what `state` (`serving.isolated`'s file: `cores`, `engine_groups`, `seen`) narrowed:
+    each thread still confined to `cores` gets the mask its process's thread had before (a thread
+    born meanwhile: its process's first thread's), and a process born meanwhile the mask of its
+    nearest ancestor that was there before (the machine's, when none is). A thread moved elsewhere
+    since was moved by someone else, and stays. -> how many processes got a mask back."""
+    cores = sorted(state["cores"])
+    machine = list(range(os.cpu_count() or 1))
+    seen = {
+        int(pid): (start, {int(t): m for t, m in by_thread.items()})
+        for pid, (start, by_thread) in state["seen"].items()
+    }
+
+    def before(pid: int) -> Masks | None:
+        if pid in seen and seen[pid][0] == started(pid):
+            return seen[pid][1]
+        return None
+
+    def inherited(pid: int) -> list[int]:
+        for _ in range(64):  # a chain of parents, never a loop, but bounded all the same
+            pid = _parent(pid)
+            if pid <= 0:
+                break
+            own = before(pid)
+            if own is not None:
+                return own.get(pid) or next(iter(own.values()))
+        return machine
+
+    given = 0
+    for pid in others(set(state["engine_groups"])):
+        now = masks(pid)
+        confined = [tid for tid, mask in now.items() if mask == cores]
+        if not confined:
+            continue
+        own = before(pid)
+        first = (own.get(pid) or next(iter(own.values()))) if own else inherited(pid)
+        back = {tid: (own or {}).get(tid, first) for tid in confined}
+        if any(back[tid] != cores for tid in confined):
+            for tid in confined:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(tid, back[tid])
+            given += 1
+    return given
+
+
+def main(state_file: str) -> None:
+    """The guardian: wait for the benchmark's pipe (stdin) to close, then restore what the state
+    file still says and remove it."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # the OOM killer takes anyone before us (root may lower it)
+        Path("/proc/self/oom_score_adj").write_text("-1000")
+    while os.read(0, 4096):
+        pass
+    path = Path(state_file)
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):  # the benchmark gave everything back itself and removed the file
+        return
+    restore(state)
+    path.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
