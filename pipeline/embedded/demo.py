@@ -13,9 +13,12 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
+from pipeline.core import measurements
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import load_spec
+from pipeline.core.paths import PROJECT_ROOT
+from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
@@ -24,6 +27,7 @@ from pipeline.release.registry import cached
 from pipeline.stages import capacity, tiny_model
 
 log = logging.getLogger("demo")
+LAYOUT_FIGURES = ("layout", "predicted_max_slo_rate", "max_slo_rate", "prediction_error", "bound_only")
 
 
 def progress(states: dict[str, str], elapsed: float) -> None:
@@ -85,14 +89,45 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
 
+def figures(
+    data: dict[str, Any], loaded: LoadedSpec, state: str, minutes: dict[str, float], completion: str | None
+) -> dict[str, Any]:
+    """What the demo measured, as its results record keeps it (`benchmarks/results/demo/`): the run's
+    timings (trigger to end includes a reviewer's wait unless approved unattended), the accuracy gate's
+    table, each layout's predicted and measured max SLO rate, the chosen one."""
+    gate = data.get("accuracy") or {}
+    return {
+        "spec": str(loaded.path.relative_to(PROJECT_ROOT) if loaded.path.is_relative_to(PROJECT_ROOT) else loaded.path),
+        "state": state,
+        "minutes": {k: round(v, 1) for k, v in minutes.items()},
+        "slo": {"p90_ttft_ms": loaded.spec.slo.p90_ttft_ms, "p90_tpot_ms": loaded.spec.slo.p90_tpot_ms},
+        "workload": {"input_len": loaded.spec.workload.input_len, "output_len": loaded.spec.workload.output_len},
+        "accuracy": {
+            t["task"]: {"baseline": t["baseline"], "candidate": t["candidate"], "passed": t["passed"]}
+            for t in gate.get("tasks", [])
+        },
+        "layouts": [{k: p.get(k) for k in LAYOUT_FIGURES} for p in data.get("predictions") or []],
+        "chosen": {
+            "layout": data.get("layout"),
+            "rate_per_server": data.get("rate_per_server"),
+            "p90_ttft_ms": data.get("p90_ttft_ms"),
+            "p90_tpot_ms": data.get("p90_tpot_ms"),
+            "load_seconds": data.get("load_seconds"),
+        },
+        "completion": completion,
+    }
+
+
 def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
     admin = airflow.client("admin")
     started = time.monotonic()
+    minutes: dict[str, float] = {}
     run_id = admin.trigger({"spec": str(loaded.path)})
     log.info("triggered model_release run %s", run_id)
     state = admin.wait(run_id, until="approval", timeout=7200, on_progress=progress)
     if state == "awaiting_approval":
         waited = time.monotonic() - started
+        minutes["trigger_to_approval_request"] = waited / 60
         rel = cached().by_run(run_id)
         log.info("run %s is waiting for approval after %.1f min (trigger -> approval request)", run_id, waited / 60)
         log.info("  report:  %s", rel.data.get("report") if rel else "?")
@@ -116,6 +151,8 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
             log.info("approved as %s (--yes)", reviewer)
         state = admin.wait(run_id, timeout=7200, on_progress=progress)
     rel = cached().by_run(run_id)
+    minutes["trigger_to_end"] = (time.monotonic() - started) / 60
+    completion = None
     log.info(
         "run %s finished: %s in %.1f min; release %s is %s",
         run_id,
@@ -129,11 +166,15 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
         log.info("  audit:   .venv/bin/model-release releases show %d", rel.id)
         if rel.status == "live":
             url = local_target.endpoint(loaded.spec)
-            log.info(
-                "  live endpoint: %s/v1/completions  (model 'model'); a completion just now: %r",
-                url,
-                local_target.smoke(url),
-            )
+            completion = local_target.smoke(url)
+            log.info("  live endpoint: %s/v1/completions  (model 'model'); a completion just now: %r", url, completion)
+        path = measurements.record(
+            "demo",
+            {**figures(rel.data, loaded, state, minutes, completion), "approved_unattended": auto_approve},
+            summary=f"release {rel.id}: {rel.status}, layout {rel.data.get('layout')}",
+            command="make demo" + (" ARGS=--yes" if auto_approve else ""),
+        )
+        log.info("  figures: %s", path.relative_to(PROJECT_ROOT))
     if state == "success" and sys.stdin.isatty() and not auto_approve:
         log.info("Airflow UI %s and the endpoint stay up until Ctrl-C", airflow.url)
         try:
