@@ -1,5 +1,6 @@
-# The two commands the README promises; each installs what it needs first.
-.PHONY: demo test
+# The two commands the README promises; each installs what it needs first. `make docs` builds the
+# docs site (regenerating its references from the code and the measurements first).
+.PHONY: demo test docs
 ARGS ?=
 
 demo:
@@ -7,3 +8,6 @@ demo:
 
 test:
 	bash scripts/test.sh $(ARGS)
+
+docs:
+	bash scripts/docs.sh $(ARGS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's two virtualenvs. Idempotent: a venv is touched only when
 # its requirement or lock files changed since it was last installed (a stamp records their hash).
-#   scripts/setup.sh [main|serve|system|all]      (default: all)
+#   scripts/setup.sh [main|docs|serve|system|all]      (default: all; docs includes main)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -25,6 +25,18 @@ setup_main() {
   .venv/bin/pip install "${PIP_FLAGS[@]}" -c requirements/main.lock -r requirements/main.in
   .venv/bin/pip install "${PIP_FLAGS[@]}" --no-deps -e .
   echo "$want" > .venv/.setup-stamp
+}
+
+setup_docs() {
+  # the docs site's builder (mkdocs + mkdocs-material, a dozen small wheels) in the main venv: the suite
+  # builds the site (tests/test_docs.py); main.lock pins what the two share
+  local want; want=$(stamp_of requirements/docs.in requirements/docs.lock requirements/main.lock)
+  if [[ -f .venv/.docs-stamp && $(cat .venv/.docs-stamp) == "$want" ]]; then
+    echo "setup: docs tools up to date"; return 0
+  fi
+  echo "setup: installing the docs tools into .venv"
+  .venv/bin/pip install "${PIP_FLAGS[@]}" -c requirements/main.lock -c requirements/docs.lock -r requirements/docs.in
+  echo "$want" > .venv/.docs-stamp
 }
 
 setup_serve() {
@@ -57,8 +69,9 @@ setup_system() {
 
 case ${1:-all} in
   main) setup_main ;;
+  docs) setup_main; setup_docs ;;
   serve) setup_serve ;;
   system) setup_system ;;
-  all) setup_system; setup_main; setup_serve ;;
-  *) echo "usage: $0 [main|serve|system|all]" >&2; exit 2 ;;
+  all) setup_system; setup_main; setup_docs; setup_serve ;;
+  *) echo "usage: $0 [main|docs|serve|system|all]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,159 @@
+"""The docs cannot drift: the generated references match the code (spec models, CLI parser), the
+measurements page and the README's demo block match the latest results records, every repository
+path the docs name exists, and the site builds with `mkdocs build --strict` (links and anchors)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("docs_gen", ROOT / "scripts" / "docs_gen.py")
+assert _spec and _spec.loader
+docs_gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(docs_gen)
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FIX = "stale: run `make docs` (scripts/docs_gen.py) and commit what it writes"
+
+
+def _fresh(path: Path, text: str) -> None:
+    assert path.exists(), f"{path.relative_to(ROOT)} is missing: run `make docs`"
+    assert path.read_text() == text, f"{path.relative_to(ROOT)} is {FIX}"
+
+
+def test_the_spec_reference_is_generated_from_the_spec_models() -> None:
+    _fresh(ROOT / "docs/reference/spec.md", docs_gen.spec_reference())
+
+
+def test_the_cli_reference_is_generated_from_the_parser() -> None:
+    _fresh(ROOT / "docs/reference/cli.md", docs_gen.cli_reference())
+
+
+def test_the_measurements_page_renders_the_latest_records() -> None:
+    _fresh(ROOT / "docs/measurements.md", docs_gen.measurements_page())
+
+
+def test_the_readme_demo_block_is_the_latest_demo_record() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert readme == docs_gen.readme_with_demo_block(readme, docs_gen.demo_block()), f"README.md's demo block is {FIX}"
+
+
+def test_the_readme_is_a_short_guide() -> None:
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 250, f"README.md has {lines} lines; the detail belongs in docs/ (at most 250)"
+
+
+# ---- every repository path the docs name exists ------------------------------------------------
+
+_FILES = subprocess.run(
+    ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+).stdout.split()
+_KNOWN = set(_FILES) | {str(p) for f in _FILES for p in Path(f).parents if str(p) != "."}
+_TOP = {f.split("/")[0] for f in _FILES}
+_PACKAGES = {f.split("/")[1] for f in _FILES if f.startswith("pipeline/") and f.count("/") >= 2}
+_BASENAMES = {Path(f).name for f in _FILES}
+_BARE = (".py", ".yaml", ".yml", ".sh", ".md", ".toml", ".Dockerfile", ".in", ".lock")
+_SPANS = re.compile(r"```.*?```|`[^`\n]+`", re.S)
+_LINKS = re.compile(r"\]\(([^)\s]+)\)")
+_NOT_A_PATH = re.compile(r"[<>*{}$…]|\.\.\.|://|^[-~.]")
+# files the docs name that live elsewhere, not in this repository
+_ELSEWHERE = {"k8s-ds-amdgpu-dp.yaml": "the ROCm device plugin's manifest (github.com/ROCm/k8s-device-plugin)"}
+
+
+def named_paths(text: str) -> list[tuple[str, bool]]:
+    """(path, is_link) for every repository-looking path in code spans, code blocks and links."""
+    out = []
+    for span in _SPANS.findall(text):
+        block = span.startswith("```")  # a command's output or a file the reader writes: only paths with a folder
+        for token in re.split(r"[\s=,;()\[\]'\"]+", span.strip("`")):
+            token = token.split("::")[0].rstrip(".:")
+            if not token or _NOT_A_PATH.search(token) or token in _ELSEWHERE:
+                continue
+            first = token.split("/")[0]
+            if "/" in token and (first in _TOP or first in _PACKAGES):
+                out.append((token, False))
+            elif "/" not in token and not block and (token in _TOP and "." in token or token.endswith(_BARE)):
+                out.append((token, False))
+    for target in _LINKS.findall(text):
+        target = target.split("#")[0]
+        if target and "://" not in target and not target.startswith("mailto:"):
+            out.append((target, True))
+    return out
+
+
+def missing_paths(doc: Path, text: str) -> list[str]:
+    missing = []
+    for path, is_link in named_paths(text):
+        if is_link:
+            ok = (doc.parent / path).resolve().exists()
+        elif "/" in path:
+            # a folder, a file, or a module (`stages/benchmark`) and maybe a name in it (`k8s/pods.base_uri`)
+            rel = path.rstrip("/")
+            module = rel.rsplit(".", 1)[0] + ".py" if "." in rel.split("/")[-1] else rel + ".py"
+            ok = any(c in _KNOWN for r in (rel, module) for c in (r, f"pipeline/{r}"))
+        else:
+            ok = path in _BASENAMES
+        if not ok:
+            missing.append(path)
+    return missing
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_a_doc_names_exists(doc: Path) -> None:
+    assert missing_paths(doc, doc.read_text()) == [], f"{doc.relative_to(ROOT)} names paths that do not exist"
+
+
+def test_the_path_check_sees_a_missing_path() -> None:
+    text = "See `pipeline/core/nope.py`, `core/spec.py`, `nope_stage.py`, `runs/<run>/x.json` and [x](missing.md)."
+    assert missing_paths(ROOT / "docs/index.md", text) == ["pipeline/core/nope.py", "nope_stage.py", "missing.md"]
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """Strict: a link to a missing page or anchor, or a page left out of the nav, fails the build."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_demo_record_renders_on_the_page_and_in_the_readme(tmp_path: Path) -> None:
+    """What `make demo` records (demo.figures over a release's registry data) is what the README shows."""
+    from pipeline.core import measurements
+    from pipeline.core.spec import load_spec
+    from pipeline.embedded import demo
+
+    loaded = load_spec(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml")
+    data = {
+        "accuracy": {"tasks": [{"task": "tiny_add", "baseline": 1.0, "candidate": 0.995, "passed": True}]},
+        "predictions": [
+            {"layout": "single", "predicted_max_slo_rate": 416.0, "max_slo_rate": 340.6, "prediction_error": -0.181},
+            {"layout": "two-replicas", "predicted_max_slo_rate": 226.0, "max_slo_rate": None},
+        ],
+        "layout": "single",
+        "rate_per_server": 340.6,
+        "p90_ttft_ms": 212.0,
+        "p90_tpot_ms": 9.5,
+        "load_seconds": [31.0],
+    }
+    figures = demo.figures(data, loaded, "success", {"trigger_to_approval_request": 5.66}, "46")
+    path = measurements.record("demo", figures, summary="release 1: live, layout single", root=tmp_path)
+    assert path.parent == tmp_path / "demo" and path.name.endswith(f"-{measurements.commit()}.json")
+
+    block = docs_gen.demo_block(tmp_path)
+    assert "| single | 416 | 340.6 | -18.1% |" in block
+    assert "| two-replicas | 226 | — | — |" in block
+    assert "tiny_add 1 → 0.995" in block and "`single` at 340.6 req/s per server" in block
+    assert 'answered "46"' in block and "5.7 min" in block
+    page = docs_gen.measurements_page(tmp_path)
+    assert "## demo" in page and "| `chosen.rate_per_server` | 340.6 |" in page
+    assert "| `minutes.trigger_to_approval_request` | 5.7 |" in page
