@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core import measurements
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import load_spec
 from pipeline.stages import benchmark, sources
@@ -85,17 +86,29 @@ def main() -> None:
     print(f"\n{args.limit} in flight, held by the client (engine max-num-seqs {first.engine_args.get('max-num-seqs')})")
     print(f"vs by the engine (max-num-seqs {args.limit}); means over {args.rounds} rounds, ratio client / engine:")
     print(f"{'offered':>8} {'carried':>24} {'mean TPOT ms':>24} {'ms a request in the engine':>28}")
+    ratios: list[dict[str, float]] = []
     for rate in rates:
 
         def mean(held: str, key: str, rate: float = rate) -> float:
             return statistics.mean(float(r[key]) for r in rows if r["held"] == held and r["rate"] == rate)
 
         cells = []
+        ratio = {"offered": rate}
         for key in ("achieved", "mean_tpot_ms", "engine_held_ms"):
             by_engine, by_client = mean("engine", key), mean("client", key)
             cells.append(f"{by_client:.3g} / {by_engine:.3g} = {by_client / by_engine:.2f}")
+            ratio[f"{key} client/engine"] = by_client / by_engine
+        ratios.append(ratio)
         print(f"{rate:8g} {cells[0]:>24} {cells[1]:>24} {cells[2]:>28}")
     print(f"(rows: {out / 'rows.json'})")
+    path = measurements.record(
+        "batch_limit",
+        {"limit": args.limit, "rounds": args.rounds, "ratios": ratios, "rows": rows},
+        summary=f"{args.limit} in flight held by the client vs by the engine: carried "
+        + ", ".join(f"{r['achieved client/engine']:.2f}" for r in ratios)
+        + f" at {args.rates} req/s offered",
+    )
+    print(f"record: {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core import measurements
 from pipeline.core.spec import load_spec
 from pipeline.stages import benchmark, tiny_model
 
@@ -76,6 +77,22 @@ def main() -> None:
     late_load, early_load = (statistics.median(load for _, load in rows[k]) for k in (False, True))
     print(f"to first probe: early {early:.1f} s / late {late:.1f} s = {early / late:.2f} (saved {late - early:.1f} s)")
     print(f"engine load:    early {early_load:.1f} s / late {late_load:.1f} s = {early_load / late_load:.2f}")
+    path = measurements.record(
+        "client_start",
+        {
+            "layout": args.layout,
+            "rounds": [
+                {"round": i + 1, "client": label, "ready_s": ready, "engines_loaded_s": load}
+                for label, key in (("late (first probe)", False), ("early (while loading)", True))
+                for i, (ready, load) in enumerate(rows[key])
+            ],
+            "to_first_probe_s": {"early": early, "late": late, "ratio": early / late},
+            "engine_load_s": {"early": early_load, "late": late_load, "ratio": early_load / late_load},
+        },
+        summary=f"{args.layout}: to the first probe {early:.1f} s with the client started early vs {late:.1f} s "
+        f"(ratio {early / late:.2f}); engines' own load {early_load:.1f} vs {late_load:.1f} s",
+    )
+    print(f"record: {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

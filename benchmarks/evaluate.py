@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core import measurements
 from pipeline.core.spec import load_spec
 from pipeline.stages import evaluate, tiny_model
 
@@ -47,6 +48,13 @@ def main() -> None:
             print(f"{name:40} {times[name][-1]:6.1f} s  {[round(s.score, 3) for s in result.scores]}", flush=True)
     before, now = (statistics.median(v) for v in times.values())
     print(f"median: before {before:.1f} s, now {now:.1f} s; now / before = {now / before:.2f}")
+    path = measurements.record(
+        "evaluate",
+        {"seconds": times, "median_before_s": before, "median_now_s": now, "ratio_now_before": now / before},
+        summary=f"an in-process evaluation of the tiny model's tasks: {now:.1f} s now vs {before:.1f} s before "
+        f"(ratio {now / before:.2f}, medians of {args.rounds})",
+    )
+    print(f"record: {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

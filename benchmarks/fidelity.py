@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core import measurements
 from pipeline.core.spec import load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
@@ -199,6 +200,32 @@ def main() -> int:
         f"\nwall: DAG door {dag_s / 60:.1f} min, shell door {shell_s / 60:.1f} min, re-benchmark and fixed "
         f"rates {(time.monotonic() - started - dag_s - shell_s) / 60:.1f} min; files under {work}"
     )
+    doors = []
+    for name, r in (("release DAG", dag), ("model-release benchmark", shell), ("re-benchmark", rebench)):
+        mean, peak, _ = other_cpu(r)
+        doors.append(
+            {
+                "door": name,
+                "max_slo_rate": r.get("max_slo_rate"),
+                "bisected": not r.get("bound_only"),
+                "probes": len(r["probes"]),
+                "p90_ttft_ms_at_answer": r.get("deciding_p90_ttft_ms", []),
+                "spread": r.get("spread"),
+                "other_cpu_mean": mean,
+                "other_cpu_max": peak,
+            }
+        )
+    fixed = [
+        {"rate": p.rate, "achieved": p.achieved_rate, "p90_ttft_ms": p.p90_ttft_ms, "passed": p.passed} for p in checks
+    ]
+    path = measurements.record(
+        "fidelity",
+        {"layout": args.layout, "doors": doors, "fixed_rates": fixed},
+        summary=f"{args.layout}: "
+        + ", ".join(f"{d['door']} {d['max_slo_rate'] or math.nan:.3g} req/s" for d in doors)
+        + (f"; DAG / shell {dag['max_slo_rate'] / shell['max_slo_rate']:.2f}" if len(answers) == 2 else ""),
+    )
+    print(f"record: {path}")
     return 0
 
 

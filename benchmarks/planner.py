@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core import measurements
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import Layout, load_spec
 from pipeline.planner import plan as planner
@@ -300,6 +301,33 @@ def main() -> None:
             moved = f"{p['profiled again'] / p['profiled'] - 1:+.1%}" if p["profiled"] else "n/a"
             print(f"{layout.name:22} {p['profiled']:10.4g} {p['profiled again']:10.4g} {moved:>8}")
     print(f"files: {out}")
+    table = [
+        {
+            "layout": layout.name,
+            "datasheet": predicted[layout.name]["datasheet"],
+            "profiled": predicted[layout.name]["profiled"],
+            "measured": [r.max_slo_rate for r in runs[layout.name]],
+            "error": rate_of(layout.name) / predicted[layout.name]["profiled"] - 1
+            if rate_of(layout.name) and predicted[layout.name]["profiled"]
+            else None,
+            "bound": predicted[layout.name]["bound"],
+        }
+        for layout in layouts
+    ]
+    path = measurements.record(
+        "planner",
+        {
+            "minutes": wall / 60,
+            "layouts": table,
+            "ranking": {"predicted": by_prediction, "measured": by_measurement},
+            "within_15pct": sum(e <= 0.15 for e in errors),
+            "largest_abs_error": max(errors, default=None),
+            "drift_first_layout_again": again.max_slo_rate if again is not None else None,
+        },
+        summary=f"{sum(e <= 0.15 for e in errors)} of {len(errors)} layouts within 15% of the profiled prediction; "
+        f"ranking {'the same' if by_prediction == by_measurement else 'differs'}",
+    )
+    print(f"record: {path}")
 
 
 if __name__ == "__main__":

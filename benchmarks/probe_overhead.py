@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core import measurements
 from pipeline.core.spec import load_spec
 from pipeline.stages import benchmark, tiny_model
 
@@ -48,6 +49,19 @@ def main() -> None:
     walls, loads = [w for w, _ in rows[1:]], [d for _, d in rows[1:]]
     wall, load = statistics.median(walls), statistics.median(loads)
     print(f"median wall {wall:.2f} s / median load {load:.2f} s = {wall / load:.2f} (overhead {wall - load:.2f} s)")
+    path = measurements.record(
+        "probe_overhead",
+        {
+            "rate": args.rate,
+            "first_probe": {"wall_s": rows[0][0], "load_s": rows[0][1]},
+            "probes": [{"wall_s": w, "load_s": d} for w, d in rows[1:]],
+            "median_wall_s": wall,
+            "median_load_s": load,
+            "ratio_wall_load": wall / load,
+        },
+        summary=f"a probe's wall time over its load's: {wall / load:.2f} ({wall - load:.2f} s of fixed cost per probe)",
+    )
+    print(f"record: {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

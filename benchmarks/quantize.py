@@ -417,6 +417,38 @@ def main() -> None:
     if not args.keep:
         for out in outs.values():
             shutil.rmtree(out, ignore_errors=True)
+    from pipeline.core import measurements  # here, not at the top: the children's RSS after imports stays theirs
+
+    record = measurements.record(
+        "quantize",
+        {
+            "checkpoint": {"gb": src_bytes / 1e9, "shards": len(shards), "largest_shard_mb": largest / 1e6},
+            "load_average_at_start": load[0],
+            "paths": [
+                {
+                    "path": path,
+                    **(
+                        {"error": r["error"]}
+                        if "error" in r
+                        else {
+                            "seconds": r["seconds"],
+                            "mb_s_read": src_bytes / 1e6 / r["seconds"],
+                            "x_copy": copy_s / r["seconds"] if copy_s else None,
+                            "peak_rss_mib": r["rss_mb"],
+                            "rss_per_largest_shard": r["rss_mb"] * 2**20 / largest,
+                            "runs": r.get("runs", 1),
+                        }
+                    ),
+                }
+                for path, r in results.items()
+            ],
+        },
+        summary=f"FP8_DYNAMIC on {src_bytes / 1e9:.2f} GB: "
+        + ", ".join(
+            f"{path} {copy_s / r['seconds']:.2f}x copy" for path, r in results.items() if "error" not in r and copy_s
+        ),
+    )
+    print(f"record: {record}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core import measurements
 from pipeline.core.spec import SloSpec, WorkloadSpec
 from pipeline.stages import benchmark, serving, tiny_model
 from tests.simserver import true_max_rate
@@ -113,10 +114,21 @@ def main() -> None:
         *([] if args.no_sweep else [("uniform sweep (5% steps)", sweep, swept, sweep_wall)]),
         *((name, o.probes, o.max_slo_rate, wall) for name, o, wall in with_prior),
     ]
+    table = []
     for name, ps, rate, wall in rows:
         load = sum(p.duration_s for p in ps)
         err = f"{100 * (rate - truth) / truth:+.1f}%" if rate else "n/a"
         print(f"{name:28} {len(ps):5d} {load:8.1f} {wall:8.1f} {rate or math.nan:8.2f} {err:>8}")
+        table.append(
+            {
+                "method": name,
+                "runs": len(ps),
+                "load_s": load,
+                "wall_s": wall,
+                "found": rate,
+                "error": (rate - truth) / truth if rate else None,
+            }
+        )
     if args.show_probes:
         for name, ps, _, _ in rows:
             trail = ", ".join(
@@ -127,6 +139,14 @@ def main() -> None:
         print(f"runs ratio search/sweep: {len(probes) / len(sweep):.2f}")
     mean_prior = sum(len(o.probes) for _, o, _ in with_prior) / len(with_prior)
     print(f"runs ratio search from a prior / without (mean of both priors): {mean_prior / len(probes):.2f}")
+    path = measurements.record(
+        "slo_search",
+        {"mu": args.mu, "ttft_limit_ms": args.ttft_ms, "true_max_rate": truth, "methods": table},
+        summary=f"against a simulated M/M/1 server (true max {truth:.2f} req/s): the search "
+        f"{len(probes)} runs, {found or math.nan:.2f} req/s"
+        + (f"; a uniform sweep {len(sweep)} runs" if sweep else ""),
+    )
+    print(f"record: {path.relative_to(ROOT)}")
 
 
 def in_process(args: argparse.Namespace, workload: WorkloadSpec, slo: SloSpec, truth: float) -> None:
@@ -158,13 +178,32 @@ def in_process(args: argparse.Namespace, workload: WorkloadSpec, slo: SloSpec, t
         mean = sum(runs) / len(runs)
         print(f"{name:28} {mean:9.2f} {max(runs):4d} {sum(errors) / max(len(errors), 1):12.1%} "
               f"{max(errors, default=0):11.1%} {missing:9d}")  # fmt: skip
+        table.append(
+            {
+                "start": name,
+                "mean_runs": mean,
+                "max_runs": max(runs),
+                "mean_abs_error": sum(errors) / max(len(errors), 1),
+                "max_abs_error": max(errors, default=0),
+                "no_answer": missing,
+            }
+        )
         return mean
+
+    table: list[dict[str, float | str]] = []
 
     means = {name: row(name, [factor]) for name, factor in starts}
     with_prior = (means[starts[1][0]] + means[starts[2][0]]) / 2
     print(f"runs ratio from a prior {args.prior_off:.0%} off / without: {with_prior / means[starts[0][0]]:.2f}")
     # a planner's error is not a fixed figure: priors 5, 10, ... 30% off either way, each over the same seeds
     row("from priors 5-30% off", [1 + sign * off for off in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3) for sign in (1, -1)])
+    path = measurements.record(
+        "slo_search_in_process",
+        {"mu": args.mu, "ttft_limit_ms": args.ttft_ms, "noise": args.noise, "seeds": args.in_process, "starts": table},
+        summary=f"the search against the M/M/1 model over {args.in_process} seeds, p90 noise {args.noise:.0%}: "
+        + ", ".join(f"{r['start']} {r['mean_runs']:.2f} runs" for r in table),
+    )
+    print(f"record: {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.core import artifacts, storage
+from pipeline.core import artifacts, measurements, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
 from pipeline.core.spec import S3Target, StagingSpec
@@ -123,6 +123,21 @@ def main() -> None:
             f"{'after a cut at 50%: bytes re-sent':44} {resumed.bytes_sent / 1e6:8.1f} MB of {mb:.0f} MB "
             f"({100 * resumed.bytes_sent / total:.0f}%)"
         )
+        path = measurements.record(
+            "staging",
+            {
+                "artifact_mb": mb,
+                "files": len(artifacts.read_manifest(artifact).files),
+                "awscli": {"seconds": aws_s, "mb_s": mb / aws_s},
+                "stage": {"seconds": ours_s, "mb_s": mb / ours_s},
+                "ratio_stage_awscli": aws_s / ours_s,
+                "restage_unchanged": {"seconds": restage_s, "bytes_sent": again.bytes_sent},
+                "resume_after_cut_at_half": {"bytes_sent": resumed.bytes_sent, "fraction": resumed.bytes_sent / total},
+            },
+            summary=f"stage {mb / ours_s:.0f} MB/s vs awscli {mb / aws_s:.0f} MB/s ({aws_s / ours_s:.2f}x) on "
+            f"{mb:.0f} MB; after a cut at 50% {100 * resumed.bytes_sent / total:.0f}% re-sent",
+        )
+        print(f"record: {path}")
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

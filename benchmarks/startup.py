@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.core import measurements
 from pipeline.core.spec import load_spec
 from pipeline.stages import benchmark, dequant, serving, tiny_model
 from pipeline.stages.quantize import quantize
@@ -92,6 +93,16 @@ def main() -> int:
             f"engine start to healthy: AOT compile on (vLLM default) {on:.1f} s {times[True]}, "
             f"off (this project) {off:.1f} s {times[False]} -> {on / off:.2f}x"
         )
+    path = measurements.record(
+        "startup",
+        {
+            "probe_startup_s": {"fresh_process": fresh, "forked": forked, "ratio": fresh / forked},
+            "engine_start_s": {"aot_on": times[True], "aot_off": times[False], "median_on": on, "median_off": off},
+            "ratio_on_off": on / off,
+        },
+        summary=f"probe start-up {fresh / forked:.1f}x less forked; engine start AOT on / off {on / off:.2f}x",
+    )
+    print(f"record: {path}")
     return 0
 
 

@@ -25,6 +25,7 @@ import time
 import torch
 from transformers import Qwen3MoeForCausalLM
 
+from pipeline.core import measurements
 from pipeline.stages import tiny_model as tm
 
 
@@ -94,6 +95,25 @@ def main() -> None:
         f"\nthe build's {cfg.steps} steps: "
         + ", ".join(f"{_name(c)} ~{statistics.mean(v) * cfg.steps:.0f} s" for c, v in seconds.items())
     )
+    path = measurements.record(
+        "tiny_training",
+        {
+            "busy": args.busy,
+            "steps_per_round": args.steps,
+            "configs": [
+                {
+                    "impl:threads:batch": _name(c),
+                    "s_per_step": statistics.mean(v),
+                    "x_first": statistics.mean(v) / reference,
+                    "build_s": statistics.mean(v) * cfg.steps,
+                }
+                for c, v in seconds.items()
+            ],
+        },
+        summary=", ".join(f"{_name(c)} {statistics.mean(v):.3f} s/step" for c, v in seconds.items())
+        + (" (beside a busy process)" if args.busy else ""),
+    )
+    print(f"record: {path}")
 
 
 def _config(text: str, default_batch: int) -> tuple[str, int, int]:

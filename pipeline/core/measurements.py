@@ -79,6 +79,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _command() -> str:
+    """This process's command line, a script named by its path in the checkout."""
+    script = Path(sys.argv[0])
+    if script.suffix != ".py":
+        return shlex.join([script.name, *sys.argv[1:]])
+    shown = script.resolve().relative_to(PROJECT_ROOT) if script.resolve().is_relative_to(PROJECT_ROOT) else script
+    return shlex.join([".venv/bin/python", str(shown), *sys.argv[1:]])
+
+
 def record(
     name: str,
     figures: dict[str, Any],
@@ -92,7 +101,7 @@ def record(
     rec = Measurement(
         name=name,
         date=now.isoformat(timespec="seconds"),
-        command=command if command is not None else shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        command=command if command is not None else _command(),
         commit=commit(),
         machine=machine(),
         summary=summary,
