@@ -288,6 +288,8 @@ def _figures(figures: dict[str, Any], prefix: str = "") -> tuple[list[str], list
             tables += sub_tables
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             cols = list(dict.fromkeys(k for v in value for k in v))
+            # records keep keys sorted: the naming columns (text throughout) first
+            cols.sort(key=lambda c: not all(isinstance(v.get(c), str) for v in value))
             table = [f"\n`{name}`:\n\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"]
             table += ["| " + " | ".join(_cell(_fmt(v.get(c))) for c in cols) + " |\n" for v in value]
             tables.append("".join(table))
