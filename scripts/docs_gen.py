@@ -194,12 +194,15 @@ def _validators(model: type[BaseModel]) -> list[str]:
 
 
 @contextmanager
-def _environment_defaults_unset() -> Iterator[None]:
-    """Defaults the CLI reads from the environment are documented as they are without it."""
-    saved = {k: os.environ.pop(k) for k in ("AIRFLOW_URL",) if k in os.environ}
+def _documenting_environment() -> Iterator[None]:
+    """Defaults the CLI reads from the environment are documented as they are without it, and usage
+    lines wrap at a fixed width (argparse wraps to the terminal's); the caller's environment comes back."""
+    saved = {k: os.environ.pop(k) for k in ("AIRFLOW_URL", "COLUMNS") if k in os.environ}
+    os.environ["COLUMNS"] = "100"
     try:
         yield
     finally:
+        del os.environ["COLUMNS"]
         os.environ.update(saved)
 
 
@@ -239,9 +242,9 @@ def _commands(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.Argume
 
 
 def cli_reference() -> str:
-    os.environ["COLUMNS"] = "100"  # argparse wraps usage lines to the terminal: fix the width
-    with _environment_defaults_unset():
+    with _documenting_environment():
         parser = cli.build_parser()
+        usages = {sub.prog: sub.format_usage() for sub, _ in _commands(parser)}
     out = [
         _banner("the argparse parser in pipeline/cli.py (build_parser)"),
         "# CLI reference: `model-release`\n\n",
@@ -255,7 +258,7 @@ def cli_reference() -> str:
     for sub, helptext in commands:
         out.append(f"| [`{sub.prog}`](#{_anchor(sub.prog)}) | {_cell(helptext)} |\n")
     for sub, helptext in commands:
-        usage = sub.format_usage().strip().removeprefix("usage: ")
+        usage = usages[sub.prog].strip().removeprefix("usage: ")
         out.append(f"\n## {sub.prog} {{#{_anchor(sub.prog)}}}\n\n{helptext}\n\n```\n{usage}\n```\n\n")
         rows = _option_rows(sub)
         if rows:
