@@ -168,6 +168,15 @@ def mm1_run(mu: float, slo: SloSpec, noise: float = 0.0, seed: int = 0):
     return run
 
 
+def capped(outcome: benchmark.SearchOutcome) -> bool:
+    """Whether a counted probe above the answer failed: without one the answer is a lower bound."""
+    return any(
+        not p.passed and p.rate > outcome.max_slo_rate
+        for p in outcome.probes
+        if not p.superseded and not math.isinf(p.rate)
+    )
+
+
 @pytest.mark.parametrize("mu,limit", [(60.0, 200.0), (10.0, 1500.0), (100.0, 50.0)])
 def test_search_finds_the_true_rate_with_half_the_runs_of_a_sweep(mu, limit):
     slo = SloSpec(p90_ttft_ms=limit, p90_tpot_ms=50, resolution=0.05)
@@ -178,8 +187,10 @@ def test_search_finds_the_true_rate_with_half_the_runs_of_a_sweep(mu, limit):
     assert outcome.max_slo_rate <= truth  # the answer is a rate that passed
     sweep, swept = benchmark.uniform_sweep(mm1_run(mu, slo), outcome.capacity, workload, slo)
     assert len(outcome.probes) <= len(sweep) / 2
-    # closed by a fail above the answer, or by the passes' line: never by the budget
-    assert not outcome.bound_only and re.search(r"narrowed to|meets the SLO's edge", outcome.stop_reason)
+    # closed by a fail above the answer, or by the passes' line (a lower bound without a fail above): never
+    # by the budget
+    assert outcome.bound_only is not capped(outcome)
+    assert re.search(r"narrowed to|meets the SLO's edge", outcome.stop_reason)
     assert len(outcome.deciding_p90_ttft_ms) == 2 and outcome.spread is not None  # the answer was repeated
 
 
@@ -203,7 +214,7 @@ def test_a_low_burst_does_not_cap_the_answer():
     outcome = benchmark.slo_search(burst_limited_run(60.0, 10.0, slo), WorkloadSpec(input_len=1, output_len=2), slo)
     truth = true_max_rate(60.0, 200.0)
     assert outcome.burst_rps == 10.0
-    assert not outcome.bound_only and abs(outcome.max_slo_rate - truth) / truth <= 0.05, outcome.stop_reason
+    assert outcome.bound_only is not capped(outcome) and abs(outcome.max_slo_rate - truth) / truth <= 0.05
     # it went far above the burst's rate (with no fail above the answer it may close from below: see
     # test_a_prior_below_the_truth_closes_from_below_on_the_line_through_two_passes)
     assert max(p.rate for p in outcome.probes if not math.isinf(p.rate)) > 4 * 10.0
@@ -246,7 +257,8 @@ def test_a_prior_25_percent_off_needs_fewer_probes_than_no_prior_and_lands_withi
         without.append(benchmark.slo_search(run, workload, slo))
         with_prior += [benchmark.slo_search(run, workload, slo, prior=truth * f) for f in (1.25, 0.75)]
     for outcome in with_prior + without:
-        assert not outcome.bound_only and abs(outcome.max_slo_rate - truth) / truth <= 0.05, outcome.stop_reason
+        assert outcome.bound_only is not capped(outcome), outcome.stop_reason  # no fail above: a lower bound
+        assert abs(outcome.max_slo_rate - truth) / truth <= 0.05, outcome.stop_reason
     mean = sum(len(o.probes) for o in with_prior) / len(with_prior)
     assert mean < sum(len(o.probes) for o in without) / len(without)
     assert mean <= 6, [len(o.probes) for o in with_prior]
@@ -255,8 +267,9 @@ def test_a_prior_25_percent_off_needs_fewer_probes_than_no_prior_and_lands_withi
 def test_a_prior_below_the_truth_closes_from_below_on_the_line_through_two_passes():
     """Two passes put the edge on a line (a queue's margin falls at least linearly, so the edge lies at
     or below it); a probe just below that crossing that passes, repeated, is the answer: four probes
-    from a prior 25% low (five when every answer needed a fail above it). Not when the margins say
-    otherwise: a line that puts the edge further up is only where the next probe goes."""
+    from a prior 25% low (five when every answer needed a fail above it). With no probe above it
+    failed, that answer is a lower bound, and says so. Not when the margins say otherwise: a line that
+    puts the edge further up is only where the next probe goes."""
     slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
     truth = true_max_rate(60.0, 200.0)
     outcome = benchmark.slo_search(mm1_run(60.0, slo), WorkloadSpec(input_len=1, output_len=2), slo, prior=truth * 0.75)
@@ -264,6 +277,9 @@ def test_a_prior_below_the_truth_closes_from_below_on_the_line_through_two_passe
     assert outcome.probes[-1].rate == outcome.probes[-2].rate == outcome.max_slo_rate  # the answer, repeated
     assert truth * (1 - slo.resolution / 2) <= outcome.max_slo_rate < truth
     assert "the line through the two highest passes meets the SLO's edge within 2.5%" in outcome.stop_reason
+    assert outcome.bound_only and outcome.stop_reason.endswith(
+        f"no probe above it failed: {outcome.max_slo_rate:.3g} is a lower bound"
+    )
 
     # the same line closes a bracket: from 10% low, the step up fails and the secant's next probe
     # passes just below the edge; the line through that pass and the prior's puts the edge within
@@ -273,6 +289,7 @@ def test_a_prior_below_the_truth_closes_from_below_on_the_line_through_two_passe
     assert [p.passed for p in outcome.probes] == [True, False, True, True], outcome.stop_reason
     assert truth * (1 - slo.resolution / 2) <= outcome.max_slo_rate < truth
     assert re.search(r"meets the SLO's edge within 2.5% above it, at [\d.]+; fails at", outcome.stop_reason)
+    assert not outcome.bound_only  # the fail above caps it
 
 
 def test_a_bracket_no_wider_than_the_resolution_closes_on_its_secant():

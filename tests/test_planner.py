@@ -242,7 +242,7 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
     reg = flow.registry()
     measured = [
         {"layout": "single", "planner_rate": single.planner_rate, "max_slo_rate": single.planner_rate * 0.4,
-         "calibration_key": single.calibration_key, "bound_only": False},
+         "calibration_key": single.calibration_key, "bound_only": True, "extrapolated": True},  # closed by its line
         {"layout": "two-replicas", "planner_rate": two.planner_rate, "max_slo_rate": 30.0,
          "calibration_key": two.calibration_key, "bound_only": True},  # a bound teaches nothing
     ]  # fmt: skip

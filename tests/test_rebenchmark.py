@@ -182,6 +182,50 @@ def test_verdict_against_the_promoted_figures(new_rate, at_promoted_ok, expected
     assert measured["max_slo_rate"] == new_rate and measured["slo_holds_at_promoted_rate"] is at_promoted_ok
 
 
+def test_an_answer_no_fail_caps_is_at_least_that_in_the_verdict_trend_alert_and_report(spec_file, s3, small_artifact):
+    """The search on a stand-in queue (M/M/1) from the promoted rate, 25% below what it holds: its passes'
+    line closes the search from below, no probe above the answer fails, and the answer is a lower bound
+    wherever it is shown. The same queue searched from above is capped by a fail: a plain figure."""
+    from pipeline.release import alerts
+    from tests.simserver import true_max_rate
+    from tests.test_benchmark import capped, mm1_run
+
+    reg = Registry()
+    spec = quick_spec(spec_file, s3)
+    loaded = load_spec(spec)
+    slo, promoted = loaded.spec.slo, 10.0
+    mu = promoted / 0.75 + (promoted - true_max_rate(promoted, slo.p90_ttft_ms))  # holds promoted / 0.75
+    rel = live_release(reg, spec, small_artifact, promoted)
+
+    def result_of(outcome: benchmark.SearchOutcome) -> benchmark.LayoutResult:
+        return benchmark.finish(
+            benchmark.LayoutResult(
+                layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok",
+                max_slo_rate=outcome.max_slo_rate, bound_only=outcome.bound_only, probes=outcome.probes,
+            ),
+            loaded.hardware,
+        )  # fmt: skip
+
+    below = benchmark.slo_search(mm1_run(mu, slo), loaded.spec.workload, slo, prior=promoted)
+    assert below.bound_only and not capped(below) and "is a lower bound" in below.stop_reason
+    result = result_of(below)
+    at_least = f"at least {result.max_slo_rate:.3g}"
+    verdict = rebenchmark.conclude(reg, rel, loaded, result, None, {}, "out")
+    assert verdict.status == "ok" and verdict.measured["bound_only"] is True
+    assert [p["bound_only"] for p in report.trend(reg, rel.id)] == [False, True]
+    _, body = alerts.text(rel, verdict, "http://airflow")
+    assert f"measured {at_least} (a lower bound" in body
+    bench = {"layouts": [json.loads(result.model_dump_json())], "selection": None}
+    page = report.render(reg, reg.get(rel.id), loaded, bench, None)
+    assert page.count(at_least) == 2  # the layout's row and the re-benchmark's trend point
+    assert f"{at_least} req/s per server" in benchmark.select([result], slo).reason
+
+    above = benchmark.slo_search(mm1_run(mu, slo), loaded.spec.workload, slo, prior=promoted / 0.6)
+    assert not above.bound_only and capped(above)
+    _, _, measured = rebenchmark.judge(rel, result_of(above), loaded)
+    assert measured["bound_only"] is False and "at least" not in benchmark.select([result_of(above)], slo).reason
+
+
 def test_only_live_releases_are_rebenchmarked(spec_file, s3, small_artifact):
     reg = Registry()
     spec = quick_spec(spec_file, s3)

@@ -64,6 +64,7 @@ class ChosenFigures(BaseModel):
     rate_per_server: float | None
     per_device: float | None
     max_slo_rate: float | None
+    bound_only: bool = Field(False, description="max_slo_rate is a lower bound (LayoutResult.bound_only)")
     p90_ttft_ms: float | None
     p90_tpot_ms: float | None
     load_seconds: list[float] | None
@@ -477,6 +478,7 @@ def chosen_figures(best) -> dict[str, Any]:
         rate_per_server=best.per_server,
         per_device=best.per_device,
         max_slo_rate=best.max_slo_rate,
+        bound_only=best.bound_only and best.max_slo_rate is not None,
         p90_ttft_ms=probe.get("p90_ttft_ms"),
         p90_tpot_ms=probe.get("p90_tpot_ms"),
         load_seconds=best.load_seconds,

@@ -15,12 +15,19 @@ from typing import Any
 from pipeline.core import platform
 from pipeline.core.spec import LoadedSpec
 from pipeline.release.registry import Registry, Release
+from pipeline.stages import benchmark
 
 log = logging.getLogger(__name__)
 
 
 def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
+
+
+def _rate(figures: dict[str, Any]) -> str:
+    """A max SLO rate, 'at least N' where it is a lower bound."""
+    rate = figures.get("max_slo_rate")
+    return benchmark.rate_text(rate, figures.get("bound_only")) if isinstance(rate, (int, float)) else _fmt(rate)
 
 
 def text(rel: Release, verdict, base_url: str) -> tuple[str, str]:
@@ -31,7 +38,8 @@ def text(rel: Release, verdict, base_url: str) -> tuple[str, str]:
     lines = [subject, ""] + [f"- {r}" for r in verdict.reasons] + [""]
     if m:
         lines += [
-            f"max SLO rate:  expected {_fmt(e.get('max_slo_rate'))} req/s, measured {_fmt(m.get('max_slo_rate'))}",
+            f"max SLO rate:  expected {_rate(e)} req/s, measured {_rate(m)}"
+            + (" (a lower bound: the engine may hold more)" if m.get("bound_only") else ""),
             f"p90 TTFT at promoted rate: expected {_fmt(e.get('p90_ttft_ms'))} ms, "
             f"measured {_fmt(m.get('p90_ttft_ms_at_promoted_rate'))}",
             f"p90 TPOT at promoted rate: expected {_fmt(e.get('p90_tpot_ms'))} ms, "

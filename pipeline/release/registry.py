@@ -118,6 +118,7 @@ class ReleaseData(BaseModel):
     rate_per_server: float | None = None
     per_device: float | None = None
     max_slo_rate: float | None = None
+    bound_only: bool | None = Field(None, description="max_slo_rate is a lower bound (the search's bound_only)")
     p90_ttft_ms: float | None = None
     p90_tpot_ms: float | None = None
     load_seconds: list[float] | None = None

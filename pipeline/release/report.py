@@ -162,7 +162,7 @@ def _section_performance(
         rows.append(
             f"<tr><td>{_e(lay['layout'])}{mark}</td><td>{lay['tp']}/{lay['ep']} x {lay['replicas']}</td>"
             f"<td>{_e(lay['status'])}</td><td>{_num(lay.get('capacity_rps'))}</td>"
-            f"<td>{_num(lay.get('max_slo_rate'))}{' (bound)' if lay.get('bound_only') else ''}</td>"
+            f"<td>{_rate(lay.get('max_slo_rate'), lay.get('bound_only'))}</td>"
             f"<td>{_num(lay.get('predicted_max_slo_rate'))}</td>"
             f"<td>{'—' if lay.get('prediction_error') is None else format(lay['prediction_error'], '+.0%')}</td>"
             f"<td>{_num(lay.get('per_server'))}</td><td>{_num(lay.get('per_device'))}</td>"
@@ -329,6 +329,12 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:+.1f}%"
 
 
+def _rate(value: Any, bound: Any) -> str:
+    """A max SLO rate: 'at least N' where it is a lower bound (no probe above it failed, or the search's
+    budget ran out before a fail narrowed it)."""
+    return f"at least {_num(value)}" if bound and isinstance(value, (int, float)) else _num(value)
+
+
 def _size(fraction: float | None) -> str:
     """An error's size (no sign): a median of |error|."""
     return "—" if fraction is None else f"{fraction:.1%}"
@@ -346,7 +352,8 @@ def _section_trend(reg: Registry, release_id: int) -> str:
     ]
     for p in points:
         rows.append(
-            f"<tr><td>{_e(p['at'][:19])}</td><td>{_num(p['max_slo_rate'])}</td><td>{_num(p['p90_ttft_ms'], '.0f')}</td>"
+            f"<tr><td>{_e(p['at'][:19])}</td><td>{_rate(p['max_slo_rate'], p['bound_only'])}</td>"
+            f"<td>{_num(p['p90_ttft_ms'], '.0f')}</td>"
             f"<td>{_num(p['p90_tpot_ms'], '.1f')}</td><td>{_e(p['verdict'])}</td></tr>"
         )
     with tempfile.TemporaryDirectory() as tmp:
@@ -438,7 +445,7 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
     live = live if live and live.id != rel.id else None
     headline = (
         f"{_e(loaded.spec.model.name)} FP8 → layout <b>{_e(data.get('layout') or '—')}</b>, "
-        f"{_num(data.get('rate_per_server'))} req/s per server within the SLO"
+        f"{_rate(data.get('rate_per_server'), data.get('bound_only'))} req/s per server within the SLO"
     )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Release {rel.id}: {_e(rel.name)}</title>"
@@ -474,6 +481,7 @@ def trend(reg: Registry, release_id: int) -> list[dict[str, Any]]:
         {
             "at": rel.updated_at.isoformat(),
             "max_slo_rate": rel.data.get("max_slo_rate"),
+            "bound_only": bool(rel.data.get("bound_only")),
             "p90_ttft_ms": rel.data.get("p90_ttft_ms"),
             "p90_tpot_ms": rel.data.get("p90_tpot_ms"),
             "verdict": "promoted",
@@ -487,6 +495,7 @@ def trend(reg: Registry, release_id: int) -> list[dict[str, Any]]:
                 {
                     "at": ev.at.isoformat(),
                     "max_slo_rate": ev.detail.get("max_slo_rate"),
+                    "bound_only": bool(ev.detail.get("bound_only")),  # a lower bound: no probe above it failed
                     "p90_ttft_ms": ev.detail.get("p90_ttft_ms_at_promoted_rate"),
                     "p90_tpot_ms": ev.detail.get("p90_tpot_ms_at_promoted_rate"),
                     "verdict": ev.detail["verdict"],
@@ -516,12 +525,14 @@ def plot_trend(reg: Registry, release_id: int, path: Path) -> Path | None:
     ):
         ax.plot(times, [p[key] for p in points], marker="o")
         for t, p in zip(times, points, strict=True):
+            if key == "max_slo_rate" and p["bound_only"]:  # at least this: the engine may hold more
+                ax.plot([t], [p[key]], marker="^", color="gray", markersize=10)
             if p["verdict"] == "degraded":
                 ax.plot([t], [p[key]], marker="x", color="red", markersize=12)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    fig.suptitle(f"release {release_id}: promotion, then re-benchmarks (red x: degraded)")
+    fig.suptitle(f"release {release_id}: promotion, then re-benchmarks (red x: degraded; ^: a lower bound)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

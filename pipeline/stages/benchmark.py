@@ -104,7 +104,17 @@ class LayoutResult(BaseModel):
     max_slo_rate: float | None = Field(None, description="req/s at the layout's endpoint (all its replicas)")
     per_server: float | None = None
     per_device: float | None = None
-    bound_only: bool = Field(False, description="the answer is a bound (probe budget, capacity), not a narrowed value")
+    bound_only: bool = Field(
+        False,
+        description="the answer is a lower bound (no probe above it failed, or the probe budget ran out before "
+        "it was narrowed), not a narrowed value; with no answer, the search ran out of probes while the SLO failed",
+    )
+    extrapolated: bool = Field(
+        False,
+        description="a lower bound that the line through the two highest passes puts within half the resolution "
+        "below the SLO's edge (no probe above it failed): as near the edge as a narrowed answer by the search's "
+        "own model, which calibration trusts and the report does not",
+    )
     stop_reason: str = ""
     burst_rps: float | None = Field(None, description="throughput of the opening burst (the search's scale only)")
     deciding_p90_ttft_ms: list[float] = Field(default_factory=list, description="p90 TTFT of each run at the answer")
@@ -334,7 +344,8 @@ class SearchOutcome(BaseModel):
     burst_rps: float | None = Field(None, description="throughput of the opening burst: the scale, never a bracket")
     capacity: float | None = Field(None, description="highest throughput any probe achieved, req/s")
     max_slo_rate: float | None = None
-    bound_only: bool = False
+    bound_only: bool = Field(False, description="the answer is a lower bound (see LayoutResult.bound_only)")
+    extrapolated: bool = Field(False, description="a lower bound closed by the passes' line (LayoutResult's)")
     stop_reason: str = ""
     deciding_p90_ttft_ms: list[float] = Field(
         default_factory=list, description="p90 TTFT of every counted run at the answer"
@@ -362,7 +373,8 @@ def slo_search(
     two probes on one side, the next goes where the line through their margins (`margin`) meets
     the SLO's edge, within those steps (just below it from two passes: a pass there whose line
     puts the edge within half the resolution above it is the answer, as a queue's edge lies at
-    or below that line; so it is inside a bracket, where the passes are those below its fail).
+    or below that line; so it is inside a bracket, where the passes are those below its fail; with
+    no fail above it, that answer is a lower bound, `bound_only`, as every answer no fail caps is).
     Inside a bracket each probe aims just past the secant's edge (a quarter of the resolution),
     on the side the last probe did not land on, and bisects when one side won twice running,
     until the bracket is half the resolution wide, or no wider than the resolution with the
@@ -443,10 +455,11 @@ def slo_search(
     def spent() -> bool:
         return len(out.probes) >= max_probes
 
-    def finish(answer: float | None, reason: str, bound: bool = False) -> SearchOutcome:
+    def finish(answer: float | None, reason: str, bound: bool = False, extrapolated: bool = False) -> SearchOutcome:
         counted = [p for p in out.probes if not p.superseded]
         out.capacity = max((p.achieved_rate for p in counted), default=None)
         out.max_slo_rate, out.stop_reason, out.bound_only = answer, reason, bound
+        out.extrapolated = extrapolated
         if answer is not None:
             out.deciding_p90_ttft_ms = [round(p.p90_ttft_ms, 2) for p in runs.get(answer, [])]
             if len(out.deciding_p90_ttft_ms) > 1 and min(out.deciding_p90_ttft_ms) > 0:
@@ -568,11 +581,19 @@ def slo_search(
                 verdicts.clear()
             continue
         elif closed_below:
+            # the line says where the edge is; only a probe that failed above the answer shows it: without
+            # one the answer is what it measured, a rate that holds the SLO, and the engine may hold more
             return finish(
                 lo,
                 f"passes at {lo:.3g} ({len(runs[lo])} runs); the line through the two highest passes meets "
                 f"the SLO's edge within {res / 2:.1%} above it, at {edge_above:.3g}"
-                + (f"; fails at {hi:.3g}" if hi is not None else ""),
+                + (
+                    f"; fails at {hi:.3g}"
+                    if hi is not None
+                    else f"; no probe above it failed: {lo:.3g} is a lower bound"
+                ),
+                bound=hi is None,
+                extrapolated=hi is None,
             )
         elif hi is not None and (hi - lo) / hi > res / 2:
             return finish(
@@ -617,6 +638,14 @@ def finish(result: LayoutResult, hw: HardwareProfile) -> LayoutResult:
     return result
 
 
+def rate_text(rate: float | None, bound: bool | None = False) -> str:
+    """A measured max SLO rate as a reader must take it: 'at least 373' where it is a lower bound
+    (`bound_only`), '373' where a failing probe above it capped it, '-' for none."""
+    if rate is None:
+        return "-"
+    return f"at least {rate:.3g}" if bound else f"{rate:.3g}"
+
+
 def select(results: list[LayoutResult], slo: SloSpec) -> Selection:
     ok = [r for r in results if r.status == "ok" and r.per_server is not None]
     if not ok:
@@ -627,14 +656,16 @@ def select(results: list[LayoutResult], slo: SloSpec) -> Selection:
             best=best.layout,
             passed=False,
             layouts=results,
-            reason=f"best layout {best.layout} holds the SLO up to {best.per_server:.3g} req/s per server, "
+            reason=f"best layout {best.layout} holds the SLO {'at least ' if best.bound_only else ''}up to "
+            f"{best.per_server:.3g} req/s per server, "
             f"below the required {slo.min_rate_per_server:g}",
         )
     return Selection(
         best=best.layout,
         passed=True,
         layouts=results,
-        reason=f"{best.layout}: {best.per_server:.3g} req/s per server ({best.per_device:.3g} per device)",
+        reason=f"{best.layout}: {rate_text(best.per_server, best.bound_only)} req/s per server "
+        f"({best.per_device:.3g} per device)",
     )
 
 
@@ -993,8 +1024,9 @@ def benchmark_layout(
             outcome = slo_search(prober, spec.workload, spec.slo, max_probes, prior=prior)
             result.probes = outcome.probes
             result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate
-            result.bound_only, result.stop_reason, result.burst_rps = (
+            result.bound_only, result.extrapolated, result.stop_reason, result.burst_rps = (
                 outcome.bound_only,
+                outcome.extrapolated,
                 outcome.stop_reason,
                 outcome.burst_rps,
             )
