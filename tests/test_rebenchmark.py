@@ -220,6 +220,15 @@ def test_an_answer_no_fail_caps_is_at_least_that_in_the_verdict_trend_alert_and_
     assert page.count(at_least) == 2  # the layout's row and the re-benchmark's trend point
     assert f"{at_least} req/s per server" in benchmark.select([result], slo).reason
 
+    # a bound that a fail above caps (the budget ran out narrowing) shows a drop where that fail does
+    low = result.model_copy(
+        update={"max_slo_rate": 5.0, "probes": [probe(10.0, False), probe(5.0, True), probe(6.0, False)]}
+    )
+    status, reasons, _ = rebenchmark.judge(rel, low, loaded)
+    assert status == "degraded" and any(
+        r.startswith("max SLO rate at least 5 req/s, but the SLO fails at 6, 40% below") for r in reasons
+    )
+
     above = benchmark.slo_search(mm1_run(mu, slo), loaded.spec.workload, slo, prior=promoted / 0.6)
     assert not above.bound_only and capped(above)
     _, _, measured = rebenchmark.judge(rel, result_of(above), loaded)
