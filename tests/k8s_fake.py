@@ -28,6 +28,14 @@ of ready pods is kept in `ready_history` (ready servers per release), so a test 
 serving capacity, not only what was asked for, never dropped.
 
 Every request is recorded (method, path, content type, query, Authorization header) for the tests to inspect.
+
+The Gateway: `send(namespace, route)` is one client request to the model's address, as a Gateway
+implementation routes it: a backend Service of the HTTPRoute picked by the weights the route has
+now, then one of that Service's ready pods (no ready pod: 503). Each such request is a `Hit` in
+`hits`; each request the service proxy answered (the controller's checks of a release) is a
+`Check` in `checks`; each applied HTTPRoute is a `RouteChange` in `route_changes`, with the ready
+servers of every release at that moment. All three share one sequence (`seq`), so a test can
+order them: which release a request reached, and whether its checks had passed before.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import random
 import re
 import socket
 import threading
@@ -63,6 +72,28 @@ class Request:
         return self.query.get("fieldManager")
 
 
+@dataclass
+class Hit:
+    seq: int
+    release: str | None  # None: no ready pod behind the chosen backend (503)
+    pod: str | None
+    status: int
+
+
+@dataclass
+class Check:
+    seq: int
+    release: str
+    status: int
+
+
+@dataclass
+class RouteChange:
+    seq: int
+    weights: dict[str, int]  # backend Service -> weight
+    ready: dict[str, int]  # release -> ready servers when the route changed
+
+
 class FakeCluster:
     """Start with `with FakeCluster() as fake:`; `fake.client()` is a real kubernetes ApiClient."""
 
@@ -75,6 +106,12 @@ class FakeCluster:
         self.reads: dict[tuple, int] = {}
         self.history: list[dict[str, int]] = []  # after each change: release -> pods of its largest group
         self.ready_history: list[dict[str, int]] = []  # after each change of ready pods: release -> ready servers
+        self.hits: list[Hit] = []
+        self.checks: list[Check] = []
+        self.route_changes: list[RouteChange] = []
+        self.ready_changes: list[tuple[int, dict[str, int]]] = []  # (seq, release -> ready servers)
+        self.seq = 0
+        self.rng = random.Random(0)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
@@ -175,6 +212,9 @@ class FakeCluster:
                 code = 200
             self.objects[key] = obj
             self.reads[key] = 0
+            if obj.get("kind") == "HTTPRoute":
+                weights = {b["name"]: b.get("weight", 1) for r in obj["spec"]["rules"] for b in r["backendRefs"]}
+                self.route_changes.append(RouteChange(self._next(), weights, self.ready_servers_locked()))
             if obj.get("kind") == "Deployment":
                 self.history.append(self.servers())
                 self._reconcile(key)
@@ -288,6 +328,42 @@ class FakeCluster:
         }
         self._note_ready()
 
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _ready_pods_of(self, namespace: str, service: str) -> list[dict]:
+        svc = self.objects.get(("v1", "services", namespace, service))
+        if svc is None:
+            return []
+        return [
+            obj
+            for (_, plural, ns, _), obj in self.objects.items()
+            if (plural, ns) == ("pods", namespace)
+            and _ready(obj)
+            and _selects(svc["spec"]["selector"], obj["metadata"]["labels"])
+        ]
+
+    def send(self, namespace: str, route: str) -> Hit:
+        """One request to the model's address through the Gateway (see the module's docstring)."""
+        with self.lock:
+            obj = self.objects.get(("gateway.networking.k8s.io/v1", "httproutes", namespace, route))
+            backends = [
+                (b["name"], b.get("weight", 1))
+                for r in (obj or {"spec": {"rules": []}})["spec"]["rules"]
+                for b in r["backendRefs"]
+            ]
+            backends = [(name, weight) for name, weight in backends if weight > 0]
+            hit = Hit(self._next(), None, None, 503)
+            if backends:
+                (service,) = self.rng.choices([n for n, _ in backends], weights=[w for _, w in backends])
+                pods = self._ready_pods_of(namespace, service)
+                if pods:
+                    pod = self.rng.choice(pods)
+                    hit = Hit(hit.seq, pod["metadata"]["labels"].get(RELEASE_LABEL), pod["metadata"]["name"], 200)
+            self.hits.append(hit)
+            return hit
+
     def _owned(self, ns: str, plural: str, owner_uid: str) -> list[tuple[tuple, dict]]:
         return [
             (key, obj)
@@ -307,6 +383,8 @@ class FakeCluster:
         groups = self.ready_servers_locked()
         if not self.ready_history or self.ready_history[-1] != groups:
             self.ready_history.append(groups)
+        if not self.ready_changes or self.ready_changes[-1][1] != groups:
+            self.ready_changes.append((self._next(), groups))
 
     def proxy(self, namespace: str, service: str, method: str, rest: str, raw: bytes) -> tuple[int, dict]:
         """A request through the service proxy to `rest` on one of the Service's ready pods."""
@@ -326,6 +404,8 @@ class FakeCluster:
                     releases.add(labels.get(RELEASE_LABEL, ""))
         if not served:
             return 503, _status(503, f'no endpoints available for service "{service}"')
+        with self.lock:
+            self.checks.append(Check(self._next(), sorted(releases)[0], 200))
         backend = next((self.backends[r] for r in sorted(releases) if r in self.backends), None)
         if backend is not None:
             return _forward(method, backend + rest, raw)

@@ -167,7 +167,7 @@ CASES = [
         "rollout-plan {prod} --rate-per-server 18 --layout tp4-ep4-x2 --load-seconds 600"
         " --live-rate-per-server 12.5 --live-layout tp8-ep8 --live-load-seconds 540 --json",
         0,
-        r"3 reloads \(9\.0 min\)",
+        r"3 reloads \(27\.0 min\)",
     ),
     Case(
         "rollout-plan-bad-rate", "rollout-plan {prod} --rate-per-server -5", 2, r"--rate-per-server: must be positive"

@@ -3,9 +3,13 @@ through the real `kubernetes` client."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import math
 import ssl
+import threading
+import time
 
 import certifi
 import pytest
@@ -62,6 +66,56 @@ def live(fake, objs, release_id):
     fake.ready_history.clear()
 
 
+ROUTE = "qwen3-235b-a22b-fp8"
+SERVICE = {"qwen3-235b-a22b-fp8-r1": "1", "qwen3-235b-a22b-fp8-r2": "2"}
+FLEET = {"1": 3, "2": 3}
+APPLY = "application/apply-patch+yaml"  # servers that hold all the traffic, per release
+
+
+@contextlib.contextmanager
+def clients(fake):
+    """Requests to the model's address through the Gateway all through the block, as live traffic comes."""
+    stop = threading.Event()
+
+    def run():
+        while not stop.is_set():
+            fake.send(NS, ROUTE)
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def assert_safe(fake):
+    """The timeline, at every recorded change of the route or of ready pods: each backend with a
+    weight has the ready servers that hold its share; every request reached a ready pod of a
+    release whose checks had passed before (the old release's were in its own deploy)."""
+    changes = sorted(
+        [(c.seq, "route", c.weights) for c in fake.route_changes] + [(q, "ready", r) for q, r in fake.ready_changes],
+        key=lambda change: change[0],
+    )
+    weights: dict[str, int] = {}
+    ready: dict[str, int] = {}
+    for seq, kind, value in changes:
+        weights, ready = (value, ready) if kind == "route" else (weights, value)
+        total = sum(weights.values())
+        for service, weight in weights.items():
+            if weight:
+                release = SERVICE[service]
+                need = math.ceil(weight / total * FLEET[release] - 1e-3)
+                assert ready.get(release, 0) >= need, (seq, weights, ready)
+    assert fake.hits and all(hit.status == 200 for hit in fake.hits), [h for h in fake.hits if h.status != 200][:3]
+    first_check = {}
+    for check in fake.checks:
+        first_check.setdefault(check.release, check.seq)
+    assert all(hit.seq > first_check[hit.release] for hit in fake.hits)
+
+
 def names(outcome):
     return [name for name, _ in outcome.events]
 
@@ -74,12 +128,12 @@ def verdict(step: int, fraction: float, passed: bool = True) -> StepAnalysis:
 def test_the_first_release_goes_live_whole_by_server_side_apply(fake, releases):
     outcome = KubernetesTarget(fake.client(), **FAST).deploy("2", copy.deepcopy(releases["2"]), timeout_s=5)
     assert outcome.status == "live" and outcome.error is None
-    assert names(outcome) == ["deploy_started", "smoke_test", "rollout_step", "rollout_complete"]
+    assert names(outcome) == ["deploy_started", "smoke_test", "traffic", "rollout_step", "rollout_complete"]
     smoke = dict(outcome.events)["smoke_test"]
     assert smoke["ok"] is True and smoke["text"] == " Paris."
     assert dict(outcome.events)["rollout_step"]["new_servers"] == 3  # nothing live: no steps to take
     patches = [r for r in fake.requests if r.method == "PATCH"]
-    assert len(patches) == len(releases["2"])
+    assert len(patches) == len(releases["2"])  # every object once, the route last
     assert all(
         r.content_type == "application/apply-patch+yaml"
         and r.field_manager == "model-release"
@@ -88,8 +142,11 @@ def test_the_first_release_goes_live_whole_by_server_side_apply(fake, releases):
     )
     assert fake.names("deployments", NS) == R2
     assert [fake.get("deployments", NS, n)["spec"]["replicas"] for n in R2] == [3, 3]
-    stable = fake.get("services", NS, "qwen3-235b-a22b-fp8")["spec"]["selector"]
-    assert stable["model-release/serving"] == "true" and "model-release/release-id" not in stable
+    assert patches[-1].path.endswith("/httproutes/qwen3-235b-a22b-fp8")
+    # the model's address: the route, all of it on the release's own Service, given only after the smoke
+    assert [c.weights for c in fake.route_changes] == [{"qwen3-235b-a22b-fp8-r2": 10_000}]
+    assert fake.checks[0].seq < fake.route_changes[0].seq
+    assert fake.route_changes[0].ready == {"2": 3}
     assert fake.names("persistentvolumeclaims", NS) and fake.names("poddisruptionbudgets", NS)
     proxied = [r for r in fake.requests if r.method == "POST"]  # the smoke test reaches the release's own pods
     assert [r.path for r in proxied] == [
@@ -114,21 +171,34 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
 
     def judge(step, fraction, pods):
         # every step is judged while both releases' pods serve, before anything else changes
-        judged.append((step, fake.servers()))
+        judged.append((step, fake.servers(), fake.route_changes[-1].weights))
         return verdict(step, fraction)
 
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), STEPS, judge, spare_servers=1, timeout_s=5
-    )
+    with clients(fake):
+        outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+            "2", copy.deepcopy(releases["2"]), STEPS, judge, spare_servers=1, timeout_s=5
+        )
+        time.sleep(0.05)
     assert outcome.status == "live", outcome.error
-    assert names(outcome) == ["deploy_started", "smoke_test"] + ["rollout_step"] * 3 + ["rollout_complete"]
-    # the last step is judged with the old release still serving on what the spare budget leaves it
-    assert judged == [(1, {"1": 3, "2": 1}), (2, {"1": 2, "2": 2}), (3, {"1": 1, "2": 3})]
+    assert [n for n in names(outcome) if n != "traffic"] == ["deploy_started", "smoke_test"] + ["rollout_step"] * 3 + [
+        "rollout_complete"
+    ]
+    # the last step is judged with the old release still serving on what the spare budget leaves it,
+    # each step at its own share of traffic
+    r1, r2 = SERVICE
+    assert judged == [
+        (1, {"1": 3, "2": 1}, {r1: 9000, r2: 1000}),
+        (2, {"1": 2, "2": 2}, {r1: 5000, r2: 5000}),
+        (3, {"1": 1, "2": 3}, {r1: 0, r2: 10_000}),
+    ]
+    # between steps, the checked new servers took the share they hold before an old server stopped
+    assert [c.weights.get(r2, 0) for c in fake.route_changes] == [0, 1000, 3333, 5000, 6666, 10_000, 10_000]
+    assert fake.route_changes[-1].weights == {r2: 10_000}  # the old release left the route: no controller needed
+    assert_safe(fake)
+    assert {h.release for h in fake.hits} == {"1", "2"}
     # never more than the live fleet + the spare server, and never fewer than the fleet serving
     assert all(sum(h.values()) <= 4 for h in fake.history), fake.history
     assert all(sum(h.values()) >= 3 for h in fake.history if h), fake.history
-    # and what serves, not only what was asked for: ready servers (a ready pod in each replica group,
-    # counted from the pods the Deployments' ReplicaSets made) never fewer than the fleet
     assert fake.ready_history and all(sum(h.values()) >= 3 for h in fake.ready_history), fake.ready_history
     assert fake.ready_history[-1] == {"1": 0, "2": 3}
     # release 1 went to zero servers only after the last analysis passed; its objects stay (at zero)
@@ -148,7 +218,6 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
     assert len(pods) == 6 and owners == set(R2)
     assert all(p["metadata"]["labels"]["model-release/release-id"] == "2" for p in pods)
     assert all(p["status"]["conditions"] == [{"type": "Ready", "status": "True"}] for p in pods)
-    assert "qwen3-235b-a22b-fp8" in fake.names("services", NS)  # the address clients call stays
     steps = [d for k, d in outcome.events if k == "rollout_step"]
     assert [(s["old_servers"], s["new_servers"], s["passed"]) for s in steps] == [
         (3, 1, True),
@@ -157,22 +226,113 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
     ]
 
 
-def test_a_failed_analysis_gives_the_old_release_its_servers_back_then_scales_the_new_to_zero(fake, releases):
+@pytest.mark.parametrize("failing, old_kept, first_back", [(1, 3, 0), (2, 2, 3334), (3, 1, 6667)])
+def test_a_failed_analysis_moves_traffic_back_as_the_old_release_holds_it_then_scales_the_new_to_zero(
+    fake, releases, failing, old_kept, first_back
+):
     live(fake, releases["1"], "1")
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), STEPS, lambda step, f, pods: verdict(step, f, passed=step < 2), timeout_s=5
-    )
+    with clients(fake):
+        outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+            "2",
+            copy.deepcopy(releases["2"]),
+            STEPS,
+            lambda step, f, pods: verdict(step, f, passed=step < failing),
+            timeout_s=5,
+        )
+        time.sleep(0.05)
     assert outcome.status == "rolled_back"
-    assert names(outcome)[-4:] == ["rollout_step", "rollout_aborted", "rollback_started", "rollback_complete"]
-    assert "aborted at step 2 (2 new / 2 old servers): p90 TTFT 3100 ms > SLO 2000 ms" in outcome.error
-    assert dict(outcome.events)["rollout_step"]["analysis"]["reasons"] == ["p90 TTFT 3100 ms > SLO 2000 ms"]
+    after = names(outcome)[names(outcome).index("rollout_aborted") :]
+    assert after[:2] == ["rollout_aborted", "rollback_started"] and after[-1] == "rollback_complete"
+    assert f"aborted at step {failing} ({STEPS[failing - 1].new_servers} new / {old_kept} old servers)" in outcome.error
+    assert [d for k, d in outcome.events if k == "rollout_step"][-1]["analysis"]["reasons"] == [
+        "p90 TTFT 3100 ms > SLO 2000 ms"
+    ]
     assert fake.servers() == {"1": 3, "2": 0}
-    # the old release was back at 3 servers before the new one went below 2
-    last_short = max(i for i, h in enumerate(fake.history) if h["1"] < 3)
-    assert fake.history[last_short] == {"1": 2, "2": 2} and fake.history[last_short + 1] == {"1": 3, "2": 2}
-    # ready servers too: the abort never left fewer than the fleet serving
+    # traffic back: at once where the old release still ran all its servers; else the new one kept
+    # what the old one's servers could not hold until they were back
+    r1, r2 = SERVICE
+    back = [d["weights"] for k, d in outcome.events[names(outcome).index("rollback_started") :] if k == "traffic"]
+    assert back[0][r2] == first_back and back[-1] == {r1: 10_000, r2: 0}
+    # then back by the share each returning old server holds, as they come: one wave of the spare budget each
+    assert [w[r2] for w in back] == sorted({first_back, *[10_000 - 3333 * n for n in range(old_kept, 3)], 0})[::-1]
+    assert_safe(fake)
+    # within the budget throughout: the new release gave back servers as the old one's came back
+    assert all(sum(h.values()) <= 4 for h in fake.history), fake.history
     assert all(sum(h.values()) >= 3 for h in fake.ready_history), fake.ready_history
     assert fake.ready_history[-1] == {"1": 3, "2": 0}
+    moved_back = fake.route_changes[-1].seq
+    assert {h.release for h in fake.hits if h.seq > moved_back} == {"1"}
+
+
+def pods_of(fake, release: str) -> set[str]:
+    return {
+        name
+        for name in fake.names("pods", NS)
+        if fake.get("pods", NS, name)["metadata"]["labels"]["model-release/release-id"] == release
+    }
+
+
+def test_a_rollback_within_the_keep_window_moves_traffic_back_and_loads_nothing(fake, releases):
+    """Release 2 goes live with a spare budget that keeps every old server through its last step,
+    and a keep window: a rollback to release 1 within it only moves the route back; the release-2
+    controller, when its window ends, sees the route changed and leaves release 1 alone."""
+    live(fake, releases["1"], "1")
+    r1, r2 = SERVICE
+    done = {}
+
+    def release_two():
+        done["2"] = KubernetesTarget(fake.client(), **FAST).deploy(
+            "2",
+            copy.deepcopy(releases["2"]),
+            STEPS,
+            lambda s, f, pods: verdict(s, f),
+            spare_servers=3,
+            timeout_s=5,
+            scale_down_delay_s=1.0,
+        )
+
+    with clients(fake):
+        rollout = threading.Thread(target=release_two)
+        rollout.start()
+        deadline = time.monotonic() + 10
+        while not (fake.route_changes and fake.route_changes[-1].weights == {r2: 10_000}):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert fake.servers() == {"1": 3, "2": 3}  # the keep window: release 1 out of the route, still running
+        before = pods_of(fake, "1")
+        fake.requests.clear()
+        back = KubernetesTarget(fake.client(), **FAST).deploy("1", copy.deepcopy(releases["1"]), timeout_s=5)
+        rollout.join()
+        time.sleep(0.05)
+    assert back.status == "live", back.error
+    assert dict(back.events)["deploy_started"]["kept_servers"] == 3
+    assert pods_of(fake, "1") == before  # nothing loaded: the same pods took the traffic back
+    applied = [r.path.rsplit("/", 1)[0].rsplit("/", 1)[-1] for r in fake.requests if r.content_type == APPLY]
+    assert applied and set(applied) == {"httproutes"}
+    assert [d["weights"] for k, d in back.events if k == "traffic"] == [{r2: 0, r1: 10_000}, {r1: 10_000}]
+    assert done["2"].status == "live" and "scale_down_skipped" in names(done["2"])
+    assert fake.servers() == {"1": 3, "2": 0}
+    assert_safe(fake)
+    moved_back = fake.route_changes[-2].seq
+    assert {h.release for h in fake.hits if h.seq > moved_back} == {"1"}
+
+
+def test_a_live_pod_that_dies_is_replaced_and_takes_traffic_with_no_controller(fake, releases):
+    live(fake, releases["1"], "1")
+    KubernetesTarget(fake.client(), **FAST).deploy(
+        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f)
+    )
+    before = pods_of(fake, "2")
+    dead = sorted(before)[0]
+    fake.client().call_api(f"/api/v1/namespaces/{NS}/pods/{dead}", "DELETE", _preload_content=False)
+    for name in R2:  # the Deployment and ReplicaSet controllers and the kubelet, with no rollout running
+        for _ in range(2):
+            fake.read(("apps/v1", "deployments", NS, name))
+    newcomer = pods_of(fake, "2") - before
+    assert len(newcomer) == 1 and len(pods_of(fake, "2")) == 6 and dead not in pods_of(fake, "2")
+    hits = [fake.send(NS, ROUTE) for _ in range(400)]
+    assert all(h.status == 200 and h.release == "2" for h in hits)
+    assert newcomer <= {h.pod for h in hits}  # the replacement answers its share
 
 
 def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases):
@@ -260,9 +420,10 @@ def test_rollout_failed_names_the_deployment_and_its_conditions(fake, releases):
 def test_smoke_returns_the_completion_and_fails_on_a_wrong_model(fake, releases):
     api = fake.client()
     deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
-    assert deploy.smoke(api, NS, "qwen3-235b-a22b-fp8", 8000, "qwen3-235b-a22b-fp8") == " Paris."
+    own = "qwen3-235b-a22b-fp8-r1"
+    assert deploy.smoke(api, NS, own, 8000, "qwen3-235b-a22b-fp8") == " Paris."
     with pytest.raises(deploy.SmokeFailed, match="HTTP 404.*does not exist"):
-        deploy.smoke(api, NS, "qwen3-235b-a22b-fp8", 8000, "other-model", retry_delay_s=0.01)
+        deploy.smoke(api, NS, own, 8000, "other-model", retry_delay_s=0.01)
 
 
 def write_kubeconfig(tmp_path, server):
@@ -327,14 +488,21 @@ def test_answers_that_got_worse_abort_the_step_before_the_old_release_gives_a_se
     )
     assert outcome.status == "rolled_back"
     own = f"{fake.url}/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8-r2:8000/proxy"
-    # each check goes to the release's own Service once the step's new servers run, before any old one stops
+    # each check goes to the release's own Service: step 1's once its first servers run, before the
+    # route gives it any traffic; step 2's before its share rises and before any old server stops
     assert asked == [
         (1, own, "qwen3-235b-a22b-fp8", {"1": 3, "2": 1}),
-        (2, own, "qwen3-235b-a22b-fp8", {"1": 2, "2": 2}),
+        (2, own, "qwen3-235b-a22b-fp8", {"1": 3, "2": 1}),
     ]
+    r1, r2 = SERVICE
+    assert [c.weights for c in fake.route_changes[1:]] == [{r1: 9000, r2: 1000}, {r1: 10_000, r2: 0}]
     checks = [d for k, d in outcome.events if k == "rollout_accuracy"]
     assert [(c["step"], c["passed"]) for c in checks] == [(1, True), (2, False)]
-    assert names(outcome)[-3:] == ["rollout_aborted", "rollback_started", "rollback_complete"]
+    assert [n for n in names(outcome) if n != "traffic"][-3:] == [
+        "rollout_aborted",
+        "rollback_started",
+        "rollback_complete",
+    ]
     assert "step 2: serving-path accuracy through Service llm-serving/qwen3-235b-a22b-fp8-r2" in outcome.error
     assert "tiny_add: recovery" in outcome.error
     assert fake.servers() == {"1": 3, "2": 0}

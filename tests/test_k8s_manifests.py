@@ -63,9 +63,9 @@ def test_each_layout_renders_one_deployment_per_replica_group_and_passes_strict_
     assert [o["kind"] for o in objs] == [
         "PersistentVolumeClaim",
         *["Deployment"] * groups,
-        "Service",  # the stable one
         "Service",  # the release's own
         "PodDisruptionBudget",
+        "HTTPRoute",  # the model's address, as it stands once this release is live
     ]
     yaml_docs = list(yaml.safe_load_all(manifests.to_yaml(objs)))
     assert yaml_docs == objs and "&id" not in manifests.to_yaml(objs)
@@ -172,33 +172,36 @@ def test_labels_carry_release_id_and_manifest_hash_and_names_are_dns_safe(prod):
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == "qwen3-235b-a22b-fp8"
         assert labels["app.kubernetes.io/name"] == "vllm"
-        if obj["kind"] == "PersistentVolumeClaim" or obj["metadata"]["name"] == "qwen3-235b-a22b-fp8":
+        if obj["kind"] in ("PersistentVolumeClaim", "HTTPRoute"):
             assert "model-release/release-id" not in labels
-            continue  # shared by every release of the model: the claim on the share, the stable Service
+            continue  # shared by every release of the model: the claim on the share, the route
         assert labels["model-release/release-id"] == release_label
         assert labels["model-release/layout"] == "tp4-ep4-x2"
         assert HASH.startswith(labels["model-release/manifest-hash"])
         assert obj["metadata"]["annotations"]["model-release/manifest-hash"] == HASH
         assert obj["metadata"]["annotations"]["model-release/release-id"] == RELEASE
         assert obj["metadata"]["annotations"]["model-release/artifact-uri"] == NFS_ARTIFACT.nfs_path
-    stable, own = of_kind(objs, "Service")
-    # the address clients call: every serving pod of the model, whichever release
-    assert stable["metadata"]["name"] == "qwen3-235b-a22b-fp8"
-    assert stable["spec"]["selector"] == {
-        "app.kubernetes.io/name": "vllm",
-        "app.kubernetes.io/instance": "qwen3-235b-a22b-fp8",
-        "app.kubernetes.io/managed-by": "model-release",
-        "model-release/serving": "true",
-    }
+    (own,) = of_kind(objs, "Service")
+    (route,) = of_kind(objs, "HTTPRoute")
+    # the address clients call: the Gateway's route, all of it on this release's Service once live
+    assert route["metadata"]["name"] == "qwen3-235b-a22b-fp8"
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference", "namespace": "gateway-system"}
+    ]
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [
+        {"group": "", "kind": "Service", "name": own["metadata"]["name"], "port": 8000, "weight": 10_000}
+    ]
     # this release's own objects carry its id in their names, beside the live release's
     assert own["spec"]["selector"]["model-release/release-id"] == release_label
     assert own["metadata"]["name"].startswith("qwen3-235b-a22b-fp8-r")
-    assert stable["spec"]["ports"][0]["port"] == own["spec"]["ports"][0]["port"] == 8000
+    assert own["spec"]["ports"][0]["port"] == 8000
     for d in of_kind(objs, "Deployment"):
         assert d["metadata"]["name"].startswith(own["metadata"]["name"] + "-")
         template_labels = d["spec"]["template"]["metadata"]["labels"]
-        for service in (stable, own):
-            assert all(template_labels[k] == v for k, v in service["spec"]["selector"].items())
+        assert all(template_labels[k] == v for k, v in own["spec"]["selector"].items())
+        # no label of the pods decides traffic: only the route's weights, set by the rollout
+        assert not any(k.endswith("/serving") for k in template_labels)
         assert d["spec"]["selector"]["matchLabels"]["model-release/release-id"] == release_label
         assert all(template_labels[k] == v for k, v in d["spec"]["selector"]["matchLabels"].items())
     pdb = of_kind(objs, "PodDisruptionBudget")[0]
@@ -230,6 +233,21 @@ def test_the_validator_catches_broken_objects(prod):
     bad_name = copy.deepcopy(objs)
     of_kind(bad_name, "Service")[0]["metadata"]["name"] = "Bad_Name"
     assert any("Service/Bad_Name: metadata.name" in p for p in manifests.validate(bad_name))
+    # the route against the Gateway API's own CRD schema (vendored), not skipped as an unknown kind
+    bad_route = copy.deepcopy(objs)
+    backend = of_kind(bad_route, "HTTPRoute")[0]["spec"]["rules"][0]["backendRefs"][0]
+    backend["weight"] = 2_000_000
+    backend["portt"] = 8000
+    problems = manifests.validate(bad_route)
+    assert any("HTTPRoute/qwen3-235b-a22b-fp8: spec.rules.0.backendRefs.0.weight" in p for p in problems), problems
+
+
+def test_a_kubernetes_spec_without_a_gateway_is_refused_naming_the_field(spec_file):
+    from pipeline.core.errors import SpecError
+
+    path = spec_file(PROD_SPEC, lambda d: d["promotion"].pop("gateway"))
+    with pytest.raises(SpecError, match=r"promotion\.gateway: name the Gateway"):
+        load_spec(path)
 
 
 def test_unknown_layout_and_missing_weights_are_user_errors(prod):

@@ -39,6 +39,15 @@ def tiny_spec(spec_file, s3):
     return make
 
 
+def fast_target(init):
+    """KubernetesTarget polling the fake cluster, which answers at once, without waiting seconds."""
+
+    def fast(self, api, *args, **kwargs):
+        init(self, api, *args, **{"poll_s": 0.01, "smoke_retry_delay_s": 0.01, **kwargs})
+
+    return fast
+
+
 def candidate(
     reg: Registry,
     spec_path,
@@ -508,11 +517,12 @@ def test_the_registry_refuses_data_outside_its_schema_and_reads_old_names(tmp_pa
 
 
 def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasible_rollout(
-    spec_file, s3, small_artifact
+    spec_file, s3, small_artifact, monkeypatch
 ):
     """promote() on the kubernetes target, through the official client against the fake API server:
     the fleet sized from the release's measured rate, a smoke test through the release's own
-    Service, verify through the stable one; a rollout the spare budget cannot hold changes nothing."""
+    Service before the route gives it traffic, verify through it again; a rollout the spare budget
+    cannot hold changes nothing; a rollback to a release whose objects are kept scales them up."""
     from tests.conftest import PROD_SPEC
     from tests.k8s_fake import FakeCluster
 
@@ -526,7 +536,7 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
                     "create_bucket": True,
                 }
             }
-            data["rollout"].update(spare_servers=spare, prometheus_url="http://127.0.0.1:9")
+            data["rollout"].update(spare_servers=spare, prometheus_url="http://127.0.0.1:9", scale_down_delay="0s")
 
         return spec_file(PROD_SPEC, change, f"prod-{spare}.yaml")
 
@@ -539,7 +549,8 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         for kind in ("manifests_rendered", "smoke_test", "rollout_step", "rollout_complete", "deploy_finished"):
             assert kind in kinds, kinds
         assert promote.verify(reg, rel.id, k8s_client=fake.client())["text"] == " Paris."
-        assert fake.requests[-1].path.endswith("/services/qwen3-235b-a22b-fp8:8000/proxy/v1/completions")
+        assert fake.requests[-1].path.endswith(f"/services/qwen3-235b-a22b-fp8-r{rel.id}:8000/proxy/v1/completions")
+        assert [c.weights for c in fake.route_changes] == [{f"qwen3-235b-a22b-fp8-r{rel.id}": 10_000}]
 
         second, _ = candidate(reg, prod(0), small_artifact, approver="ml-lead", layout="tp8-ep8", run="run-2")
         fake.requests.clear()
@@ -548,6 +559,34 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         assert [r for r in fake.requests if r.method != "GET"] == []
         assert reg.get(second.id).status == "failed" and reg.get(rel.id).status == "live"
         assert fake.servers() == {str(rel.id): 3}
+
+        # a release that went live over it keeps its objects at zero; a rollback scales them up (no
+        # analysis steps, nothing applied but the route) and says which path it took
+        third, _ = candidate(reg, prod(1), small_artifact, approver="ml-lead", layout="tp8-ep8", run="run-3", rate=50.0)
+        from pipeline.k8s import deploy as k8s_deploy
+        from pipeline.release.analysis import StepAnalysis
+
+        def passes(*args, **kwargs):  # the cluster's Prometheus, in short
+            return lambda step, fraction, pods: StepAnalysis(
+                step=step, fraction=fraction, window_s=1, passed=True, queries={}
+            )
+
+        monkeypatch.setattr(promote, "prometheus_judge", passes)
+        monkeypatch.setattr(k8s_deploy.KubernetesTarget, "__init__", fast_target(k8s_deploy.KubernetesTarget.__init__))
+        assert promote.promote(reg, third.id, k8s_client=fake.client()).status == "live"
+        assert fake.servers() == {str(rel.id): 0, str(third.id): 3}
+        fake.requests.clear()
+        restored = promote.rollback(reg, rel.name, "kubernetes", "sre-oncall", "p90 TTFT up", k8s_client=fake.client())
+        assert restored.id == rel.id and restored.status == "live" and reg.get(third.id).status == "rolled_back"
+        assert fake.servers() == {str(rel.id): 3, str(third.id): 0}
+        finished = promote.last_event(reg, rel.id, "rollback_finished").detail
+        assert finished["path"] == "kept objects" and finished["all_traffic_after_s"] is not None
+        assert "rollout_step" in finished["events"] and not any(
+            e.detail.get("analysis") for e in reg.events(rel.id) if e.kind == "rollout_step"
+        )
+        applied = [r.path.rsplit("/", 2)[-2] for r in fake.requests if r.content_type == "application/apply-patch+yaml"]
+        assert applied == ["httproutes"] * len(applied) and applied  # its objects were there: only weights moved
+        assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{rel.id}": 10_000}
 
 
 def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(

@@ -199,7 +199,7 @@ def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(
 
     loaded = load_spec(PROD_SPEC)  # peak 120 req/s + 20% headroom = 144; steps 10/50/100%, 5 min windows
     new = rollout_plan.Side(layout="tp4-ep4-x2", rate_per_server=18.1, load_seconds=600)
-    old = rollout_plan.Side(layout="tp8-ep8", rate_per_server=12.5)
+    old = rollout_plan.Side(layout="tp8-ep8", rate_per_server=12.5, load_seconds=540)
     p = rollout_plan.plan(loaded, new, old)
     assert (p.need_rps, p.live_servers, p.new_servers) == (144, 12, 8)  # ceil(144/12.5), ceil(144/18.1)
     rows = [(s.fraction, s.old_servers, s.new_servers, s.at_once, s.waves) for s in p.steps]
@@ -211,6 +211,11 @@ def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(
     # while a step is judged the old release keeps what the 12 + 1 budget leaves it: all 12 beside 1 new
     # (an abort is instant), 9 beside 4, 5 beside 8; an abort reloads the rest
     assert [(s.old_kept, s.abort_reloads) for s in p.steps] == [(12, 0), (9, 3), (5, 7)]
+    # a rollback after this rollout: within the 30 min keep window the 5 kept run, 7 reload one a wave
+    # (the spare budget) at 9 min each; after it all 12 do
+    assert (p.keep_window_s, p.rollback_reloads_in_window, p.rollback_reloads_after) == (1800, 7, 12)
+    assert (p.rollback_in_window_s, p.rollback_after_s) == (7 * 540, 12 * 540)
+    assert "3 reloads (27.0 min)" in rollout_plan.table(p)  # an abort at 50%: 3 waves of one server
     instant = loaded.model_copy(deep=True)
     instant.spec.rollout.instant_abort = True  # refused: it needs 8 spare servers at the last step
     held = rollout_plan.plan(instant, new, old)

@@ -259,9 +259,21 @@ class SloSpec(Strict):
     resolution: Annotated[float, Field(gt=0, lt=1)] = 0.05
 
 
+class GatewayRef(Strict):
+    """The Gateway (Gateway API) that carries the model's traffic on Kubernetes: the rollout moves
+    traffic between releases by the weights of the model's HTTPRoute attached to it."""
+
+    name: str = Field(description="the Gateway's name (its listener must allow routes from promotion.namespace)")
+    namespace: str | None = Field(None, description="the Gateway's namespace; unset: promotion.namespace")
+    section_name: str | None = Field(None, description="one listener of the Gateway; unset: every listener")
+
+
 class PromotionSpec(Strict):
     target: Literal["local", "kubernetes"] = "local"
     namespace: str = "model-release"
+    gateway: GatewayRef | None = Field(
+        None, description="kubernetes target: the Gateway the model's HTTPRoute attaches to (required there)"
+    )
     requires_approval: bool = True
     reviewers: list[str] = Field(default_factory=list)
     approval_timeout: Annotated[str, Field(pattern=DURATION_PATTERN.pattern)] = "24h"
@@ -308,6 +320,15 @@ class RolloutSpec(Strict):
         description="keep every old server through every step, so an abort anywhere only moves traffic back "
         "(no reloads); refused at plan time when spare_servers cannot hold the old fleet beside each step's new one",
     )
+    scale_down_delay: Annotated[
+        str,
+        Field(
+            pattern=DURATION_PATTERN.pattern,
+            description="after the last step's analysis passed, the old release keeps the servers it had while "
+            "that step was judged for this long (a rollback then only moves traffic back); then it goes to zero "
+            "servers, its objects kept until the next release replaces them",
+        ),
+    ] = "0s"
     review_timeout: Annotated[
         str | None,
         Field(
@@ -785,6 +806,14 @@ def feasibility_problems(spec: ReleaseSpec, hw: HardwareProfile) -> list[tuple[s
     if spec.promotion.target == "kubernetes" and not spec.rollout.prometheus_url:
         problems.append(
             ("rollout.prometheus_url", "the cluster's Prometheus is needed to judge each rollout step on Kubernetes")
+        )
+    if spec.promotion.target == "kubernetes" and spec.promotion.gateway is None:
+        problems.append(
+            (
+                "promotion.gateway",
+                "name the Gateway (Gateway API) that carries the model's traffic: the rollout moves it between "
+                "releases by the weights of the model's HTTPRoute",
+            )
         )
     tasks = [task.name for task in spec.evaluation.tasks]
     for i, name in enumerate(tasks):

@@ -18,18 +18,20 @@ servers back before the new one scales to zero.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, Field
 
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
-from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG
+from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG, WEIGHT_TOTAL
 from pipeline.stages.evaluate import Endpoint
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ConfigMap": "configmaps",
     "Secret": "secrets",
+    "HTTPRoute": "httproutes",
 }
 LOG_EVERY_S = 30.0
 
@@ -441,14 +444,20 @@ def _release_of(obj: dict) -> str:
 class KubernetesTarget:
     """Rolls a release out beside the live one in steps of servers, judged on live metrics.
 
-    The new release's Deployments start next to the old release's, one wave of at most
-    `spare_servers` at a time; as a wave is ready the old release gives back what the step no
-    longer needs, so what serves never drops below the fleet. The stable Service sends each
-    release traffic in proportion to its ready pods. After each step the judge (the PromQL
-    analysis of the window) decides, while the old release keeps as many servers as the budget
-    leaves it; a failed step scales the old release back to where it was, waits for it, then
-    scales the new one to zero. Only after the last step's analysis does the old release go to
-    zero servers; its objects are pruned by the next release's deploy.
+    Traffic reaches a release only through the model's HTTPRoute, whose backends are the releases'
+    own Services with weights this controller sets: the new release's pods start unexposed (Ready
+    in their own Service, in no route), its smoke test and served answers go through that Service,
+    and only then does the route give it a share. New servers start in waves of at most
+    `spare_servers`; after each wave the route moves onto the checked new servers the share they
+    hold (never past the step's fraction) and the old release gives back only the servers its
+    remaining share no longer needs, so what takes traffic never holds less than the live fleet
+    did and no more than the live fleet plus the spare budget run at once. After each step the
+    judge (the PromQL analysis of the window) decides, while the old release keeps as many servers
+    as the budget leaves it; a failed step moves traffic back (at once where the old release still
+    holds it, else as its servers return), then scales the new one to zero. Only after the last
+    step's analysis, and `scale_down_delay_s` more, does the old release go to zero servers; its
+    objects stay until the next release prunes them, so a rollback within that time only scales
+    them up again (`deploy` of that release, which finds its objects).
     """
 
     def __init__(
@@ -484,31 +493,41 @@ class KubernetesTarget:
         spare_servers: int = 1,
         timeout_s: float | None = None,
         answers: Answers | None = None,
+        scale_down_delay_s: float = 0.0,
     ) -> DeployOutcome:
         """Make `manifests` live without taking the model offline, or leave the old release serving.
 
         `steps` default to one step with every server the manifests render; with no release of
         this model serving in the cluster, the new one starts whole (no steps, nothing to judge).
+        Where the release's objects are still in the cluster (kept at zero by a later release, or
+        still serving beside it: a rollback), they are scaled up, not created again.
         Raises ClusterUnreachable before changing anything when the API server does not answer;
         every later failure is an outcome ("rolled_back" while the old release serves, "failed"
         with none). The rollout timeout per wave defaults to the Deployments' progress deadline.
-        `answers` checks the new release's served answers through its own Service once each step's
-        new servers are up, before the old release gives any back: answers that got worse abort
-        the rollout like a failed analysis (with nothing live before, the new release goes to zero).
+        `answers` checks the new release's served answers through its own Service at each step,
+        before the route gives it that step's share: answers that got worse abort the rollout like
+        a failed analysis (with nothing live before, the new release goes to zero).
         """
         timeout_s = timeout_s or _progress_deadline(manifests)
         self.check_reachable()
-        namespace, service, port, model = _smoke_target(manifests)
+        namespace, own, port, model = _smoke_target(manifests)
+        route = _route_of(manifests)
         new_deps = [obj for obj in manifests if obj["kind"] == "Deployment"]
         label = _release_of(new_deps[0])
         instance = {k: new_deps[0]["metadata"]["labels"][k] for k in (INSTANCE_LABEL, MANAGED_BY_LABEL)}
-        others = [d for d in listing(self.api, namespace, "deployments", instance) if _release_of(d) != label]
+        found = listing(self.api, namespace, "deployments", instance)
+        others = [d for d in found if _release_of(d) != label]
         old = [d for d in others if d["spec"].get("replicas", 0) > 0]
         old_servers = live_servers = max((d["spec"]["replicas"] for d in old), default=0)
         old_release = _release_of(old[0]) if old else None
+        old_service = self._service_of(namespace, instance, old_release) if old_release else None
+        # a rollback to kept objects: what of them runs already counts
+        kept = [d for d in found if _release_of(d) == label]
+        new_servers = min((d["spec"].get("replicas", 0) for d in kept), default=0) if kept else 0
         full = max(d["spec"].get("replicas", 1) for d in new_deps)
         if not old or not steps:
             steps = [ServerStep(fraction=1.0, old_servers=0, new_servers=full)]
+        full = max(full, steps[-1].new_servers)
         events: list[tuple[str, dict[str, Any]]] = [
             (
                 "deploy_started",
@@ -519,36 +538,53 @@ class KubernetesTarget:
                     "objects": [f"{obj['kind']}/{obj['metadata']['name']}" for obj in manifests],
                     "live_release": old_release,
                     "live_servers": old_servers,
+                    "kept_servers": new_servers if kept else None,
                     "steps": [s.model_dump() for s in steps],
                 },
             )
         ]
         started = time.monotonic()
-        new_servers = 0
-        applied: list[dict] = []  # the new Deployments once they exist (an undo scales them to zero)
+        # the new Deployments once they exist (an undo scales them to zero)
+        applied: list[dict] = list(new_deps) if kept else []
+        traffic = _Traffic(self, route, old_service, own, events)
         try:
+            if old and old_service is None:
+                raise RolloutFailed(f"release {old_release} serves but its own Service is gone: nothing to weigh it by")
             removed = self._remove_releases({_release_of(d) for d in others if d not in old}, namespace, instance)
             if removed:
                 events.append(("pruned", {"objects": removed}))
             for number, step in enumerate(steps, 1):
                 step_started = time.monotonic()
                 budget = live_servers + spare_servers  # servers that may run at once
-                while new_servers < step.new_servers:
+                checked = False
+                while new_servers < step.new_servers or not checked:
+                    if new_servers and not checked:  # the step's checks, before its share rises
+                        self._check(events, answers, number, namespace, manifests, port, model, new_servers)
+                        checked = True
+                    if new_servers >= step.new_servers:
+                        break
+                    if checked and old:  # the checked new servers take the share they hold
+                        traffic.move(min(step.fraction, new_servers / full), number)
                     wave = min(max(1, spare_servers) if old else step.new_servers, step.new_servers - new_servers)
-                    # room for the wave: an old server the step no longer needs stops first (the
-                    # ready old + new ones still hold the fleet's share); never below the step's old
-                    room = max(step.old_servers, min(old_servers, budget - new_servers - wave))
-                    old_servers = self._scale_to(old, room, old_servers, timeout_s)
+                    if old:
+                        # old servers stop only where the old share, at the route's weights, no longer
+                        # needs them, and to leave the wave room within live + spare
+                        need = _servers_for(1 - traffic.new_share, live_servers)
+                        wave = min(wave, budget - new_servers - need)
+                        if wave < 1:
+                            raise RolloutFailed(
+                                f"step {number}: {need} old servers hold the old share and {new_servers} new run; "
+                                f"rollout.spare_servers ({spare_servers}) leaves no room to start another"
+                            )
+                        room = max(need, min(old_servers, budget - new_servers - wave))
+                        old_servers = self._scale_to(old, room, old_servers, timeout_s)
                     new_servers += wave
                     self._start(manifests, new_deps, new_servers, applied, timeout_s)
-                    if not any(kind == "smoke_test" for kind, _ in events):
-                        events.append(self._smoke(namespace, manifests, port, model))
-                if answers is not None:
-                    self._check_answers(answers, number, namespace, manifests, port, model, new_servers, events)
+                traffic.move(step.fraction, number)
                 # the old release keeps every server the budget leaves it while the step is judged
-                # (never fewer than the step's own): at the last step it still serves beside the new
-                # one, and an abort there has that much less to reload
-                keep = max(step.old_servers, budget - new_servers)
+                # (never fewer than its share needs): at the last step it still serves beside the
+                # new one, and an abort there has that much less to reload
+                keep = kept_while_judged(step, live_servers, budget)
                 old_servers = self._scale_to(old, min(keep, old_servers), old_servers, timeout_s)
                 detail: dict[str, Any] = {
                     "step": number,
@@ -577,20 +613,47 @@ class KubernetesTarget:
                     new_servers,
                     old_servers,
                 )
-            # every analysis passed: only now does the old release give back its last servers; its
-            # objects stay, at zero, until the next release's deploy prunes them
-            old_servers = self._scale_to(old, 0, old_servers, timeout_s)
+            traffic.only_new()  # the old release leaves the route: what serves now needs no controller
         except Exception as exc:
-            return self._undo(exc, events, applied, old, old_release, live_servers, started, timeout_s)
-        kept = [f"Deployment/{d['metadata']['name']}" for d in old]
+            servers = _Servers(live_servers, old_servers, new_servers, full, spare_servers)
+            return self._undo(exc, events, applied, old, old_release, servers, started, timeout_s, traffic)
+        # every analysis passed: only now, and after the keep window, does the old release give back
+        # its last servers; its objects stay, at zero, until the next release's deploy prunes them
+        if old and old_servers and self._keep(scale_down_delay_s, old_servers, traffic, events):
+            old_servers = self._scale_to(old, 0, old_servers, timeout_s)
+        kept_at_zero = [f"Deployment/{d['metadata']['name']}" for d in old] if not old_servers else []
         events.append(
             (
                 "rollout_complete",
-                {"kept_at_zero": kept, "seconds": round(time.monotonic() - started, 1), "servers": new_servers},
+                {
+                    "kept_at_zero": kept_at_zero,
+                    "seconds": round(time.monotonic() - started, 1),
+                    "all_traffic_after_s": traffic.all_new_after_s,
+                    "servers": new_servers,
+                },
             )
         )
         log.info("release %s is live in %s on %d servers", release_id, namespace, new_servers)
         return DeployOutcome(status="live", events=events)
+
+    def _keep(self, delay_s: float, old_servers: int, traffic: _Traffic, events: list) -> bool:
+        """The keep window after the last step: the old release holds its servers, out of the route,
+        so a rollback meanwhile only moves traffic back. True when it may go to zero now (the route
+        still sends everything to the new release: nobody rolled back meanwhile)."""
+        if delay_s > 0:
+            events.append(("scale_down_delay", {"seconds": delay_s, "old_servers": old_servers}))
+            log.info("keeping %d old servers for %.0f s (rollout.scale_down_delay)", old_servers, delay_s)
+            time.sleep(delay_s)
+        if traffic.current() != {traffic.own: WEIGHT_TOTAL}:
+            events.append(("scale_down_skipped", {"reason": "the route changed during the keep window"}))
+            log.warning("the route changed during the keep window; the old release keeps its servers")
+            return False
+        return True
+
+    def _service_of(self, namespace: str, instance: dict[str, str], release: str) -> str | None:
+        """A release's own Service (the one selecting its pods), if it still exists."""
+        services = listing(self.api, namespace, "services", {**instance, RELEASE_LABEL: release})
+        return next((s["metadata"]["name"] for s in services if RELEASE_LABEL in s["spec"].get("selector", {})), None)
 
     # -------------------------------------------------------- steps
 
@@ -602,7 +665,9 @@ class KubernetesTarget:
             for dep in new_deps:
                 dep["spec"]["replicas"] = servers
             applied.extend(new_deps)  # from the first PATCH on, there may be something to undo
-            apply(self.api, manifests, self.field_manager, timeout_s, self.poll_s)
+            # everything but the route: the release starts unexposed, in its own Service only
+            unexposed = [obj for obj in manifests if obj["kind"] != "HTTPRoute"]
+            apply(self.api, unexposed, self.field_manager, timeout_s, self.poll_s)
         else:
             for dep in new_deps:
                 scale(self.api, dep, servers)
@@ -615,6 +680,24 @@ class KubernetesTarget:
             wait_rollout(self.api, deps, timeout_s, self.poll_s)
             log.info("release %s: %d -> %d servers", _release_of(deps[0]), now, servers)
         return servers
+
+    def _check(
+        self,
+        events: list[tuple[str, dict[str, Any]]],
+        answers: Answers | None,
+        step: int,
+        namespace: str,
+        manifests: list[dict],
+        port: int,
+        model: str,
+        new_servers: int,
+    ) -> None:
+        """A step's checks through the release's own Service: the smoke completion (once), then
+        the served answers; raises (SmokeFailed, AnswersWorse) when they fail."""
+        if not any(kind == "smoke_test" for kind, _ in events):
+            events.append(self._smoke(namespace, manifests, port, model))
+        if answers is not None:
+            self._check_answers(answers, step, namespace, manifests, port, model, new_servers, events)
 
     def _check_answers(
         self,
@@ -680,11 +763,17 @@ class KubernetesTarget:
         applied: list[dict],
         old: list[dict],
         old_release: str | None,
-        live_servers: int,
+        servers: _Servers,
         started: float,
         timeout_s: float,
+        traffic: _Traffic,
     ) -> DeployOutcome:
-        """Give the old release back every server it had, then take the new one to zero."""
+        """Traffic and servers back to the old release, within the spare budget, then the new one to zero.
+
+        The route moves back at once where the old release still runs all its servers, or where
+        the new one answers wrong; otherwise the old release's servers come back in waves of the
+        spare budget, each taking back the share it holds while the new release gives back the
+        servers its remaining share no longer needs."""
         if not isinstance(exc, ReleaseError):
             log.error("rollout failed on an unexpected error", exc_info=exc)
         error = str(exc)
@@ -700,21 +789,166 @@ class KubernetesTarget:
                     scale(self.api, dep, 0)
                 events.append(("scaled_to_zero", {"objects": [f"Deployment/{d['metadata']['name']}" for d in applied]}))
             return DeployOutcome(status="failed", events=events, error=error)
-        want = live_servers
-        log.warning("rollout failed (%s); release %s back to %d servers", error, old_release, want)
+        live, have, new, full, spare = servers
+        log.warning("rollout failed (%s); release %s back to %d servers", error, old_release, live)
         events.append(("rollback_started", {"to_release": old_release, "reason": error}))
+        aborted = time.monotonic()
         try:
-            self._scale_to(old, want, -1, timeout_s)
-            for dep in applied:
-                try:
-                    scale(self.api, dep, 0)
-                except KubernetesError as missing:
-                    if missing.status != 404:  # never created: nothing to scale
-                        raise
+            if traffic.exposed:
+                traffic.back(0.0 if isinstance(exc, AnswersWorse) else 1 - have / live, aborted)
+            while True:
+                # the new release keeps only what its share needs, then old servers come back in its room
+                keep_new = _servers_for(traffic.new_share, full) if traffic.exposed else 0
+                if keep_new < new:
+                    new = self._scale_new(applied, keep_new)
+                if have >= live:
+                    break
+                wave = min(max(1, spare), live - have, live + spare - have - new)
+                if wave < 1:
+                    raise RolloutFailed(f"{have} old and {new} new servers leave no room in the spare budget")
+                have = self._scale_to(old, have + wave, have, timeout_s)
+                if traffic.exposed:
+                    traffic.back(max(0.0, 1 - have / live), aborted)
+            if traffic.exposed:
+                traffic.back(0.0, aborted)
+            self._scale_new(applied, 0)
         except Exception as undo_exc:
             events.append(("rollback_failed", {"to_release": old_release, "error": str(undo_exc)}))
             return DeployOutcome(
                 status="failed", events=events, error=f"{error}; back to release {old_release} failed: {undo_exc}"
             )
-        events.append(("rollback_complete", {"to_release": old_release, "servers": want}))
+        events.append(
+            (
+                "rollback_complete",
+                {"to_release": old_release, "servers": live, "seconds": round(time.monotonic() - aborted, 1)},
+            )
+        )
         return DeployOutcome(status="rolled_back", events=events, error=error)
+
+    def _scale_new(self, applied: list[dict], servers: int) -> int:
+        """The new release down to `servers` (its Deployments that exist: a failed first apply may
+        have created only some)."""
+        for dep in applied:
+            try:
+                scale(self.api, dep, servers)
+            except KubernetesError as missing:
+                if missing.status != 404:  # never created: nothing to scale
+                    raise
+        return servers
+
+
+class _Servers(NamedTuple):
+    """Where a rollout stood when it failed: what its undo starts from."""
+
+    live: int  # the old release's servers when the rollout started: what it gets back
+    old: int  # the old release's servers now
+    new: int  # the new release's servers now
+    full: int  # the new release's servers for all the traffic
+    spare: int  # rollout.spare_servers
+
+
+def kept_servers(api, manifests: list[dict]) -> int | None:
+    """Servers a release's Deployments run now, where they all still exist in the cluster (kept at
+    zero, or still serving); None where any is gone (pruned by a later release)."""
+    counts = []
+    for dep in (obj for obj in manifests if obj["kind"] == "Deployment"):
+        try:
+            counts.append(_call(api, "GET", object_path(dep))["spec"].get("replicas", 0))
+        except KubernetesError as exc:
+            if exc.status == 404:
+                return None
+            raise
+    return min(counts) if counts else None
+
+
+class _Traffic:
+    """The model's HTTPRoute as one rollout sets it: the old release's Service and the new one's,
+    weighted in parts of WEIGHT_TOTAL. Until `move` gives the new release a share it is in no route (exposed
+    False); every change is a `traffic` event."""
+
+    def __init__(self, target: KubernetesTarget, route: dict, old: str | None, own: str, events: list):
+        self.target, self.route, self.old, self.own, self.events = target, route, old, own, events
+        self.started = time.monotonic()
+        self.all_new_after_s: float | None = None  # when the new release first took all the traffic
+        self.new_share = 0.0
+        self.exposed = False
+        self.weights: dict[str, int] = {}  # as this rollout last set them
+
+    def move(self, share: float, step: int) -> None:
+        """The new release takes `share` (floored to a percent: never more than its servers hold)."""
+        parts = math.floor(share * WEIGHT_TOTAL + 1e-6)
+        if self.exposed and parts == round(self.new_share * WEIGHT_TOTAL):
+            return
+        self._set(
+            {self.old: WEIGHT_TOTAL - parts, self.own: parts} if self.old else {self.own: WEIGHT_TOTAL}, step=step
+        )
+
+    def back(self, share: float, since: float) -> None:
+        """An abort: the new release keeps `share` (ceiled: the old side takes no more than it holds)."""
+        parts = math.ceil(share * WEIGHT_TOTAL - 1e-6)
+        if parts != round(self.new_share * WEIGHT_TOTAL):
+            self._set(
+                {self.old or "": WEIGHT_TOTAL - parts, self.own: parts}, seconds=round(time.monotonic() - since, 1)
+            )
+
+    def only_new(self) -> None:
+        """Completion: the route names only the new release, as its rendered form does."""
+        self._set({self.own: WEIGHT_TOTAL})
+
+    def current(self) -> dict[str, int]:
+        now = _call(self.target.api, "GET", object_path(self.route))
+        return {b["name"]: b.get("weight", 1) for rule in now["spec"]["rules"] for b in rule.get("backendRefs", [])}
+
+    def _set(self, weights: dict[str, int], **detail: Any) -> None:
+        if weights == self.weights:
+            return
+        route = copy.deepcopy(self.route)
+        template = route["spec"]["rules"][0]["backendRefs"][0]
+        route["spec"]["rules"][0]["backendRefs"] = [
+            {**template, "name": name, "weight": weight} for name, weight in weights.items()
+        ]
+        _call(
+            self.target.api,
+            "PATCH",
+            object_path(route),
+            body=route,
+            content_type=APPLY_PATCH,
+            query={"fieldManager": self.target.field_manager, "force": "true"},
+        )
+        self.weights = weights
+        self.new_share = weights.get(self.own, 0) / WEIGHT_TOTAL
+        self.exposed = self.new_share > 0
+        at_s = round(time.monotonic() - self.started, 1)
+        if self.new_share >= 1 and self.all_new_after_s is None:
+            self.all_new_after_s = at_s
+        self.events.append(("traffic", {"weights": weights, "at_s": at_s, **detail}))
+        log.info(
+            "route %s: %s",
+            route["metadata"]["name"],
+            ", ".join(f"{n} {w / WEIGHT_TOTAL:.2%}" for n, w in weights.items()),
+        )
+
+
+def kept_while_judged(step: ServerStep, live_servers: int, budget: int) -> int:
+    """Old servers a step keeps while it is judged: every one the budget leaves beside the step's
+    new servers, never fewer than its share needs (nor more than the live fleet). `rollout-plan`
+    prints the same figure."""
+    return min(
+        live_servers,
+        max(step.old_servers, _servers_for(1 - step.fraction, live_servers), budget - step.new_servers),
+    )
+
+
+def _servers_for(share: float, live_servers: int) -> int:
+    """Old servers that hold `share` of what the live fleet held (a weight's rounding, one part in
+    WEIGHT_TOTAL, does not ask for another server)."""
+    return max(0, math.ceil(share * live_servers - 1e-3))
+
+
+def _route_of(manifests: list[dict]) -> dict:
+    route = next((obj for obj in manifests if obj["kind"] == "HTTPRoute"), None)
+    if route is None:
+        raise ReleaseError(
+            "manifests: no HTTPRoute (the model's address on the Gateway): render them again with promotion.gateway set"
+        )
+    return route

@@ -9,10 +9,13 @@ Every release has objects of its own beside the live release's (`<spec.name>-r<r
 Deployments, a `<spec.name>-r<release>` Service and PodDisruptionBudget), so a new release takes
 traffic in steps and the old one keeps serving until it has (pipeline.k8s.deploy): never an
 in-place `Recreate` that takes the model offline for the whole image pull and weight load. The
-stable Service clients call (`<spec.name>`) selects every pod of the model that carries the
-serving label, whatever its release, so each release's share of traffic is its share of ready
-pods. Each Deployment runs one pod per server (`RenderOptions.servers`); the rollout scales them.
-The release id and the artifact's manifest hash travel as labels and annotations.
+model's one address is an HTTPRoute (`<spec.name>`, Gateway API) on the spec's Gateway whose
+backends are the releases' own Services, weighted: a new release's pods are Ready long before
+they take traffic, and only the rollout controller, once they answered its checks, gives their
+Service a weight. Once a release is live the route names only its Service, so a pod that dies is
+replaced by its ReplicaSet and takes traffic when Ready with no controller running. Each
+Deployment runs one pod per server (`RenderOptions.servers`); the rollout scales them. The release
+id and the artifact's manifest hash travel as labels and annotations.
 """
 
 from __future__ import annotations
@@ -29,14 +32,19 @@ from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
+from pipeline.k8s import crds
 from pipeline.stages import serving
 
 MODELS_MOUNT = "/models"
 FIELD_PREFIX = "model-release"
 RELEASE_LABEL = f"{FIELD_PREFIX}/release-id"
-# what the stable Service selects: remove it from a pod (kubectl label pod NAME model-release/serving-)
-# and the pod leaves the model's traffic without a restart
-SERVING_LABEL = f"{FIELD_PREFIX}/serving"
+GATEWAY_API = "gateway.networking.k8s.io/v1"
+# route weights are parts of this (Gateway API allows 0 to 1,000,000): fine enough that a share
+# set from servers is a share those servers hold
+WEIGHT_TOTAL = 10_000
+# a streamed answer of a long context may run for minutes; Gateway implementations' own default
+# request timeouts (Envoy's is 15 s) would cut it
+ROUTE_REQUEST_TIMEOUT = "600s"
 # served by every rendered engine: the rollout's accuracy check uses the engine's own tokenizer
 TOKENIZER_INFO_FLAG = "--enable-tokenizer-info-endpoint"
 # vLLM start-up: engine init, graph capture and kernel warm-up, then reading the weights at a
@@ -110,7 +118,10 @@ def s3_secret_name(connection_id: str) -> str:
 def render(
     loaded: LoadedSpec, layout_name: str, release_id: str, artifact: Artifact, options: RenderOptions | None = None
 ) -> list[dict]:
-    """Every object of the release, in apply order: weights claim (if any), Deployments, Service, PDB."""
+    """Every object of the release, in apply order: weights claim (if any), Deployments, its Service,
+    PDB, and last the model's HTTPRoute as it stands once this release is live (all its traffic on
+    this release's Service; the rollout controller applies it with each step's weights), when the
+    spec names its Gateway (a Kubernetes spec must)."""
     spec, hw = loaded.spec, loaded.hardware
     layout = loaded.layout(layout_name)
     if hw.kind != "gpu" or not hw.device_resource:
@@ -140,10 +151,7 @@ def render(
             },
         }
 
-    # the model's one address: every serving pod of every release, whichever is live
-    stable = service(base, {**serving_selector(spec)}, instance_labels(spec))
-    stable["metadata"]["annotations"] = {}
-    # this release's pods only: its smoke test goes here before it takes traffic
+    # this release's pods only: its checks go here before the route gives it any traffic
     own_service = service(own, release_selector, labels)
     pdb = {
         "apiVersion": "policy/v1",
@@ -156,16 +164,55 @@ def render(
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
-    return copy.deepcopy([*weights.objects, *deployments, stable, own_service, pdb])  # no dict shared between objects
+    # a spec for the local target rendered as a preview names no Gateway: no route to attach
+    live_route = [route(spec, {own: WEIGHT_TOTAL})] if spec.promotion.gateway else []
+    # no dict shared between objects
+    return copy.deepcopy([*weights.objects, *deployments, own_service, pdb, *live_route])
+
+
+def route(spec: ReleaseSpec, weights: dict[str, int]) -> dict:
+    """The model's HTTPRoute: `weights` is release Service name -> its weight (its share of requests
+    in parts of WEIGHT_TOTAL).
+    Every release's Service is in the route's namespace, so no ReferenceGrant is needed."""
+    gateway = spec.promotion.gateway
+    if gateway is None:
+        raise ReleaseError(
+            "promotion.gateway: name the Gateway (Gateway API) that carries the model's traffic; the rollout "
+            "moves traffic between releases by the weights of an HTTPRoute attached to it"
+        )
+    parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway.name}
+    if gateway.namespace:
+        parent["namespace"] = gateway.namespace
+    if gateway.section_name:
+        parent["sectionName"] = gateway.section_name
+    backends = [
+        {"group": "", "kind": "Service", "name": name, "port": spec.serving.port, "weight": weight}
+        for name, weight in weights.items()
+    ]
+    return {
+        "apiVersion": GATEWAY_API,
+        "kind": "HTTPRoute",
+        "metadata": {
+            "name": dns_name(spec.name),
+            "namespace": spec.promotion.namespace,
+            "labels": instance_labels(spec),
+        },
+        "spec": {
+            "parentRefs": [parent],
+            "rules": [
+                {
+                    "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                    "backendRefs": backends,
+                    "timeouts": {"request": ROUTE_REQUEST_TIMEOUT},
+                }
+            ],
+        },
+    }
 
 
 def release_name(spec: ReleaseSpec, release_id: str) -> str:
     """The prefix of one release's objects (its Deployments add `-<group>`)."""
     return dns_name(f"{dns_name(spec.name, 50)}-r{label_value(release_id)}", 58)
-
-
-def serving_selector(spec: ReleaseSpec) -> dict[str, str]:
-    return {**instance_labels(spec), SERVING_LABEL: "true"}
 
 
 def instance_labels(spec: ReleaseSpec) -> dict[str, str]:
@@ -321,7 +368,7 @@ def _deployment(
             "selector": {"matchLabels": selector},
             "template": {
                 "metadata": {
-                    "labels": {**labels, **group_label, SERVING_LABEL: "true"},
+                    "labels": {**labels, **group_label},
                     "annotations": pod_annotations,
                 },
                 "spec": _pod_spec(spec, hw, layout, weights),
@@ -437,6 +484,9 @@ def validate(objs: list[dict], k8s_version: str = "1.31") -> list[str]:
     problems = []
     for obj in objs:
         where = f"{obj.get('kind', '?')}/{(obj.get('metadata') or {}).get('name', '?')}"
+        if crds.known(obj):  # a custom resource (the HTTPRoute): its project's own CRD schema
+            problems += crds.problems(obj) + [f"{where}: {problem}" for problem in _name_problems(obj)]
+            continue
         try:
             kubernetes_validate.validate(obj, k8s_version, strict=True)
         except kubernetes_validate.ValidationError as exc:

@@ -18,16 +18,14 @@ out and rolls back. Two equivalent ways to ship the rule, rendered from one list
 from __future__ import annotations
 
 import re
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipeline.core.spec import LoadedSpec, ReleaseSpec
+from pipeline.k8s import crds
 from pipeline.k8s.manifests import FIELD_PREFIX, RELEASE_LABEL, dns_name, instance_labels
 
-CRD_SCHEMA = Path(__file__).parent / "schemas" / "monitoring.coreos.com_podmonitors.yaml"
 # the default podMonitorSelector of kube-prometheus-stack: its own Helm release's name
 CHART_SELECTOR = {"release": "kube-prometheus-stack"}
 METRICS_PORT = "http"  # the engine container's port name (manifests._deployment), /metrics on it
@@ -108,23 +106,10 @@ def scrape_config(loaded: LoadedSpec) -> dict[str, Any]:
     }
 
 
-@cache
-def _crd_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD_SCHEMA.read_text())
-    return next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
-
-
 def validate_pod_monitor(obj: dict[str, Any]) -> list[str]:
     """Problems against the Prometheus Operator's own CRD schema (vendored from prometheus-operator
     v0.93.0, example/prometheus-operator-crd/); one line each, empty when valid."""
-    import jsonschema
-
-    validator = jsonschema.Draft7Validator(_crd_schema())
-    where = f"PodMonitor/{(obj.get('metadata') or {}).get('name', '?')}"
-    return [
-        f"{where}: {'.'.join(str(p) for p in error.absolute_path) or '(top level)'}: {error.message}"
-        for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
-    ]
+    return crds.problems(obj)
 
 
 def to_yaml(loaded: LoadedSpec) -> str:

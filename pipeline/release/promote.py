@@ -350,7 +350,29 @@ def _kubernetes_rollout(
         prometheus_judge(loaded, str(rel.id), str(live.id) if live else None, review),
         spare_servers=plan.spare_servers,
         answers=kubernetes_answers(rel, loaded),
+        scale_down_delay_s=duration_seconds(loaded.spec.rollout.scale_down_delay),
     )
+
+
+def _kubernetes_restore(
+    loaded: LoadedSpec, rel: Release, live: Release | None, client: Any
+) -> tuple[k8s_deploy.DeployOutcome, str]:
+    """A rollback on Kubernetes: where the release's objects are still in the cluster (kept by the
+    release that replaced it), they scale up beside the live one, are checked, and take the traffic
+    back in waves of the spare budget, without analysis steps (that release passed them when it
+    went live); where they were pruned, the release is rolled out again in steps. Returns the
+    outcome and which path was taken."""
+    client = client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
+    objs = rel.data["manifests"]
+    if k8s_deploy.kept_servers(client, objs) is None:
+        return _kubernetes_rollout(loaded, rel, live, objs, client, feasible_plan(loaded, rel, live)), "re-rollout"
+    outcome = k8s_deploy.KubernetesTarget(client).deploy(
+        str(rel.id),
+        objs,
+        spare_servers=loaded.spec.rollout.spare_servers,
+        answers=kubernetes_answers(rel, loaded),
+    )
+    return outcome, "kept objects"
 
 
 def _deploy_kubernetes(
@@ -467,14 +489,19 @@ def rollback(
             detail = {"endpoint": local_target.endpoint(loaded.spec), "smoke_text": text}
             data = {"deployment": dep.model_dump()}
         else:
-            # the same controller in reverse: the earlier release's objects start beside the live one
-            plan = feasible_plan(loaded, rel, live)
-            outcome = _kubernetes_rollout(loaded, rel, live, rel.data["manifests"], k8s_client, plan)
+            outcome, path = _kubernetes_restore(loaded, rel, live, k8s_client)
             for kind, event in outcome.events:
                 reg.record(rel.id, kind, actor, event)
             if outcome.status != "live":
-                raise DeployFailed(f"rollback to release {rel.id} failed: {outcome.error}")
-            detail, data = {"events": [k for k, _ in outcome.events]}, {}
+                raise DeployFailed(f"rollback to release {rel.id} ({path}) failed: {outcome.error}")
+            complete = dict(outcome.events).get("rollout_complete", {})
+            detail = {
+                "path": path,
+                "all_traffic_after_s": complete.get("all_traffic_after_s"),
+                "seconds": complete.get("seconds"),
+                "events": [k for k, _ in outcome.events],
+            }
+            data = {}
     except BaseException as exc:
         reg.record(
             rel.id,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import LoadedSpec, duration_seconds
+from pipeline.k8s import deploy as k8s_deploy
 from pipeline.release.registry import Release
 
 
@@ -65,6 +66,11 @@ class RolloutPlan(BaseModel):
     load_seconds: float | None = Field(description="measured: the release's slowest replica, process start to healthy")
     live_load_seconds: float | None = Field(None, description="the same for the live release: what an abort reloads")
     steps: list[StepPlan]
+    keep_window_s: int = Field(0, description="rollout.scale_down_delay: the old release keeps its servers this long")
+    rollback_reloads_in_window: int = Field(0, description="old servers a rollback within the keep window starts")
+    rollback_reloads_after: int = Field(0, description="old servers a rollback after the keep window starts")
+    rollback_in_window_s: float | None = Field(None, description="expected: its waves x the live release's load")
+    rollback_after_s: float | None = None
     expected_seconds: float | None
     feasible: bool
     notes: list[str] = Field(default_factory=list)
@@ -150,7 +156,13 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
             )
         # as pipeline.k8s.deploy judges a step: the old release keeps what the budget leaves it; an
         # abort gives it back every server it had, loading those it gave away (locally it never stops)
-        kept = min(live_servers, max(old, budget - new)) if kubernetes and live else live_servers
+        kept = (
+            k8s_deploy.kept_while_judged(
+                k8s_deploy.ServerStep(fraction=fraction, old_servers=old, new_servers=new), live_servers, budget
+            )
+            if kubernetes and live
+            else live_servers
+        )
         started, old_before = max(started, new), old
         old_holds = round(old * rate_old, 3) if need is not None and rate_old else None
         new_holds = round(new * rate_new, 3) if need is not None and rate_new else None
@@ -175,6 +187,17 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
             )
         )
     total = None if any(s.seconds is None for s in steps) else sum(s.seconds or 0 for s in steps)
+    # a rollback scales the old release's kept objects back up: within the keep window it still
+    # runs what the last step left it, after it nothing; its servers start in waves of the budget
+    in_window = live_servers - steps[-1].old_kept if live else 0
+    after = live_servers
+
+    def rollback_s(reloads: int) -> float | None:
+        if not reloads:
+            return 0.0
+        wave = rollout.spare_servers if kubernetes else reloads
+        return math.ceil(reloads / wave) * live.load_seconds if live and live.load_seconds and wave else None
+
     return RolloutPlan(
         name=spec.name,
         target=spec.promotion.target,
@@ -193,6 +216,11 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
         load_seconds=load,
         live_load_seconds=live.load_seconds if live else None,
         steps=steps,
+        keep_window_s=duration_seconds(rollout.scale_down_delay),
+        rollback_reloads_in_window=in_window,
+        rollback_reloads_after=after,
+        rollback_in_window_s=rollback_s(in_window) if live else None,
+        rollback_after_s=rollback_s(after) if live else None,
         expected_seconds=total,
         feasible=all(s.ok for s in steps),
         notes=notes,
@@ -231,7 +259,9 @@ def table(p: RolloutPlan) -> str:
             return "-"
         if not s.abort_reloads:
             return f"instant ({s.old_kept} kept)"
-        return f"{s.abort_reloads} reload{'s' if s.abort_reloads > 1 else ''} ({minutes(p.live_load_seconds)})"
+        waves = math.ceil(s.abort_reloads / p.spare_servers) if p.spare_servers else s.abort_reloads
+        load = p.live_load_seconds * waves if p.live_load_seconds is not None else None
+        return f"{s.abort_reloads} reload{'s' if s.abort_reloads > 1 else ''} ({minutes(load)})"
 
     for s in p.steps:
 
@@ -254,9 +284,19 @@ def table(p: RolloutPlan) -> str:
     ]
     if p.live_servers:
         tail.append(
-            "abort: the old release gets every server back before the new one goes to zero; 'instant' where it "
-            "still runs them all while the step is judged. After the last step it goes to zero and its objects stay "
-            "until the next release: a rollback then rolls it out again in steps"
+            "abort: traffic goes back to the old release as its servers hold it (its reloads in waves of the spare "
+            "budget, the new release giving back servers as they come), then the new one goes to zero; 'instant' "
+            "where the old release still runs them all while the step is judged"
+        )
+
+        def reloads(n: int, seconds: float | None) -> str:
+            return "instant (traffic only moves back)" if not n else f"{n} reloads ({minutes(seconds)})"
+
+        tail.append(
+            f"rollback to release {p.live_id or '(given)'} after this rollout: within the keep window "
+            f"({minutes(p.keep_window_s)}, rollout.scale_down_delay) "
+            f"{reloads(p.rollback_reloads_in_window, p.rollback_in_window_s)}; after it, its objects are kept at "
+            f"zero until the next release: {reloads(p.rollback_reloads_after, p.rollback_after_s)}, no analysis steps"
         )
     return "\n".join(head + rows + tail + [f"note: {n}" for n in p.notes])
 
