@@ -2,10 +2,11 @@
 ### Roll back a release
 
 Manual trigger: put an earlier release of a model back into service: the one named by
-`release_id`, or the one that served before the live one. Kubernetes target: its recorded
-manifests are applied again and the rollout is verified; local target: its engines are
-started and smoke-tested before the switch. Who triggered the rollback and why is recorded
-on both releases.
+`release_id`, or the one that served before the live one. Kubernetes target: its objects, kept
+by the release that replaced it, are scaled up, checked and given the traffic back in waves of
+the spare budget (within the keep window only the route moves; rolled out again in steps where
+they were pruned); local target: its engines are started and smoke-tested before the switch.
+Who triggered the rollback and why is recorded on both releases.
 """
 
 from __future__ import annotations

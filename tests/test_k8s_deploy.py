@@ -308,7 +308,8 @@ def test_a_rollback_within_the_keep_window_moves_traffic_back_and_loads_nothing(
     assert dict(back.events)["deploy_started"]["kept_servers"] == 3
     assert pods_of(fake, "1") == before  # nothing loaded: the same pods took the traffic back
     applied = [r.path.rsplit("/", 1)[0].rsplit("/", 1)[-1] for r in fake.requests if r.content_type == APPLY]
-    assert applied and set(applied) == {"httproutes"}
+    # the Deployments took the rollout's record (same pod template: same ReplicaSet), the route its weights
+    assert set(applied) == {"deployments", "httproutes"}
     assert [d["weights"] for k, d in back.events if k == "traffic"] == [{r2: 0, r1: 10_000}, {r1: 10_000}]
     assert done["2"].status == "live" and "scale_down_skipped" in names(done["2"])
     assert fake.servers() == {"1": 3, "2": 0}
@@ -333,6 +334,76 @@ def test_a_live_pod_that_dies_is_replaced_and_takes_traffic_with_no_controller(f
     hits = [fake.send(NS, ROUTE) for _ in range(400)]
     assert all(h.status == 200 and h.release == "2" for h in hits)
     assert newcomer <= {h.pod for h in hits}  # the replacement answers its share
+
+
+class Killed(BaseException):
+    """The controller's task killed (SIGKILL, a worker restart): no except clause of the controller runs."""
+
+
+def killing_after(monkeypatch, changes: int):
+    """The controller dies right after its `changes`-th change to the cluster (an apply, scale or delete)."""
+    real = deploy._call
+    made = []
+
+    def call(api, method, path, *args, **kwargs):
+        answer = real(api, method, path, *args, **kwargs)
+        if method in ("PATCH", "DELETE"):
+            made.append(path)
+            if len(made) == changes:
+                raise Killed(path)
+        return answer
+
+    monkeypatch.setattr(deploy, "_call", call)
+    return made
+
+
+def test_a_controller_killed_at_any_change_leaves_a_safe_state_that_recovery_resumes_or_undoes(
+    fake, releases, monkeypatch
+):
+    """Killed after each of the changes a good 3-step rollout makes, in turn: the state it leaves
+    holds the traffic (requests keep flowing and succeeding), and `recover` (the promote task's
+    retry) finishes a rollout that had moved everything, else undoes it; never a second copy."""
+    r1, r2 = SERVICE
+    with FakeCluster() as counting:  # how many changes a good rollout makes
+        live(counting, releases["1"], "1")
+        made = killing_after(monkeypatch, -1)
+        KubernetesTarget(counting.client(), **FAST).deploy(
+            "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5
+        )
+        total = len(made)
+    monkeypatch.undo()
+    outcomes = []
+    for changes in range(1, total + 1):
+        with FakeCluster() as cluster:
+            live(cluster, releases["1"], "1")
+            with clients(cluster):
+                killing_after(monkeypatch, changes)
+                with pytest.raises(Killed):
+                    KubernetesTarget(cluster.client(), **FAST).deploy(
+                        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5
+                    )
+                monkeypatch.undo()
+                time.sleep(0.02)  # the dead controller's state serves for a while
+                target = KubernetesTarget(cluster.client(), **FAST)
+                outcome = target.recover(copy.deepcopy(releases["2"]), timeout_s=5)
+                again = target.recover(copy.deepcopy(releases["2"]), timeout_s=5)
+                time.sleep(0.02)
+            assert_safe(cluster)
+            assert all(sum(h.values()) <= 4 for h in cluster.history), (changes, cluster.history)
+            assert len([n for n in cluster.names("deployments", NS) if "-r2-" in n]) <= 2  # no second copy
+            route = cluster.get("httproutes", NS, ROUTE)["spec"]["rules"][0]["backendRefs"]
+            weights = {b["name"]: b["weight"] for b in route if b["weight"]}
+            running = {release: n for release, n in cluster.servers().items() if n}
+            if outcome.status == "live":
+                assert running == {"2": 3} and weights == {r2: 10_000}, changes
+            else:
+                assert outcome.status == "rolled_back", (changes, outcome.error)
+                assert running == {"1": 3} and weights == {r1: 10_000}, changes
+            # a second recovery finds nothing to change
+            assert again.status == outcome.status and not [k for k, _ in again.events if k == "traffic"]
+            outcomes.append(outcome.status)
+    # killed before its last change the rollout is undone; after the route and servers had all moved, finished
+    assert outcomes[0] == "rolled_back" and outcomes[-1] == "live" and total >= 15, (total, outcomes)
 
 
 def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases):

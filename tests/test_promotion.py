@@ -584,8 +584,11 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         assert "rollout_step" in finished["events"] and not any(
             e.detail.get("analysis") for e in reg.events(rel.id) if e.kind == "rollout_step"
         )
-        applied = [r.path.rsplit("/", 2)[-2] for r in fake.requests if r.content_type == "application/apply-patch+yaml"]
-        assert applied == ["httproutes"] * len(applied) and applied  # its objects were there: only weights moved
+        applied = {r.path.rsplit("/", 2)[-2] for r in fake.requests if r.content_type == "application/apply-patch+yaml"}
+        # its objects were there: the Deployments take the rollout's record (same pod template, so the
+        # same ReplicaSet), the route its weights
+        assert applied == {"deployments", "httproutes"}
+        assert len([n for n in fake.names("replicasets", "llm-serving") if f"-r{rel.id}-" in n]) == 1
         assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{rel.id}": 10_000}
 
 
@@ -651,3 +654,107 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(
             (True, None),
             (False, True),
         ], steps
+
+
+def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_retry(
+    spec_file, s3, small_artifact, monkeypatch
+):
+    """The promote task terminated mid-rollout (here: right after the route gave the new release
+    its first share): the release stays "deploying" with the interruption on record; the task's
+    retry undoes the rollout from the state the cluster holds, and a further retry refuses."""
+    from pipeline.k8s import deploy as k8s_deploy
+    from pipeline.release.analysis import StepAnalysis
+    from tests.conftest import PROD_SPEC
+    from tests.k8s_fake import FakeCluster
+
+    def prod(run: str):
+        def change(data):
+            data["staging"] = {
+                "s3": {
+                    "endpoint_url": s3.url,
+                    "connection_id": "not-configured",
+                    "bucket": "k8s",
+                    "create_bucket": True,
+                }
+            }
+            data["rollout"].update(prometheus_url="http://127.0.0.1:9", scale_down_delay="0s")
+
+        return spec_file(PROD_SPEC, change, f"{run}.yaml")
+
+    def passes(*args, **kwargs):
+        return lambda step, fraction, pods: StepAnalysis(
+            step=step, fraction=fraction, window_s=1, passed=True, queries={}
+        )
+
+    monkeypatch.setattr(promote, "prometheus_judge", passes)
+    monkeypatch.setattr(k8s_deploy.KubernetesTarget, "__init__", fast_target(k8s_deploy.KubernetesTarget.__init__))
+
+    class Terminated(BaseException):  # what Airflow raises in a task it terminates; no except Exception sees it
+        pass
+
+    real_call = k8s_deploy._call
+
+    def dies_after_first_share(api, method, path, *args, **kwargs):
+        answer = real_call(api, method, path, *args, **kwargs)
+        if path.endswith("/httproutes/qwen3-235b-a22b-fp8") and method == "PATCH" and "r2" in json.dumps(kwargs):
+            raise Terminated("SIGTERM")
+        return answer
+
+    reg = Registry()
+    with FakeCluster() as fake:
+        first, _ = candidate(reg, prod("first"), small_artifact, approver="ml-lead", layout="tp8-ep8", rate=50.0)
+        assert promote.promote(reg, first.id, k8s_client=fake.client()).status == "live"
+        second, _ = candidate(
+            reg, prod("second"), small_artifact, approver="ml-lead", layout="tp8-ep8", run="r2", rate=50.0
+        )
+        assert second.id == 2
+        monkeypatch.setattr(k8s_deploy, "_call", dies_after_first_share)
+        with pytest.raises(Terminated):
+            promote.promote(reg, second.id, k8s_client=fake.client())
+        monkeypatch.setattr(k8s_deploy, "_call", real_call)
+        assert reg.get(second.id).status == "deploying"
+        assert promote.last_event(reg, second.id, "controller_interrupted") is not None
+        assert fake.route_changes[-1].weights[f"qwen3-235b-a22b-fp8-r{second.id}"] > 0  # it had taken traffic
+        with pytest.raises(promote.DeployFailed, match="controller died mid-rollout; it was undone"):
+            promote.promote(reg, second.id, k8s_client=fake.client(), first_try=False)
+        assert reg.get(second.id).status == "rolled_back" and reg.get(first.id).status == "live"
+        assert {r: n for r, n in fake.servers().items() if n} == {str(first.id): 3}
+        assert fake.route_changes[-1].weights == {
+            f"qwen3-235b-a22b-fp8-r{first.id}": 10_000,
+            f"qwen3-235b-a22b-fp8-r{second.id}": 0,
+        }
+        recovered = promote.last_event(reg, second.id, "recovered").detail
+        assert recovered["state"] == "undone" and recovered["replacing"] == str(first.id)
+        with pytest.raises(promote.PromotionRefused, match="this promotion already ran"):
+            promote.promote(reg, second.id, k8s_client=fake.client(), first_try=False)
+
+
+def test_a_local_rollout_whose_controller_died_is_undone_before_the_next(tiny_spec, tmp_path):
+    """The local target's in-flight record: the engines a dead rollout started (found by their pid
+    files) are stopped, the record removed; a second recovery finds nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.stages import serving
+
+    loaded = load_spec(tiny_spec(lambda d: d.update(name="tiny-died")))
+    log_dir = local_target.state_dir("tiny-died") / "release-7"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    orphan = subprocess.Popen(  # an engine of the dead rollout: its own session, as the target starts them
+        [sys.executable, "-c", "import time; time.sleep(300)", "vllm-serve-standin"], start_new_session=True
+    )
+    (log_dir / "engine-0.pid").write_text(str(orphan.pid))
+    local_target._in_flight("tiny-died").write_text(
+        local_target.InFlight(release_id=7, log_dir=str(log_dir)).model_dump_json()
+    )
+    try:
+        with local_target.switching("tiny-died"):
+            assert local_target.recover(loaded.spec) == 7
+        assert orphan.wait(timeout=30) is not None and not serving.alive_group(orphan.pid)
+        assert not local_target._in_flight("tiny-died").exists()
+        with local_target.switching("tiny-died"):
+            assert local_target.recover(loaded.spec) is None
+    finally:
+        if orphan.poll() is None:
+            os.killpg(orphan.pid, 9)

@@ -27,13 +27,16 @@ def report(spec: dict, gate: dict, run_id: str | None = None) -> dict:
     return flow.report(spec["release_id"], run_id)
 
 
-@task(retries=0, outlets=[LIVE])
-def promote(spec: dict, run_id: str | None = None, *, outlet_events=None) -> dict:
-    """Re-checks every gate and the approval in code, then rolls out; restores the previous release on failure."""
+@task(retries=1, retry_delay=pendulum.duration(seconds=30), outlets=[LIVE])
+def promote(spec: dict, run_id: str | None = None, *, ti=None, outlet_events=None) -> dict:
+    """Re-checks every gate and the approval in code, then rolls out; restores the previous release on failure.
+    Its retry runs only when the first try's controller died (worker killed, task terminated): it
+    finishes or undoes that rollout from the state it left, and never rolls out twice."""
     from pipeline.entry import flow
 
     assert run_id is not None  # Airflow passes the run's id from the context
-    result = flow.promote(spec["release_id"], run_id, step_reviews=True)
+    first_try = ti is None or ti.try_number <= 1
+    result = flow.promote(spec["release_id"], run_id, step_reviews=True, first_try=first_try)
     outlet_events[LIVE].extra = {
         "release": spec["name"],
         "release_id": result["release_id"],

@@ -544,10 +544,11 @@ def report(release_id: int, run_id: str) -> dict[str, Any]:
     return ReportPage(release_id=release_id, path=str(path)).model_dump(mode="json")
 
 
-def promote(release_id: int, run_id: str, step_reviews: bool = False) -> dict[str, Any]:
+def promote(release_id: int, run_id: str, step_reviews: bool = False, first_try: bool = True) -> dict[str, Any]:
+    """`first_try` False (the task's retry): only a rollout whose controller died is picked up."""
     reg = registry()
     try:
-        rel = promotion.promote(reg, release_id, step_reviews=step_reviews)
+        rel = promotion.promote(reg, release_id, step_reviews=step_reviews, first_try=first_try)
     finally:
         report(release_id, run_id)  # the audit trail in the report includes the outcome
     log.info("release %d is %s at %s", rel.id, rel.status, rel.data.get("endpoint"))

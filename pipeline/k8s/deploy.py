@@ -73,6 +73,20 @@ class SmokeFailed(ReleaseError):
     """The live Service did not answer a completion."""
 
 
+ROLLOUT_ANNOTATION = "model-release/rollout"
+
+
+class RolloutRecord(BaseModel):
+    """What a rollout's undo needs and the cluster alone does not say, kept as an annotation on the
+    new release's Deployments before anything else changes: a controller that dies (its task
+    killed) leaves it for `KubernetesTarget.recover`."""
+
+    replacing: str | None = Field(description="the release that served when the rollout started")
+    live_servers: int = Field(description="its servers then: what an undo gives it back")
+    full: int = Field(description="the new release's servers for all the traffic")
+    spare: int = Field(description="rollout.spare_servers")
+
+
 class DeployOutcome(BaseModel):
     """What a deploy did, for the caller to record; events are in the order they happened."""
 
@@ -544,10 +558,17 @@ class KubernetesTarget:
             )
         ]
         started = time.monotonic()
+        record = RolloutRecord(replacing=old_release, live_servers=live_servers, full=full, spare=spare_servers)
+        for dep in new_deps:  # applied with the first wave, or now onto kept objects, before any other change
+            dep["metadata"].setdefault("annotations", {})[ROLLOUT_ANNOTATION] = record.model_dump_json()
         # the new Deployments once they exist (an undo scales them to zero)
         applied: list[dict] = list(new_deps) if kept else []
         traffic = _Traffic(self, route, old_service, own, events)
         try:
+            if kept:
+                for dep in new_deps:
+                    dep["spec"]["replicas"] = new_servers
+                apply(self.api, new_deps, self.field_manager, timeout_s, self.poll_s)
             if old and old_service is None:
                 raise RolloutFailed(f"release {old_release} serves but its own Service is gone: nothing to weigh it by")
             removed = self._remove_releases({_release_of(d) for d in others if d not in old}, namespace, instance)
@@ -635,6 +656,58 @@ class KubernetesTarget:
         )
         log.info("release %s is live in %s on %d servers", release_id, namespace, new_servers)
         return DeployOutcome(status="live", events=events)
+
+    def recover(self, manifests: list[dict], timeout_s: float | None = None) -> DeployOutcome:
+        """Pick up a rollout whose controller died (its task killed between two actions): from what
+        the cluster holds (the route's weights, each release's servers) and the rollout's record on
+        the new release's Deployments. A rollout that had moved all traffic and servers is finished
+        ("live"); any other is undone as an abort would ("rolled_back": the old release gets its
+        servers and traffic back within the spare budget, the new one goes to zero). Idempotent:
+        it starts nothing of the new release, and a second call finds nothing left to do."""
+        timeout_s = timeout_s or _progress_deadline(manifests)
+        self.check_reachable()
+        namespace, own, _port, _model = _smoke_target(manifests)
+        route = _route_of(manifests)
+        new_deps = [obj for obj in manifests if obj["kind"] == "Deployment"]
+        label = _release_of(new_deps[0])
+        instance = {k: new_deps[0]["metadata"]["labels"][k] for k in (INSTANCE_LABEL, MANAGED_BY_LABEL)}
+        current = listing(self.api, namespace, "deployments", {**instance, RELEASE_LABEL: label})
+        events: list[tuple[str, dict[str, Any]]] = []
+        started = time.monotonic()
+        annotated = [d for d in current if ROLLOUT_ANNOTATION in (d["metadata"].get("annotations") or {})]
+        if not annotated:
+            events.append(("recovered", {"state": "nothing of the release was applied", "release_id": label}))
+            return DeployOutcome(status="rolled_back", events=events, error="the rollout had changed nothing")
+        record = RolloutRecord.model_validate_json(annotated[0]["metadata"]["annotations"][ROLLOUT_ANNOTATION])
+        # servers taken: a group the controller had scaled before it died counts (not the fewest)
+        new_servers = max(d["spec"].get("replicas", 0) for d in current)
+        old = (
+            listing(self.api, namespace, "deployments", {**instance, RELEASE_LABEL: record.replacing})
+            if record.replacing
+            else []
+        )
+        old_servers = max((d["spec"].get("replicas", 0) for d in old), default=0)
+        old_service = self._service_of(namespace, instance, record.replacing) if record.replacing else None
+        traffic = _Traffic(self, route, old_service, own, events)
+        traffic.load()
+        state = {
+            "release_id": label,
+            "replacing": record.replacing,
+            "weights": traffic.weights,
+            "old_servers": old_servers,
+            "new_servers": new_servers,
+        }
+        log.warning("recovering the rollout of release %s from %s", label, state)
+        complete = min(d["spec"].get("replicas", 0) for d in current) >= record.full
+        if traffic.weights == {own: WEIGHT_TOTAL} and complete:
+            events.append(("recovered", {"state": "complete", **state}))
+            if old_servers:
+                self._scale_to(old, 0, old_servers, timeout_s)
+            return DeployOutcome(status="live", events=events)
+        events.append(("recovered", {"state": "undone", **state}))
+        died = RolloutFailed(f"the controller of release {label}'s rollout died mid-rollout; undone from {state}")
+        servers = _Servers(record.live_servers, old_servers, new_servers, record.full, record.spare)
+        return self._undo(died, events, current, old, record.replacing, servers, started, timeout_s, traffic)
 
     def _keep(self, delay_s: float, old_servers: int, traffic: _Traffic, events: list) -> bool:
         """The keep window after the last step: the old release holds its servers, out of the route,
@@ -896,8 +969,19 @@ class _Traffic:
         self._set({self.own: WEIGHT_TOTAL})
 
     def current(self) -> dict[str, int]:
-        now = _call(self.target.api, "GET", object_path(self.route))
+        try:
+            now = _call(self.target.api, "GET", object_path(self.route))
+        except KubernetesError as exc:
+            if exc.status == 404:
+                return {}
+            raise
         return {b["name"]: b.get("weight", 1) for rule in now["spec"]["rules"] for b in rule.get("backendRefs", [])}
+
+    def load(self) -> None:
+        """Take the weights the route has now as this rollout's (a recovery)."""
+        self.weights = self.current()
+        self.new_share = self.weights.get(self.own, 0) / WEIGHT_TOTAL
+        self.exposed = self.new_share > 0
 
     def _set(self, weights: dict[str, int], **detail: Any) -> None:
         if weights == self.weights:

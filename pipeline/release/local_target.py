@@ -455,6 +455,7 @@ def deploy(
     serves all traffic again and LocalDeployFailed (RolloutAborted, with the analyses) says why.
     """
     with switching(spec.name):
+        recover(spec)  # a rollout whose controller died: undone before this one starts
         previous = current(spec.name)
         fallback = previous if previous and is_healthy(previous) else None
         if previous and not fallback:
@@ -462,7 +463,15 @@ def deploy(
                 "previous live release %d is not healthy (engines gone?); it cannot be kept as a fallback",
                 previous.release_id,
             )
-        dep = _start_engines(spec, hw, layout, model_dir, release_id, timeout, beside=fallback)
+        log_dir = state_dir(spec.name) / f"release-{release_id}"
+        for stale in log_dir.glob("engine-*.pid"):  # an earlier try's: its engines were stopped
+            stale.unlink()
+        atomic_write(_in_flight(spec.name), InFlight(release_id=release_id, log_dir=str(log_dir)).model_dump_json())
+        try:
+            dep = _start_engines(spec, hw, layout, model_dir, release_id, timeout, beside=fallback)
+        except BaseException:  # it stopped what it started
+            _in_flight(spec.name).unlink(missing_ok=True)
+            raise
         steps: list[analysis.StepAnalysis] = []
         try:
             for replica, port in enumerate(dep.ports):
@@ -479,8 +488,10 @@ def deploy(
                 drain(dep)
             _stop_groups(dep.pgids)
             local_prometheus.forget(prometheus_root(spec.name), release_id)
+            _in_flight(spec.name).unlink(missing_ok=True)
             raise
         _write_current(spec.name, dep)
+        _in_flight(spec.name).unlink(missing_ok=True)
         if previous and previous.pgids != dep.pgids:
             drain(previous)
             _stop_groups(previous.pgids)
@@ -494,6 +505,37 @@ def deploy(
         text,
     )
     return dep, text, steps
+
+
+def _in_flight(name: str) -> Path:
+    """Written before a rollout starts its engines, removed when it ends either way: found at the
+    next deploy, it means the controller died mid-rollout (its task killed)."""
+    return state_dir(name) / "rollout.json"
+
+
+class InFlight(BaseModel):
+    release_id: int
+    log_dir: str
+
+
+def recover(spec: ReleaseSpec) -> int | None:
+    """Undo a rollout whose controller died: the front back on the live release (when it is
+    healthy), the dead rollout's engines (found by their pid files) drained and stopped. Returns
+    the release whose rollout was undone, None when none was in flight. Idempotent; call it
+    holding `switching`."""
+    path = _in_flight(spec.name)
+    if not path.exists():
+        return None
+    flight = InFlight.model_validate_json(path.read_text())
+    live = current(spec.name)
+    log.warning("release %d: its rollout's controller died mid-rollout; undoing it", flight.release_id)
+    if live is not None and live.release_id != flight.release_id and is_healthy(live):
+        _point_front(spec, _only(live), str(live.release_id))
+    pgids = [int(p.read_text()) for p in sorted(Path(flight.log_dir).glob("engine-*.pid"))]
+    _stop_groups([g for g in pgids if live is None or g not in live.pgids])
+    local_prometheus.forget(prometheus_root(spec.name), flight.release_id)
+    path.unlink()
+    return flight.release_id
 
 
 def _write_current(name: str, dep: Deployment) -> None:

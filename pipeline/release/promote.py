@@ -113,13 +113,33 @@ def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
 
 
 def promote(
-    reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None, step_reviews: bool = False
+    reg: Registry,
+    release_id: int,
+    actor: str = "pipeline",
+    k8s_client: Any = None,
+    step_reviews: bool = False,
+    first_try: bool = True,
 ) -> Release:
     """Check every gate, then roll out; returns the release as it ends (live) or raises.
 
     `step_reviews`: the caller (the release DAG) runs a review task per step, so each step waits
-    for a reviewer's Continue / Abort when the spec sets `rollout.review_timeout`."""
+    for a reviewer's Continue / Abort when the spec sets `rollout.review_timeout`. A release left
+    "deploying" (its controller died) is recovered instead (`recover`); `first_try` False (the
+    task's retry) refuses anything else, so a retry never rolls a release out twice."""
     rel = reg.get(release_id)
+    if rel.status == "deploying":  # its controller died (the task killed): picked up, not started again
+        rel = recover(reg, rel.id, actor, k8s_client)
+        if rel.status == "live":
+            return rel
+        raise DeployFailed(
+            f"release {rel.id}: the rollout's controller died mid-rollout; it was undone from the state it left "
+            f"(release is {rel.status}); promote it again in a new run"
+        )
+    if not first_try:
+        raise PromotionRefused(
+            f"release {rel.id} is {rel.status}: this promotion already ran; its retry only picks up a rollout "
+            "whose controller died"
+        )
     loaded = release_spec(rel)
     problems = gate_problems(reg, rel, loaded)
     if problems:
@@ -140,7 +160,10 @@ def promote(
         else:
             _deploy_kubernetes(reg, rel, loaded, previous, actor, k8s_client, review)
     except BaseException as exc:
-        # whatever went wrong (a bug, a killed task), the release must not stay "deploying"
+        if not isinstance(exc, Exception):  # the task terminated (SIGTERM, ^C): the target may be mid-rollout
+            reg.record(rel.id, "controller_interrupted", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+            raise  # left "deploying": the task's retry (or `recover`) brings it to a safe end
+        # whatever else went wrong (a bug), the release must not stay "deploying"
         if reg.get(rel.id).status == "deploying":
             reg.record(
                 rel.id, "deploy_failed", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]}, status="failed"
@@ -148,6 +171,54 @@ def promote(
         raise
     if previous and previous.id != rel.id:
         reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
+    return reg.get(rel.id)
+
+
+def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Release:
+    """A release left "deploying" by a controller that died between two actions (its task killed):
+    the target is brought to a safe end from the state it holds, idempotently: a rollout that had
+    moved everything is finished (live), any other is undone (the previous release serves, nothing
+    of the new one is started again). Returns the release as recorded after it."""
+    rel = reg.get(release_id)
+    if rel.status != "deploying":
+        raise ReleaseError(f"release {rel.id} is {rel.status}, not deploying: no rollout to recover")
+    loaded = release_spec(rel)
+    previous = reg.live(rel.name, rel.target)
+    reg.record(rel.id, "recovery_started", actor, {"target": rel.target})
+    live = False
+    if rel.target == "local":
+        with local_target.switching(rel.name):
+            local_target.recover(loaded.spec)
+            now = local_target.current(rel.name)
+        live = now is not None and now.release_id == rel.id and local_target.is_healthy(now)
+        data = {"endpoint": local_target.endpoint(loaded.spec), "deployment": now.model_dump()} if live and now else {}
+        restored = previous is not None and previous.id != rel.id and not live
+    else:
+        objs = rel.data.get("manifests")
+        outcome = None
+        if objs:
+            client = k8s_client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
+            outcome = k8s_deploy.KubernetesTarget(client).recover(objs)
+            for kind, detail in outcome.events:
+                reg.record(rel.id, kind, actor, detail)
+        live = outcome is not None and outcome.status == "live"
+        data = {"endpoint": f"service/{objs_service(objs or [])}.{loaded.spec.promotion.namespace}"} if live else {}
+        restored = previous is not None and previous.id != rel.id and not live
+    if live:
+        reg.record(rel.id, "deploy_finished", actor, {"recovered": True}, status="live", data=data)
+        if previous and previous.id != rel.id:
+            reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
+    else:
+        reg.record(
+            rel.id,
+            "deploy_failed",
+            actor,
+            {
+                "error": "the rollout's controller died; undone",
+                "previous_serving": previous.id if restored and previous else None,
+            },
+            status="rolled_back" if restored else "failed",
+        )
     return reg.get(rel.id)
 
 
