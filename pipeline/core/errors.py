@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class ReleaseError(Exception):
     """A problem the user can act on; its message is one line naming the file, field or object."""
@@ -17,3 +20,12 @@ class SpecError(ReleaseError):
 
 class ArtifactError(ReleaseError):
     """An artifact on disk or in storage is missing, incomplete or does not match its manifest."""
+
+
+class RolloutAborted(ReleaseError):
+    """A rollout step failed (its analysis, its served answers, a reviewer's Abort) and traffic went
+    back to the live release, on either target; `steps` holds the step analyses up to the failed one."""
+
+    def __init__(self, message: str, steps: Sequence[Any] = ()):
+        super().__init__(message)
+        self.steps = list(steps)

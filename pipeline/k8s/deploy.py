@@ -30,9 +30,10 @@ from typing import Any, Literal, NamedTuple, Protocol
 from pydantic import BaseModel, Field
 
 from pipeline.core import platform
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import ReleaseError, RolloutAborted
 from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG, WEIGHT_TOTAL
 from pipeline.stages.evaluate import Endpoint
+from pipeline.stages.served_accuracy import Answers
 
 log = logging.getLogger(__name__)
 
@@ -416,30 +417,8 @@ class Verdict(Protocol):
 Judge = Callable[[int, float, int], Verdict]
 
 
-class Checked(Protocol):
-    """A step's serving-path accuracy check (pipeline.stages.served_accuracy.ServedAccuracy)."""
-
-    passed: bool
-    failures: list[str]
-
-    def summary(self) -> str: ...
-
-    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
-
-
-# (step number, the new release's own Service as lm-eval reaches it, the served model name): the
-# served answers' verdict
-Answers = Callable[[int, Endpoint, str], Checked]
-
-
 class AnswersWorse(ReleaseError):
     """The new release's served answers failed the step's accuracy check."""
-
-
-class RolloutAborted(ReleaseError):
-    def __init__(self, message: str, verdict: Verdict):
-        self.verdict = verdict
-        super().__init__(message)
 
 
 def _own_service(manifests: list[dict]) -> str:
@@ -622,7 +601,7 @@ class KubernetesTarget:
                         raise RolloutAborted(
                             f"rollout of release {release_id} aborted at step {number} "
                             f"({new_servers} new / {old_servers} old servers): " + "; ".join(verdict.reasons),
-                            verdict,
+                            [verdict],
                         )
                 else:
                     events.append(("rollout_step", detail))

@@ -20,26 +20,21 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import ReleaseError, RolloutAborted
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, duration_seconds
 from pipeline.release import analysis, local_prometheus, step_review
 from pipeline.stages import engine_metrics, serving
-from pipeline.stages.served_accuracy import ServedAccuracy
+from pipeline.stages.served_accuracy import Answers
 
 log = logging.getLogger(__name__)
 
 SMOKE_PROMPT = "12+34="
-
-# (the new release's own engine URL, rollout step) -> its serving-path accuracy check: the
-# caller holds the gate's scores and records the evidence; a failed check aborts the step
-Answers = Callable[[str, int], ServedAccuracy]
 
 
 class Deployment(BaseModel):
@@ -335,14 +330,6 @@ def drain(dep: Deployment, timeout: float = 120) -> None:
 # ---------------------------------------------------------------- progressive rollout
 
 
-class RolloutAborted(LocalDeployFailed):
-    """A step's live analysis failed: traffic went back to the old release."""
-
-    def __init__(self, message: str, steps: list[analysis.StepAnalysis]):
-        super().__init__(message)
-        self.steps = steps
-
-
 def prometheus_root(name: str) -> Path:
     return state_dir(name) / "prometheus"
 
@@ -353,7 +340,7 @@ def answered_wrong(answers: Answers | None, dep: Deployment, step: int) -> list[
     there is no check."""
     if answers is None:
         return []
-    checked = answers(f"http://127.0.0.1:{dep.ports[(step - 1) % len(dep.ports)]}", step)
+    checked = answers(step, f"http://127.0.0.1:{dep.ports[(step - 1) % len(dep.ports)]}", serving.SERVED_NAME)
     log.info(
         "release %d, step %d: serving-path accuracy %s: %s",
         dep.release_id,

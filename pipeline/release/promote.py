@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import paths, storage
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import ReleaseError, RolloutAborted
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_spec
@@ -260,7 +260,7 @@ def _step_dir(rel: Release, step: int) -> Path:
 
 def rollout_answers(
     reg: Registry, rel: Release, loaded: LoadedSpec, model_dir: Path, actor: str
-) -> local_target.Answers | None:
+) -> served_accuracy.Answers | None:
     """The smoke test of each local rollout step: the gate's tasks at the new release's engine,
     held to the gate's in-process scores; each check is a `rollout_accuracy` event."""
     check = _rollout_check(rel, loaded)
@@ -268,8 +268,8 @@ def rollout_answers(
         return None
     gate, smaller = check
 
-    def answers(url: str, step: int) -> ServedAccuracy:
-        checked = served_accuracy.check(url, model_dir, serving.SERVED_NAME, *gate, smaller, _step_dir(rel, step))
+    def answers(step: int, endpoint: str | Endpoint, served_name: str) -> ServedAccuracy:
+        checked = served_accuracy.check(endpoint, model_dir, served_name, *gate, smaller, _step_dir(rel, step))
         reg.record(
             rel.id,
             "rollout_accuracy",
@@ -281,7 +281,7 @@ def rollout_answers(
     return answers
 
 
-def kubernetes_answers(rel: Release, loaded: LoadedSpec) -> k8s_deploy.Answers | None:
+def kubernetes_answers(rel: Release, loaded: LoadedSpec) -> served_accuracy.Answers | None:
     """The same check on each Kubernetes rollout step, through the release's own Service (the API
     server's service proxy, the engine's own tokenizer); the controller records each as a
     `rollout_accuracy` event."""
@@ -290,7 +290,7 @@ def kubernetes_answers(rel: Release, loaded: LoadedSpec) -> k8s_deploy.Answers |
         return None
     gate, smaller = check
 
-    def answers(step: int, endpoint: Endpoint, served_name: str) -> ServedAccuracy:
+    def answers(step: int, endpoint: str | Endpoint, served_name: str) -> ServedAccuracy:
         return served_accuracy.check(endpoint, None, served_name, *gate, smaller, _step_dir(rel, step))
 
     return answers
@@ -323,7 +323,7 @@ def _deploy_local(
     try:
         dep, text, steps = _local_rollout(reg, rel, loaded, actor, review)
     except ReleaseError as exc:
-        if isinstance(exc, local_target.RolloutAborted):
+        if isinstance(exc, RolloutAborted):
             _record_steps(reg, rel.id, exc.steps, actor)
             detail = {"reason": str(exc), "steps": [s.model_dump() for s in exc.steps]}
             reg.record(rel.id, "rollout_aborted", actor, detail)

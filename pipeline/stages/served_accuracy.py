@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -48,6 +49,12 @@ class ServedAccuracy(BaseModel):
             else f"{t.task} {t.candidate:.3f}"
             for t in self.tasks
         )
+
+
+# A rollout step's check, on either target: (step, the new release's endpoint as lm-eval reaches
+# it, its served model name) -> the served table held to the gate's in-process scores. The caller
+# (promotion) holds those scores and records the evidence; a failed check aborts the step.
+Answers = Callable[[int, "str | Endpoint", str], ServedAccuracy]
 
 
 def items_for(evaluation: EvaluationSpec) -> int | None:
