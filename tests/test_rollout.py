@@ -227,6 +227,17 @@ def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(
     held = rollout_plan.plan(instant, new, old)
     assert held.feasible and all(s.abort_reloads == 0 for s in held.steps)
 
+    # servers slower than the live ones (11 vs 12.5 req/s): every step's end fits 12 + 2, but on the way
+    # to 100% the 8 new servers up hold 8/14 of the traffic, the old share still needs 6: no room for
+    # another; refused here, as the controller would halfway
+    slower = loaded.model_copy(deep=True)
+    slower.spec.rollout.spare_servers = 2
+    on_paper = rollout_plan.plan(slower, new.model_copy(update={"rate_per_server": 11.0}), old)
+    assert not on_paper.feasible and [s.ok for s in on_paper.steps] == [True, True, False]
+    assert on_paper.steps[2].problem == (
+        "6 old servers hold the old share while 8 new run; rollout.spare_servers (2) leaves no room to start another"
+    )
+
     tight = loaded.model_copy(deep=True)
     tight.spec.rollout.spare_servers = 0
     refused = rollout_plan.plan(tight, new, old)

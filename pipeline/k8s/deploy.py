@@ -565,19 +565,15 @@ class KubernetesTarget:
                         break
                     if checked and old:  # the checked new servers take the share they hold
                         traffic.move(min(step.fraction, new_servers / full), number)
-                    wave = min(max(1, spare_servers) if old else step.new_servers, step.new_servers - new_servers)
                     if old:
                         # old servers stop only where the old share, at the route's weights, no longer
                         # needs them, and to leave the wave room within live + spare
-                        need = _servers_for(1 - traffic.new_share, live_servers)
-                        wave = min(wave, budget - new_servers - need)
-                        if wave < 1:
-                            raise RolloutFailed(
-                                f"step {number}: {need} old servers hold the old share and {new_servers} new run; "
-                                f"rollout.spare_servers ({spare_servers}) leaves no room to start another"
-                            )
-                        room = max(need, min(old_servers, budget - new_servers - wave))
+                        wave, room = next_wave(
+                            number, step, new_servers, old_servers, traffic.new_share, live_servers, spare_servers
+                        )
                         old_servers = self._scale_to(old, room, old_servers, timeout_s)
+                    else:
+                        wave = step.new_servers - new_servers
                     new_servers += wave
                     self._start(manifests, new_deps, new_servers, applied, timeout_s)
                 traffic.move(step.fraction, number)
@@ -990,6 +986,44 @@ class _Traffic:
             route["metadata"]["name"],
             ", ".join(f"{n} {w / WEIGHT_TOTAL:.2%}" for n, w in weights.items()),
         )
+
+
+def next_wave(
+    number: int, step: ServerStep, new: int, old: int, new_share: float, live: int, spare: int
+) -> tuple[int, int]:
+    """The controller's next wave within step `number`: (new servers it starts, old servers kept
+    while they start). Old servers stop only where the old release's share (1 - `new_share`, the
+    route's now) no longer needs them, and only to make room within live + spare; RolloutFailed
+    where no new server fits."""
+    budget = live + spare
+    need = _servers_for(1 - new_share, live)
+    wave = min(max(1, spare), step.new_servers - new, budget - new - need)
+    if wave < 1:
+        raise RolloutFailed(
+            f"step {number}: {need} old servers hold the old share while {new} new run; "
+            f"rollout.spare_servers ({spare}) leaves no room to start another"
+        )
+    return wave, max(need, min(old, budget - new - wave))
+
+
+def waves_problems(steps: list[ServerStep], live: int, spare: int) -> list[str]:
+    """Each step's problem as the controller would meet it ('' where its waves fit): the rollout
+    run on paper, with the route's weights as the controller sets them, so `rollout-plan` refuses
+    before anything starts what the controller would refuse halfway."""
+    full = max(1, steps[-1].new_servers)
+    new, old = 0, live
+    problems: list[str] = []
+    for number, step in enumerate(steps, 1):
+        try:
+            while new < step.new_servers:
+                share = math.floor(min(step.fraction, new / full) * WEIGHT_TOTAL + 1e-6) / WEIGHT_TOTAL
+                wave, old = next_wave(number, step, new, old, share, live, spare)
+                new += wave
+        except RolloutFailed as exc:
+            return problems + [str(exc)] + [""] * (len(steps) - number)
+        old = min(old, kept_while_judged(step, live, live + spare))
+        problems.append("")
+    return problems
 
 
 def kept_while_judged(step: ServerStep, live_servers: int, budget: int) -> int:

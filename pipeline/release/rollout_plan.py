@@ -186,6 +186,20 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
                 problem=problem,
             )
         )
+    if kubernetes and live and rollout.spare_servers and all(s.ok for s in steps):
+        # the controller's own waves, on paper: the route moves onto new servers only as they hold
+        # their share, and old servers stop only where theirs no longer needs them
+        on_paper = k8s_deploy.waves_problems(
+            [
+                k8s_deploy.ServerStep(fraction=s.fraction, old_servers=s.old_servers, new_servers=s.new_servers)
+                for s in steps
+            ],
+            live_servers,
+            rollout.spare_servers,
+        )
+        for s, problem in zip(steps, on_paper, strict=True):
+            if problem:
+                s.ok, s.problem = False, problem.removeprefix(f"step {s.step}: ")
     total = None if any(s.seconds is None for s in steps) else sum(s.seconds or 0 for s in steps)
     # a rollback scales the old release's kept objects back up: within the keep window it still
     # runs what the last step left it, after it nothing; its servers start in waves of the budget
