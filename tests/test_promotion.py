@@ -14,7 +14,7 @@ from pipeline.core.spec import load_spec
 from pipeline.release import local_target, promote, report
 from pipeline.release.registry import Registry, audit_trail
 from pipeline.stages import evaluate
-from tests.conftest import TINY_SPEC
+from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.load import LoadClient
 from tests.s3server import free_port
 
@@ -46,6 +46,44 @@ def fast_target(init):
         init(self, api, *args, **{"poll_s": 0.01, "smoke_retry_delay_s": 0.01, **kwargs})
 
     return fast
+
+
+@pytest.fixture
+def prod_spec(spec_file, s3):
+    """The production spec staging to the local S3 server, judged by a Prometheus nobody asks
+    (tests replace the judge), with `rollout` overrides; one file per name."""
+
+    def make(name: str, **rollout):
+        def change(data):
+            data["staging"] = {
+                "s3": {
+                    "endpoint_url": s3.url,
+                    "connection_id": "not-configured",
+                    "bucket": "k8s",
+                    "create_bucket": True,
+                }
+            }
+            data["rollout"].update(prometheus_url="http://127.0.0.1:9", scale_down_delay="0s", **rollout)
+
+        return spec_file(PROD_SPEC, change, f"{name}.yaml")
+
+    return make
+
+
+@pytest.fixture
+def passing_steps(monkeypatch):
+    """Every Kubernetes rollout step passes its analysis (the cluster's Prometheus, in short), and the
+    controller polls the fake cluster without waiting seconds."""
+    from pipeline.k8s import deploy as k8s_deploy
+    from pipeline.release.analysis import StepAnalysis
+
+    def judge(*args, **kwargs):
+        return lambda step, fraction, pods: StepAnalysis(
+            step=step, fraction=fraction, window_s=1, passed=True, queries={}
+        )
+
+    monkeypatch.setattr(promote, "prometheus_judge", judge)
+    monkeypatch.setattr(k8s_deploy.KubernetesTarget, "__init__", fast_target(k8s_deploy.KubernetesTarget.__init__))
 
 
 def candidate(
@@ -518,28 +556,16 @@ def test_the_registry_refuses_data_outside_its_schema_and_reads_old_names(tmp_pa
 
 
 def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasible_rollout(
-    spec_file, s3, small_artifact, monkeypatch
+    prod_spec, small_artifact, passing_steps
 ):
     """promote() on the kubernetes target, through the official client against the fake API server:
     the fleet sized from the release's measured rate, a smoke test through the release's own
     Service before the route gives it traffic, verify through it again; a rollout the spare budget
     cannot hold changes nothing; a rollback to a release whose objects are kept scales them up."""
-    from tests.conftest import PROD_SPEC
     from tests.k8s_fake import FakeCluster
 
     def prod(spare: int):
-        def change(data):
-            data["staging"] = {
-                "s3": {
-                    "endpoint_url": s3.url,
-                    "connection_id": "not-configured",
-                    "bucket": "k8s",
-                    "create_bucket": True,
-                }
-            }
-            data["rollout"].update(spare_servers=spare, prometheus_url="http://127.0.0.1:9", scale_down_delay="0s")
-
-        return spec_file(PROD_SPEC, change, f"prod-{spare}.yaml")
+        return prod_spec(f"prod-{spare}", spare_servers=spare)
 
     reg = Registry()
     with FakeCluster() as fake:
@@ -564,16 +590,6 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         # a release that went live over it keeps its objects at zero; a rollback scales them up (no
         # analysis steps, nothing applied but the route) and says which path it took
         third, _ = candidate(reg, prod(1), small_artifact, approver="ml-lead", layout="tp8-ep8", run="run-3", rate=50.0)
-        from pipeline.k8s import deploy as k8s_deploy
-        from pipeline.release.analysis import StepAnalysis
-
-        def passes(*args, **kwargs):  # the cluster's Prometheus, in short
-            return lambda step, fraction, pods: StepAnalysis(
-                step=step, fraction=fraction, window_s=1, passed=True, queries={}
-            )
-
-        monkeypatch.setattr(promote, "prometheus_judge", passes)
-        monkeypatch.setattr(k8s_deploy.KubernetesTarget, "__init__", fast_target(k8s_deploy.KubernetesTarget.__init__))
         assert promote.promote(reg, third.id, k8s_client=fake.client()).status == "live"
         assert fake.servers() == {str(rel.id): 0, str(third.id): 3}
         fake.requests.clear()
@@ -593,9 +609,7 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{rel.id}": 10_000}
 
 
-def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(
-    spec_file, s3, small_artifact, monkeypatch
-):
+def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(prod_spec, small_artifact, monkeypatch):
     """With step reviews (the release DAG's promote), each step's analysis waits for a reviewer's
     answer in the registry (the DAG's review task; here a thread): Continue on step 1, Abort on
     step 2 although its analysis passed; the old release gets its servers back."""
@@ -606,7 +620,6 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(
     from pipeline.k8s import deploy as k8s_deploy
     from pipeline.release import analysis, step_review
     from pipeline.release.analysis import StepAnalysis, StepReview
-    from tests.conftest import PROD_SPEC
     from tests.k8s_fake import FakeCluster
 
     def passes(url, new, old, step, fraction, slo, rollout, settle_s):  # the cluster's Prometheus, in short
@@ -618,18 +631,7 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(
     monkeypatch.setattr(k8s_deploy, "KubernetesTarget", fast)  # the fake cluster answers at once
 
     def prod(run: str):
-        def change(data):
-            data["staging"] = {
-                "s3": {
-                    "endpoint_url": s3.url,
-                    "connection_id": "not-configured",
-                    "bucket": "k8s",
-                    "create_bucket": True,
-                }
-            }
-            data["rollout"].update(spare_servers=1, prometheus_url="http://127.0.0.1:9", review_timeout="60s")
-
-        return spec_file(PROD_SPEC, change, f"{run}.yaml")
+        return prod_spec(run, spare_servers=1, review_timeout="60s")
 
     reg = Registry()
     with FakeCluster() as fake:
@@ -658,37 +660,16 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(
 
 
 def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_retry(
-    spec_file, s3, small_artifact, monkeypatch
+    prod_spec, small_artifact, monkeypatch, passing_steps
 ):
     """The promote task terminated mid-rollout (here: right after the route gave the new release
     its first share): the release stays "deploying" with the interruption on record; the task's
     retry undoes the rollout from the state the cluster holds, and a further retry refuses."""
     from pipeline.k8s import deploy as k8s_deploy
-    from pipeline.release.analysis import StepAnalysis
-    from tests.conftest import PROD_SPEC
     from tests.k8s_fake import FakeCluster
 
     def prod(run: str):
-        def change(data):
-            data["staging"] = {
-                "s3": {
-                    "endpoint_url": s3.url,
-                    "connection_id": "not-configured",
-                    "bucket": "k8s",
-                    "create_bucket": True,
-                }
-            }
-            data["rollout"].update(prometheus_url="http://127.0.0.1:9", scale_down_delay="0s")
-
-        return spec_file(PROD_SPEC, change, f"{run}.yaml")
-
-    def passes(*args, **kwargs):
-        return lambda step, fraction, pods: StepAnalysis(
-            step=step, fraction=fraction, window_s=1, passed=True, queries={}
-        )
-
-    monkeypatch.setattr(promote, "prometheus_judge", passes)
-    monkeypatch.setattr(k8s_deploy.KubernetesTarget, "__init__", fast_target(k8s_deploy.KubernetesTarget.__init__))
+        return prod_spec(run)
 
     class Terminated(BaseException):  # what Airflow raises in a task it terminates; no except Exception sees it
         pass

@@ -504,10 +504,7 @@ class KubernetesTarget:
         timeout_s = timeout_s or _progress_deadline(manifests)
         self.check_reachable()
         namespace, own, port, model = _smoke_target(manifests)
-        route = _route_of(manifests)
-        new_deps = [obj for obj in manifests if obj["kind"] == "Deployment"]
-        label = _release_of(new_deps[0])
-        instance = {k: new_deps[0]["metadata"]["labels"][k] for k in (INSTANCE_LABEL, MANAGED_BY_LABEL)}
+        route, new_deps, label, instance = _release_objects(manifests)
         found = listing(self.api, namespace, "deployments", instance)
         others = [d for d in found if _release_of(d) != label]
         old = [d for d in others if d["spec"].get("replicas", 0) > 0]
@@ -642,10 +639,7 @@ class KubernetesTarget:
         timeout_s = timeout_s or _progress_deadline(manifests)
         self.check_reachable()
         namespace, own, _port, _model = _smoke_target(manifests)
-        route = _route_of(manifests)
-        new_deps = [obj for obj in manifests if obj["kind"] == "Deployment"]
-        label = _release_of(new_deps[0])
-        instance = {k: new_deps[0]["metadata"]["labels"][k] for k in (INSTANCE_LABEL, MANAGED_BY_LABEL)}
+        route, _new_deps, label, instance = _release_objects(manifests)
         current = listing(self.api, namespace, "deployments", {**instance, RELEASE_LABEL: label})
         events: list[tuple[str, dict[str, Any]]] = []
         started = time.monotonic()
@@ -1040,6 +1034,14 @@ def _servers_for(share: float, live_servers: int) -> int:
     """Old servers that hold `share` of what the live fleet held (a weight's rounding, one part in
     WEIGHT_TOTAL, does not ask for another server)."""
     return max(0, math.ceil(share * live_servers - 1e-3))
+
+
+def _release_objects(manifests: list[dict]) -> tuple[dict, list[dict], str, dict[str, str]]:
+    """(the model's route, the release's Deployments, its release label, the labels every release
+    of the model shares) from its rendered objects."""
+    deps = [obj for obj in manifests if obj["kind"] == "Deployment"]
+    instance = {k: deps[0]["metadata"]["labels"][k] for k in (INSTANCE_LABEL, MANAGED_BY_LABEL)}
+    return _route_of(manifests), deps, _release_of(deps[0]), instance
 
 
 def _route_of(manifests: list[dict]) -> dict:
