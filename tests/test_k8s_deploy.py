@@ -7,12 +7,15 @@ import contextlib
 import copy
 import json
 import math
+import re
 import ssl
 import threading
 import time
+from pathlib import Path
 
 import certifi
 import pytest
+import yaml
 from kubernetes import client
 
 from pipeline.core.spec import load_spec
@@ -682,3 +685,53 @@ def test_each_step_checks_the_served_answers_through_the_releases_own_service(
     assert {"v1/completions", "tokenizer_info", "tokenize"} <= {r.path[len(own) :] for r in proxied}
     assert {r.authorization for r in proxied} == {"Bearer s3cret"}
     assert "s3cret" not in json.dumps(outcome.events) + caplog.text
+
+
+def test_the_documented_role_allows_every_request_of_a_rollout_an_abort_and_a_rollback(fake, releases):
+    """docs/production.md's Role for the controller, checked against what it sends: every request of
+    a first deploy, a 3-step rollout, an aborted one and a rollback to kept objects, mapped to the
+    (API group, resource, verb) RBAC checks (an apply may create)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "production.md").read_text()
+    objects = [o for block in re.findall(r"```yaml\n(.*?)```", text, re.S) for o in yaml.safe_load_all(block) if o]
+    (role,) = [o for o in objects if o.get("kind") == "Role"]
+    assert role["metadata"]["namespace"] == NS
+    allowed = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    target = KubernetesTarget(fake.client(), **FAST)
+    target.deploy("1", copy.deepcopy(releases["1"]), timeout_s=5)
+    target.deploy("2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5)
+    target.deploy("3", _third(), STEPS, lambda s, f, p: verdict(s, f, passed=s < 2), timeout_s=5)
+    target.deploy("1", copy.deepcopy(releases["1"]), timeout_s=5)  # a rollback: release 1's objects were kept
+    needed = set()
+    for request in fake.requests:
+        match = deploy_path.match(request.path)
+        if request.path == "/version":
+            continue  # discovery: every authenticated user may read it
+        assert match, request.path
+        group = match["group"] or ""
+        resource = match["plural"] + (f"/{match['sub']}" if match["sub"] else "")
+        verb = {"GET": "get" if match["name"] else "list", "PATCH": "patch", "DELETE": "delete", "POST": "create"}[
+            request.method
+        ]
+        needed.add((group, resource, verb))
+        if request.content_type == APPLY:
+            needed.add((group, resource, "create"))  # server-side apply of an object not there yet
+    assert needed - allowed == set()
+    assert {("gateway.networking.k8s.io", "httproutes", "patch"), ("", "services/proxy", "create")} <= needed
+
+
+deploy_path = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)/namespaces/[^/]+/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+)(?:/.*)?)?)?$"
+)
+
+
+def _third() -> list[dict]:
+    loaded = load_spec(PROD_SPEC)
+    artifact = manifests.Artifact(nfs_path="/mnt/models/q3", manifest_hash="c" * 64)
+    return manifests.render(loaded, "tp8-ep8", "3", artifact, manifests.RenderOptions(servers=3))

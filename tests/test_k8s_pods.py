@@ -443,7 +443,7 @@ def doc_objects() -> list[dict]:
 
 def test_production_doc_objects_are_valid_and_match_the_pods():
     objects = doc_objects()
-    assert [obj["kind"] for obj in objects] == ["PersistentVolume", "PersistentVolumeClaim"]
+    assert [obj["kind"] for obj in objects] == ["PersistentVolume", "PersistentVolumeClaim", "Role", "RoleBinding"]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     claim = objects[1]
