@@ -10,13 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 METRICS = "text/plain; version=0.0.4"
 
 
-def serve(render: Callable[[], bytes], content_type: str = METRICS) -> ThreadingHTTPServer:
-    """Start it on a free port (`server.server_address[1]`); `server.shutdown()` stops it."""
+def serve(render: Callable[[], bytes], content_type: str = METRICS, status: int = 200) -> ThreadingHTTPServer:
+    """Start it on a free port (`server.server_address[1]`), answering with `status`; `server.shutdown()` stops it."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             body = render()
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

@@ -374,6 +374,9 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
                 (1.0, True, False),
             ]
             assert all(s["queries"]["new_requests"]["value"] >= 10 for s in steps), steps
+            # the front's own log of the new engines: requests sent them, none failed or retried elsewhere
+            assert all(s["queries"]["front_attempts"]["value"] >= 10 for s in steps), steps
+            assert all(s["queries"]["front_failed"]["value"] == 0 for s in steps), steps
             assert steps[0]["queries"]["old_p90_ttft"]["value"] is not None  # the old release, same window
 
             # a release that cannot hold its half of the load is aborted at its first step by the

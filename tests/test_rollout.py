@@ -178,6 +178,63 @@ def test_a_step_is_a_weighted_split_that_nginx_accepts(tmp_path):
     assert "least_conn;" in serving.write_nginx_conf(tmp_path, 18080, [9001, 9002]).read_text()
 
 
+def test_the_front_log_counts_what_the_new_engines_failed_even_where_a_retry_saved_the_client():
+    """A step's front: requests at three engines through the real nginx, one answering 500, one
+    not listening. The access log counts each engine's attempts and failures, the refused ones
+    too, which nginx retried on another engine so no client saw them; and such failures above
+    rollout.max_error_fraction fail a step the PromQL analysis passed."""
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from pipeline.release.analysis import StepAnalysis
+    from pipeline.stages import serving
+    from tests.k8s_fake import dead_url
+    from tests.s3server import free_port
+
+    good = http_stub.serve(lambda: b"{}", "application/json")
+    bad = http_stub.serve(lambda: b"{}", "application/json", status=500)
+    ports = {"good": good.server_address[1], "bad": bad.server_address[1], "dead": int(dead_url().rsplit(":", 1)[1])}
+    root = local_target.state_dir("front-log") / "front"
+    root.mkdir(parents=True, exist_ok=True)
+    front = free_port()
+    conf = serving.write_nginx_conf(
+        root, front, list(ports.values()), access_log=True, weights=dict.fromkeys(ports.values(), 1)
+    )
+    nginx = subprocess.Popen([serving.nginx_binary(), "-c", str(conf), "-p", str(root)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not serving.healthy(f"http://127.0.0.1:{front}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        since, seen = time.time(), []
+        for _ in range(30):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{front}/v1/completions", data=b"{}", timeout=10) as r:
+                    seen.append(r.status)
+            except urllib.error.HTTPError as exc:
+                seen.append(exc.code)
+        time.sleep(0.2)
+        counts = {n: local_target.front_attempts("front-log", [p], since, time.time()) for n, p in ports.items()}
+    finally:
+        nginx.terminate()
+        nginx.wait()
+        good.shutdown()
+        bad.shutdown()
+    assert counts["good"][0] >= 5 and counts["good"][1] == 0
+    assert counts["bad"][0] >= 5 and counts["bad"][1] == counts["bad"][0] == seen.count(500)
+    assert counts["dead"][0] >= 1 and counts["dead"][1] == counts["dead"][0]  # refused, retried: nobody saw it
+    assert seen.count(502) == 0 and len(seen) == 30
+    passed = StepAnalysis(step=1, fraction=0.5, window_s=6, passed=True, queries={})
+    rollout = load_spec(TINY_SPEC).spec.rollout
+    judged = analysis.with_front(passed, *counts["bad"], rollout)
+    assert not judged.passed and judged.reasons == [
+        f"100.0% of the front's requests to the new release failed ({counts['bad'][1]} of {counts['bad'][0]}: "
+        f"5xx or no answer) > {rollout.max_error_fraction:.1%}"
+    ]
+    assert judged.queries["front_failed"].value == counts["bad"][1]
+    assert analysis.with_front(passed, *counts["good"], rollout).passed
+
+
 def test_a_new_release_starts_on_cores_the_live_one_leaves_free(monkeypatch):
     from pipeline.stages import serving
 

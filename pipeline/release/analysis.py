@@ -213,6 +213,24 @@ def analyze(
     return verdict
 
 
+def with_front(verdict: StepAnalysis, attempts: int, failed: int, rollout: RolloutSpec) -> StepAnalysis:
+    """The step's verdict with what the front (the local target's nginx) saw of the new release's
+    engines: attempts that got a 5xx or no answer count against rollout.max_error_fraction like
+    the engine's own aborts, though a retry elsewhere may have saved the client."""
+    queries = {
+        **verdict.queries,
+        "front_attempts": Query(promql="front access log: requests sent to the new release's engines", value=attempts),
+        "front_failed": Query(promql="front access log: of those, answered 5xx or not at all", value=failed),
+    }
+    reasons = list(verdict.reasons)
+    if attempts and failed / attempts > rollout.max_error_fraction:
+        reasons.append(
+            f"{failed / attempts:.1%} of the front's requests to the new release failed ({failed} of {attempts}: "
+            f"5xx or no answer) > {rollout.max_error_fraction:.1%}"
+        )
+    return verdict.model_copy(update={"queries": queries, "reasons": reasons, "passed": verdict.passed and not reasons})
+
+
 def wait_up(url: str, selector: str, count: int, timeout: float) -> None:
     """Until Prometheus has scraped `count` engines matching `selector` up: a window that starts
     before a new engine's first scrape would judge it on no data."""

@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -315,6 +316,29 @@ def split(old: Deployment, new: Deployment, fraction: float) -> dict[int, int]:
     return weights
 
 
+def front_attempts(name: str, ports: list[int], since: float, until: float) -> tuple[int, int]:
+    """(attempts, failed) the front made at these engine ports between two wall-clock times, from
+    its access log: an attempt failed where the engine answered 5xx or nothing (nginx then logs
+    502/504, or tries another engine, and the client may never see it: the engine's own metrics
+    never count it either)."""
+    path = state_dir(name) / "front" / "access.log"
+    if not path.exists():
+        return 0, 0
+    ours = {f"127.0.0.1:{port}" for port in ports}
+    attempts = failed = 0
+    for line in path.read_text(errors="replace").splitlines():
+        match = serving.FRONT_LOG.match(line)
+        if not match or not since <= float(match["time"]) <= until:
+            continue
+        addrs = [a.strip() for a in re.split(r"[,:] (?=\d)", match["addrs"])]
+        statuses = [s.strip() for s in re.split(r"[,:] ", match["statuses"])]
+        for addr, status in zip(addrs, statuses, strict=False):
+            if addr in ours:
+                attempts += 1
+                failed += not status.isdigit() or int(status) >= 500
+    return attempts, failed
+
+
 def drain(dep: Deployment, timeout: float = 120) -> None:
     """Wait until the replicas hold no request (the front no longer sends them any), so stopping
     them fails nobody; gives up after `timeout` (a stuck engine must not block a rollback)."""
@@ -395,6 +419,7 @@ def _progressive(
             fraction * 100,
             window,
         )
+        held = time.time()
         verdict = analysis.after_window(
             base,
             f'release="{new.release_id}"',
@@ -405,6 +430,8 @@ def _progressive(
             plan,
             settle_s=2 * local_prometheus.SCRAPE_SECONDS,
         )
+        # what the front saw of the new engines in the step: answers they failed and it retried elsewhere
+        verdict = analysis.with_front(verdict, *front_attempts(spec.name, new.ports, held, time.time()), plan)
         if review is not None:
             verdict = verdict.decided(review(verdict))
         steps.append(verdict)

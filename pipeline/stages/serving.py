@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import resource
 import shutil
 import signal
@@ -537,6 +538,11 @@ def nginx_binary() -> str:
     return nginx
 
 
+# a line of the front's access log: time (s), status, then the engines tried ("127.0.0.1:8001,
+# 127.0.0.1:8002") and what each answered ("502, 200"; "-": no answer)
+FRONT_LOG = re.compile(r'^(?P<time>[\d.]+) (?P<status>\d+) "(?P<addrs>[^"]*)" "(?P<statuses>[^"]*)"')
+
+
 def write_nginx_conf(
     root: Path,
     port: int,
@@ -547,9 +553,11 @@ def write_nginx_conf(
     engine_keep_alive_s: float = ENGINE_KEEP_ALIVE_S,
 ) -> Path:
     """nginx on 127.0.0.1:`port`, least-connections over `backends`, its state under `root`;
-    `locations`: extra location blocks. With `weights` (port -> weight) the split is weighted
-    round robin instead: a share of requests, which least-connections would bend away from a slow
-    backend. Written to a temporary file and renamed: a reload must never read half a config."""
+    `locations`: extra location blocks. `access_log`: one line per request in `FRONT_LOG`'s form
+    (the time, the status, every engine tried and what each answered), which a rollout step reads.
+    With `weights` (port -> weight) the split is weighted round robin instead: a share of requests,
+    which least-connections would bend away from a slow backend. Written to a temporary file and
+    renamed: a reload must never read half a config."""
     conf = root / "nginx.conf"
     # every request in flight holds two connections (client and engine side): at 1024, nginx reset
     # 37% of the requests of a probe at twice the two-replicas layout's capacity (and a slower
@@ -566,7 +574,8 @@ def write_nginx_conf(
         conf,
         f"daemon off; worker_processes 1; pid {root}/nginx.pid; error_log {root}/nginx-error.log;\n"
         f"worker_rlimit_nofile {files}; events {{ worker_connections {max(1024, files // 2)}; }}\n"
-        f"http {{ access_log {f'{root}/access.log' if access_log else 'off'};"
+        f'http {{ log_format front \'$msec $status "$upstream_addr" "$upstream_status" "$request"\';'
+        f" access_log {f'{root}/access.log front' if access_log else 'off'};"
         f" upstream engines {{ {balance} {upstreams} keepalive 64; keepalive_timeout {idle_ms}ms; }}\n"
         f"  client_body_temp_path {root}/nginx-body; proxy_temp_path {root}/nginx-proxy;\n"
         f"  server {{ listen 127.0.0.1:{port} backlog=4096; {locations}\n"
