@@ -734,28 +734,15 @@ class KubernetesTarget:
         model: str,
         new_servers: int,
     ) -> None:
-        """A step's checks through the release's own Service: the smoke completion (once), then
-        the served answers; raises (SmokeFailed, AnswersWorse) when they fail."""
+        """A step's checks through the release's own Service: the smoke completion (once), then the
+        serving-path accuracy check, one `rollout_accuracy` event with its table; raises SmokeFailed
+        or AnswersWorse when they fail. Pods rendered before they served /tokenizer_info (a rollback
+        to such a release) cannot have their answers checked this way: the event says so and the
+        rollout goes on, judged by its analysis."""
         if not any(kind == "smoke_test" for kind, _ in events):
             events.append(self._smoke(namespace, manifests, port, model))
-        if answers is not None:
-            self._check_answers(answers, step, namespace, manifests, port, model, new_servers, events)
-
-    def _check_answers(
-        self,
-        answers: Answers,
-        step: int,
-        namespace: str,
-        manifests: list[dict],
-        port: int,
-        model: str,
-        new_servers: int,
-        events: list[tuple[str, dict[str, Any]]],
-    ) -> None:
-        """The step's serving-path accuracy check through the release's own Service; one
-        `rollout_accuracy` event with its table, raising AnswersWorse when it failed. Pods rendered
-        before they served /tokenizer_info (a rollback to such a release) cannot be checked this
-        way: the event says so and the rollout goes on, judged by its analysis."""
+        if answers is None:
+            return
         own = _own_service(manifests)
         if TOKENIZER_INFO_FLAG not in _engine_argv(next(o for o in manifests if o["kind"] == "Deployment")):
             reason = f"the release's pods run without {TOKENIZER_INFO_FLAG} (rendered before it): not checked"
