@@ -192,7 +192,6 @@ def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
             now = local_target.current(rel.name)
         live = now is not None and now.release_id == rel.id and local_target.is_healthy(now)
         data = {"endpoint": local_target.endpoint(loaded.spec), "deployment": now.model_dump()} if live and now else {}
-        restored = previous is not None and previous.id != rel.id and not live
     else:
         objs = rel.data.get("manifests")
         outcome = None
@@ -203,7 +202,7 @@ def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
                 reg.record(rel.id, kind, actor, detail)
         live = outcome is not None and outcome.status == "live"
         data = {"endpoint": f"service/{objs_service(objs or [])}.{loaded.spec.promotion.namespace}"} if live else {}
-        restored = previous is not None and previous.id != rel.id and not live
+    restored = previous is not None and previous.id != rel.id and not live
     if live:
         reg.record(rel.id, "deploy_finished", actor, {"recovered": True}, status="live", data=data)
         if previous and previous.id != rel.id:
