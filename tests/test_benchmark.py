@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import random
 import re
@@ -385,6 +386,101 @@ def test_search_reports_a_bound_when_the_budget_runs_out():
     slo = SloSpec(p90_ttft_ms=1e9, p90_tpot_ms=50)
     outcome = benchmark.slo_search(mm1_run(1e6, slo), WorkloadSpec(input_len=1, output_len=2), slo, max_probes=6)
     assert outcome.bound_only and "lower bound" in outcome.stop_reason and outcome.max_slo_rate
+
+
+def unsteady_run(mu: float, slo: SloSpec, workload: WorkloadSpec, short: float, long: float, long_factor=1.0):
+    """The M/M/1 model, but every repeat at a rate reads `1 + noise` times lower (noise `short` on
+    probes of the search's length, `long` on longer ones), and longer probes' p90s are `long_factor`
+    times the model's (a queue that short probes never built)."""
+    base = mm1_run(mu, slo)
+    seen: dict[float, int] = {}
+
+    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+        probe = base(rate, n, seed)
+        if math.isinf(rate):
+            return probe
+        longer = n > max(workload.num_prompts, math.ceil(rate * workload.min_probe_seconds))
+        key = (rate, longer)
+        seen[key] = seen.get(key, 0) + 1
+        p90 = probe.p90_ttft_ms * (long_factor if longer else 1.0)
+        if seen[key] % 2 == 0:
+            p90 /= 1 + (long if longer else short)
+        return fixed_probe(rate, n, p90, slo, probe.achieved_rate)
+
+    return run
+
+
+def layout_result(outcome: benchmark.SearchOutcome) -> benchmark.LayoutResult:
+    """A LayoutResult as benchmark_layout fills it from a search."""
+    return benchmark.LayoutResult(
+        layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok",
+        max_slo_rate=outcome.max_slo_rate, per_server=outcome.max_slo_rate, per_device=outcome.max_slo_rate,
+        bound_only=outcome.bound_only, spread=outcome.spread, deciding_p90_ttft_ms=outcome.deciding_p90_ttft_ms,
+        unsteady=outcome.unsteady, client_bound=outcome.client_bound,
+        client_bound_rates=outcome.client_bound_rates, stop_reason=outcome.stop_reason, probes=outcome.probes,
+    )  # fmt: skip
+
+
+def test_runs_at_the_answer_that_disagree_are_measured_again_with_longer_probes():
+    """#44 item 4: a repeat 50% apart from its first run (over the 25% allowance) sends the answer back
+    for longer probes, which alone count; when those agree, the answer stands and is not unsteady."""
+    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    workload = WorkloadSpec(input_len=1, output_len=2)
+    assert workload.max_spread == 0.25  # the default allowance
+    outcome = benchmark.slo_search(unsteady_run(60.0, slo, workload, short=0.5, long=0.0), workload, slo)
+    answer = outcome.max_slo_rate
+    at_answer = [p for p in outcome.probes if p.rate == answer]
+    short_n = max(workload.num_prompts, math.ceil(answer * workload.min_probe_seconds))
+    assert [p.superseded for p in at_answer] == [True, True, False, False]
+    assert [p.num_prompts for p in at_answer] == [short_n, short_n, 2 * short_n, 2 * short_n]
+    assert outcome.spread == 0 and not outcome.unsteady and "unsteady" not in outcome.stop_reason
+    truth = true_max_rate(60.0, 200.0)
+    assert abs(answer - truth) / truth <= 0.05
+
+
+def test_an_answer_that_stays_unsteady_is_marked_in_the_record_verdict_and_report():
+    """Longer probes that disagree as much: the answer (it holds in its worst run) is marked unsteady, and
+    the selection, the re-benchmark's figures and the report's layout row and measurement table say so."""
+    from pipeline.release import rebenchmark, report
+    from pipeline.release.registry import Release
+
+    loaded = load_spec(TINY_SPEC)
+    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    workload = WorkloadSpec(input_len=1, output_len=2)
+    outcome = benchmark.slo_search(unsteady_run(60.0, slo, workload, short=0.5, long=0.5), workload, slo)
+    assert outcome.unsteady and outcome.spread == pytest.approx(0.5, abs=0.01)
+    assert "with probes twice as long too: unsteady" in outcome.stop_reason
+    assert all(p.passed for p in outcome.probes if p.rate == outcome.max_slo_rate and not p.superseded)
+    result = layout_result(outcome)
+    assert f"{outcome.max_slo_rate:.3g} (unsteady) req/s per server" in benchmark.select([result], slo).reason
+    rel = Release(
+        id=1, run_key="r", name="tiny", spec_path="", spec_yaml="", target="local", status="live",
+        data={"max_slo_rate": outcome.max_slo_rate, "layout": "single"},
+        created_at="2026-12-05T00:00:00", updated_at="2026-12-05T00:00:00",
+    )  # fmt: skip
+    _, _, measured = rebenchmark.judge(rel, result, loaded)
+    assert measured["unsteady"] is True and measured["client_bound"] is False
+    bench = {"layouts": [json.loads(result.model_dump_json())], "selection": None}
+    row = report._section_performance(bench, {}, None, loaded, None)
+    assert f"{outcome.max_slo_rate:.3g} (unsteady)</td>" in row
+    assert f"{outcome.spread:.0%} unsteady</td>" in report._section_measurement(bench)
+
+    steady = benchmark.slo_search(unsteady_run(60.0, slo, workload, short=0.1, long=0.1), workload, slo)
+    assert not steady.unsteady and not any(p.superseded for p in steady.probes)  # within the allowance: as before
+
+
+def test_a_longer_run_that_fails_moves_the_answer_down():
+    """Longer probes build the queue short ones did not (p90 1.6x the model's): the first answer fails
+    them and the search goes on below it, so the gate takes the lower of the two measurements."""
+    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    workload = WorkloadSpec(input_len=1, output_len=2)
+    outcome = benchmark.slo_search(
+        unsteady_run(60.0, slo, workload, short=0.5, long=0.0, long_factor=1.6), workload, slo, max_probes=30
+    )
+    first = next(p.rate for p in outcome.probes if p.superseded and p.passed)  # the first answer, measured again
+    failed_long = [p for p in outcome.probes if p.rate == first and not p.superseded and not p.passed]
+    assert failed_long and failed_long[0].num_prompts > max(workload.num_prompts, first * workload.min_probe_seconds)
+    assert outcome.max_slo_rate is not None and outcome.max_slo_rate < first
 
 
 def test_select_and_gate():

@@ -265,3 +265,83 @@ def test_the_bench_client_forks_a_fresh_client_per_probe_and_reports_its_cpu(tmp
     assert client.group is None
     with pytest.raises(ProcessLookupError):
         os.kill(server, 0)
+
+
+def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_report_says_so(tmp_path):
+    """#44 item 1's signal: the independent client (benchmarks/open_loop_client.py) against the M/M/1
+    stand-in server, first as it is (~1 ms CPU a request here), then with 8 ms of CPU spent in its event
+    loop per streamed chunk. The heavy client sends late against its Poisson schedule (its recorded
+    per-request lag, vLLM's `queue_times` key), so those probes are client-bound; the light one is not.
+    The search's answer is capped by the client-bound fail, so the result is marked, and the report's
+    layout row, probe table and note say so. ~8 s (a server, two 1.2 s probes)."""
+    import json
+    import socket
+
+    from pipeline.core.spec import load_spec
+    from pipeline.release import report
+    from tests.conftest import TINY_SPEC
+    from tests.test_benchmark import layout_result
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(root, "tests", "simserver.py"),
+            "--port",
+            str(port),
+            "--mu",
+            "400",
+            "--tpot-ms",
+            "2",
+        ]
+    )
+    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=50, resolution=0.05)
+    workload = WorkloadSpec(input_len=16, output_len=8, num_prompts=10, min_probe_seconds=1.2, repeats=0)
+    burns: list[float] = []
+
+    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+        burn = 0.0 if not burns else 8.0  # the first probe light, the rest with CPU work injected
+        burns.append(burn)
+        out = tmp_path / f"probe-{len(burns)}.json"
+        subprocess.run(
+            [sys.executable, os.path.join(root, "benchmarks", "open_loop_client.py"), "--url", f"http://127.0.0.1:{port}",
+             "--rate", str(rate), "--seconds", str(n / rate), "--input-len", "16", "--output-len", "8",
+             "--seed", str(seed), "--burn-ms", str(burn), "--out", str(out)],
+            check=True, timeout=120, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        return benchmark.parse_result(out, rate, n, slo, workload)
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline and server.poll() is None, "the stand-in server did not start"
+            time.sleep(0.1)
+        outcome = benchmark.slo_search(run, workload, slo, max_probes=2, prior=100.0)
+    finally:
+        server.kill()
+        server.wait()
+    light, heavy = outcome.probes
+    assert burns == [0.0, 8.0] and light.rate == 100.0 and heavy.rate > light.rate
+    limit = workload.max_client_lag * slo.p90_ttft_ms
+    assert not light.client_bound and light.client_lag_p90_ms is not None and light.client_lag_p90_ms <= limit
+    assert heavy.client_bound and heavy.client_lag_p90_ms is not None and heavy.client_lag_p90_ms > limit
+    assert heavy.client_note.startswith("client-bound: p90 send lag") and "limit 50 ms" in heavy.client_note
+    assert heavy.client_cpu_ms_per_request > light.client_cpu_ms_per_request  # the injected work, measured
+    # the heavy probe decides the answer (the fail above it, or as its only pass when it held): the result is marked
+    assert outcome.client_bound and outcome.client_bound_rates == [heavy.rate]
+    assert f"client-bound at {heavy.rate:.3g} req/s (deciding the answer" in outcome.stop_reason
+    result = layout_result(outcome)
+    bench = {"layouts": [json.loads(result.model_dump_json())], "selection": None}
+    row = report._section_performance(bench, {}, None, load_spec(TINY_SPEC), None)
+    assert f"{outcome.max_slo_rate:.3g} (client-bound)</td>" in row
+    quality = report._section_measurement(bench)
+    assert quality.count("(client-bound)</td>") == 1  # the heavy probe's verdict, not the light one's
+    assert (
+        f"single: the load client was client-bound at {heavy.rate:.3g} req/s (the runs deciding the answer" in quality
+    )

@@ -249,6 +249,23 @@ class WorkloadSpec(Strict):
         ),
     ] = 0.25
     interference_retries: Annotated[int, Field(ge=0, le=5)] = 2
+    max_spread: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="the runs at the answer may differ by this much (max / min - 1 of their p90 TTFT); more, "
+            "and they are measured again with probes twice as long; an answer that stays over it is marked unsteady",
+        ),
+    ] = 0.25
+    max_client_lag: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=1,
+            description="share of the SLO's p90 TTFT the load client may send requests late (p90 of its per-request "
+            "lag, or its last send against the schedule's end) before a probe is marked client-bound",
+        ),
+    ] = 0.1
 
 
 class SloSpec(Strict):

@@ -72,6 +72,10 @@ def judge(rel: Release, result: benchmark.LayoutResult, loaded: LoadedSpec) -> t
     measured: dict[str, Any] = {
         "max_slo_rate": result.max_slo_rate,
         "bound_only": bound,
+        # its runs disagreed beyond workload.max_spread; the client's lag decided it: either way a figure to
+        # read with care, not a drop by itself (LayoutResult.unsteady, .client_bound)
+        "unsteady": result.unsteady and result.max_slo_rate is not None,
+        "client_bound": result.client_bound and result.max_slo_rate is not None,
         "capacity_rps": result.capacity_rps,
         "p90_ttft_ms_at_promoted_rate": check.p90_ttft_ms if check else None,
         "p90_tpot_ms_at_promoted_rate": check.p90_tpot_ms if check else None,
@@ -240,7 +244,9 @@ def conclude(
         "release %d: %s (max SLO rate %s req/s, promoted at %s)\n  expected %s\n  measured %s%s",
         rel.id,
         status.upper(),
-        benchmark.rate_text(result.max_slo_rate, measured["bound_only"]),
+        benchmark.rate_text(
+            result.max_slo_rate, measured["bound_only"], measured["unsteady"], measured["client_bound"]
+        ),
         benchmark.rate_text(expected["max_slo_rate"], expected["bound_only"]),
         json.dumps(expected),
         json.dumps(measured),

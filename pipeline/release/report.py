@@ -162,7 +162,7 @@ def _section_performance(
         rows.append(
             f"<tr><td>{_e(lay['layout'])}{mark}</td><td>{lay['tp']}/{lay['ep']} x {lay['replicas']}</td>"
             f"<td>{_e(lay['status'])}</td><td>{_num(lay.get('capacity_rps'))}</td>"
-            f"<td>{_rate(lay.get('max_slo_rate'), lay.get('bound_only'))}</td>"
+            f"<td>{_rate(lay.get('max_slo_rate'), lay.get('bound_only'))}{_marks(lay)}</td>"
             f"<td>{_num(lay.get('predicted_max_slo_rate'))}</td>"
             f"<td>{'—' if lay.get('prediction_error') is None else format(lay['prediction_error'], '+.0%')}</td>"
             f"<td>{_num(lay.get('per_server'))}</td><td>{_num(lay.get('per_device'))}</td>"
@@ -225,7 +225,8 @@ def _section_measurement(bench: dict[str, Any] | None) -> str:
         rows.append(
             f"<tr><td>{_e(lay['layout'])}</td>"
             f"<td>{_e(', '.join(f'{v:.0f}' for v in lay.get('deciding_p90_ttft_ms', [])))}</td>"
-            f"<td>{'-' if spread is None else f'{spread:.0%}'}</td><td>{_num(engine.get('p90_ttft_ms'), '.0f')}</td>"
+            f"<td>{'-' if spread is None else f'{spread:.0%}'}{' unsteady' if lay.get('unsteady') else ''}</td>"
+            f"<td>{_num(engine.get('p90_ttft_ms'), '.0f')}</td>"
             f"<td>{_num(max((i['other'] for i in seen), default=None), '.2f')}</td>"
             f"<td>{_num(max((i['steal'] for i in seen), default=None), '.2f')}</td>"
             f"<td>{_e(', '.join(f'{r:.3g}' for r in lay.get('unclean_rates', [])) or 'none')}</td>"
@@ -235,6 +236,7 @@ def _section_measurement(bench: dict[str, Any] | None) -> str:
         lines = [
             "<tr><th>#</th><th>rate</th><th>requests</th><th>achieved</th><th>p90 TTFT client / engine ms</th>"
             "<th>p90 TPOT ms</th><th>engine queue / prefill / decode ms</th><th>CPU engine / client / other</th>"
+            "<th>client send lag p90 / last ms</th><th>client CPU ms/request</th>"
             "<th>steal</th><th>load</th><th>verdict</th></tr>"
         ]
         for i, p in enumerate(lay.get("probes", []), 1):
@@ -244,6 +246,7 @@ def _section_measurement(bench: dict[str, Any] | None) -> str:
                 ("pass" if p.get("passed") else "fail")
                 + (" (run again)" if p.get("superseded") else "")
                 + ("" if p.get("clean", True) else " (unclean)")
+                + (" (client-bound)" if p.get("client_bound") else "")
             )
             rate = p.get("rate")
             lines.append(
@@ -255,17 +258,33 @@ def _section_measurement(bench: dict[str, Any] | None) -> str:
                 f"{_num(eng.get('mean_decode_ms'), '.0f')}</td>"
                 f"<td>{_num(inter.get('engine'), '.2f')} / {_num(inter.get('client'), '.2f')} / "
                 f"{_num(inter.get('other'), '.2f')}{f' ({_e(top)})' if top else ''}</td>"
+                f"<td>{_num(p.get('client_lag_p90_ms'), '.0f')} / {_num(p.get('client_lag_end_ms'), '.0f')}</td>"
+                f"<td>{_num(p.get('client_cpu_ms_per_request'), '.2f')}</td>"
                 f"<td>{_num(inter.get('steal'), '.2f')}</td><td>{_num(inter.get('load_avg_1m'), '.2f')}</td>"
                 f"<td>{_e(verdict)}</td></tr>"
             )
         details.append(
             f"<details><summary>{_e(lay['layout'])}: every probe</summary><table>{''.join(lines)}</table></details>"
         )
+        if lay.get("client_bound_rates"):
+            notes = sorted({p.get("client_note", "") for p in probes if p.get("client_bound")} - {""})
+            details.append(
+                f"<p class='fail'>{_e(lay['layout'])}: the load client was client-bound at "
+                f"{_e(', '.join(f'{r:.3g}' for r in lay['client_bound_rates']))} req/s"
+                + (" (the runs deciding the answer among them)" if lay.get("client_bound") else "")
+                + f": it sent requests late, so those latencies may be the client's as much as the engine's. "
+                f"{_e('; '.join(notes[:3]))}</p>"
+            )
     return (
         "<h2>Measurement quality</h2><p class='muted'>Each probe records the CPU used by the engine, the load "
         "client and everything else (cores), the hypervisor's steal, and the engine's own histograms from "
         "/metrics. A probe with too much interference is measured again; the answer is repeated and its "
-        "spread shown.</p><table>" + "".join(rows) + "</table>" + "".join(details)
+        "spread shown (runs that differ by more than the spec's allowance are measured again with longer probes, "
+        "and marked unsteady if they still do). A probe whose client sent requests late against its schedule by "
+        "more than the spec's share of the p90 TTFT limit is marked client-bound.</p><table>"
+        + "".join(rows)
+        + "</table>"
+        + "".join(details)
     )
 
 
@@ -333,6 +352,15 @@ def _rate(value: Any, bound: Any) -> str:
     """A max SLO rate: 'at least N' where it is a lower bound (no probe above it failed, or the search's
     budget ran out before a fail narrowed it)."""
     return f"at least {_num(value)}" if bound and isinstance(value, (int, float)) else _num(value)
+
+
+def _marks(layout: dict[str, Any]) -> str:
+    """What a layout's answer must be read with: runs that disagreed (unsteady), a client that sent late
+    (client-bound); empty for neither, or where there is no answer."""
+    if layout.get("max_slo_rate") is None:
+        return ""
+    marks = [m for m, key in (("unsteady", "unsteady"), ("client-bound", "client_bound")) if layout.get(key)]
+    return f" ({', '.join(marks)})" if marks else ""
 
 
 def _size(fraction: float | None) -> str:

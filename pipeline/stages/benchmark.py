@@ -81,7 +81,26 @@ class Probe(BaseModel):
     interference: Interference | None = Field(None, description="CPU use of the engine, the client and others")
     engine: EngineView | None = Field(None, description="the engine's own histograms for this probe (/metrics)")
     clean: bool = Field(True, description="other processes stayed under the interference limit")
-    superseded: bool = Field(False, description="run again at the same rate (inconclusive or unclean); not counted")
+    superseded: bool = Field(
+        False, description="run again at the same rate (inconclusive, unclean, or unsteady at the answer); not counted"
+    )
+    client_lag_p90_ms: float | None = Field(
+        None,
+        description="p90 of how late the client sent each request against its schedule (vLLM's client: its "
+        "queue_times, from the schedule's release of a request to its send)",
+    )
+    client_lag_end_ms: float | None = Field(
+        None, description="how far the client's last send fell behind the schedule's end (send span less n-1 gaps)"
+    )
+    client_cpu_ms_per_request: float | None = Field(
+        None, description="the client's CPU time per request (its whole process, start-up included)"
+    )
+    client_bound: bool = Field(
+        False,
+        description="the client sent late by more than workload.max_client_lag of the p90 TTFT limit: the "
+        "latencies may be the client's as much as the engine's",
+    )
+    client_note: str = Field("", description="why the probe is client-bound (its lags against the limit)")
 
 
 class LayoutResult(BaseModel):
@@ -119,6 +138,15 @@ class LayoutResult(BaseModel):
     burst_rps: float | None = Field(None, description="throughput of the opening burst (the search's scale only)")
     deciding_p90_ttft_ms: list[float] = Field(default_factory=list, description="p90 TTFT of each run at the answer")
     spread: float | None = Field(None, description="max/min - 1 of the runs at the answer")
+    unsteady: bool = Field(
+        False,
+        description="the runs at the answer differ by more than workload.max_spread even with probes twice as "
+        "long: the answer holds in its worst run, but the edge is not known that well",
+    )
+    client_bound: bool = Field(
+        False, description="a run at the answer, or the fail that capped it, was client-bound (Probe.client_bound)"
+    )
+    client_bound_rates: list[float] = Field(default_factory=list, description="rates with a client-bound run")
     unclean_rates: list[float] = Field(default_factory=list, description="rates never measured without interference")
     placement: dict[str, str] = Field(default_factory=dict, description="what ran on which cores (cpu profile)")
     predicted_max_slo_rate: float | None = Field(
@@ -234,7 +262,46 @@ def bench_command(
     ]
 
 
-def parse_result(path: Path, rate: float, num_prompts: int, slo: SloSpec) -> Probe:
+def client_lag_ms(data: dict[str, Any], rate: float) -> tuple[float | None, float | None]:
+    """(p90 per-request send lag, last send's lag against the schedule's end), ms, from a client's
+    detailed result. vLLM's client records per request `queue_times` (from its schedule releasing the
+    request to the send: its event loop's backlog) and `start_times` (the sends). Its Poisson schedule
+    is scaled to end n / rate after it starts, so n sends span (n - 1) / rate on average: a client
+    that cannot keep its schedule sends the last ones late, and its span grows by that lag."""
+    lags = sorted(q * 1000 for q in data.get("queue_times") or [] if q is not None)
+    p90 = lags[min(len(lags) - 1, math.ceil(0.9 * len(lags)) - 1)] if lags else None
+    starts = [t for t in data.get("start_times") or [] if t is not None]
+    end = None
+    if len(starts) > 1 and not math.isinf(rate) and rate > 0:
+        end = max(0.0, (max(starts) - min(starts) - (len(starts) - 1) / rate) * 1000)
+    return (None if p90 is None else round(p90, 2)), (None if end is None else round(end, 2))
+
+
+def mark_client_bound(probe: Probe, slo: SloSpec, workload: WorkloadSpec) -> None:
+    """Client-bound: the client sent late by more than `workload.max_client_lag` of the p90 TTFT
+    limit. Why lag: a client whose single event loop is busy (its CPU per request times the rate
+    nears a core, or it shares a core) sends late and reads the first tokens late by about as much,
+    so its lag says how much of a latency may be the client's own. A burst has no schedule to lag."""
+    limit = workload.max_client_lag * slo.p90_ttft_ms
+    late = [
+        f"{what} {lag:.0f} ms"
+        for what, lag in (("p90 send lag", probe.client_lag_p90_ms), ("last send", probe.client_lag_end_ms))
+        if lag is not None and lag > limit
+    ]
+    probe.client_bound = bool(late) and not math.isinf(probe.rate)
+    probe.client_note = (
+        f"client-bound: {', '.join(late)} late "
+        f"(limit {limit:.0f} ms, {workload.max_client_lag:.0%} of the p90 TTFT SLO)"
+        if probe.client_bound
+        else ""
+    )
+
+
+def parse_result(
+    path: Path, rate: float, num_prompts: int, slo: SloSpec, workload: WorkloadSpec | None = None
+) -> Probe:
+    """A probe from a client's saved result (vLLM's `--save-detailed` keys); with `workload`, marked
+    client-bound by the client's send lag (`mark_client_bound`)."""
     data = json.loads(path.read_text())
     completed, failed = int(data.get("completed", 0)), int(data.get("failed", 0) or 0)
     total = max(completed + failed, num_prompts)
@@ -256,7 +323,12 @@ def parse_result(path: Path, rate: float, num_prompts: int, slo: SloSpec) -> Pro
     ttfts = [t * 1000 for t in data.get("ttfts", []) if t]
     probe.p90_ttft_ci_ms = quantile_ci(ttfts)
     probe.p90_tpot_ci_ms = quantile_ci(per_request_tpot_ms(data))
+    probe.client_lag_p90_ms, probe.client_lag_end_ms = client_lag_ms(data, rate)
+    if data.get("client_cpu_s") is not None:  # a client that measures its own CPU (the Prober's is from wait4)
+        probe.client_cpu_ms_per_request = round(float(data["client_cpu_s"]) * 1000 / max(num_prompts, 1), 3)
     judge(probe, slo)
+    if workload is not None:
+        mark_client_bound(probe, slo, workload)
     return probe
 
 
@@ -307,6 +379,7 @@ MAX_STEP = 4.0
 FLOOR = 0.02  # below this share of the starting rate the SLO is called missed
 AIM = 0.25  # share of the resolution a probe aims past the estimated edge, on the side it should land on
 NEAR_MISS = 0.99  # the margin a failed probe counts with when its latencies held (counted as a fail, inconclusive)
+LONGER = 2  # how many times longer the probes are that measure an unsteady answer again
 
 
 def margin(probe: Probe, slo: SloSpec) -> float:
@@ -351,9 +424,20 @@ class SearchOutcome(BaseModel):
         default_factory=list, description="p90 TTFT of every counted run at the answer"
     )
     spread: float | None = Field(None, description="max/min - 1 of those p90s: how well repeats agree")
+    unsteady: bool = Field(False, description="see LayoutResult.unsteady")
+    client_bound: bool = Field(False, description="see LayoutResult.client_bound")
+    client_bound_rates: list[float] = Field(default_factory=list, description="rates with a client-bound run")
     unclean_rates: list[float] = Field(
         default_factory=list, description="rates where interference stayed above the limit on every try"
     )
+
+
+def spread(runs: Sequence[Probe]) -> float | None:
+    """max / min - 1 of the p90 TTFTs of runs at one rate (None for fewer than two)."""
+    p90s = [p.p90_ttft_ms for p in runs]
+    if len(p90s) < 2 or min(p90s) <= 0:
+        return None
+    return round(max(p90s) / min(p90s) - 1, 3)
 
 
 def is_clean(probe: Probe, workload: WorkloadSpec) -> bool:
@@ -382,19 +466,25 @@ def slo_search(
     toss within the latencies' noise: narrowing further buys little but probes); the answer
     is repeated `workload.repeats` times: a repeat that fails moves the answer down. A probe
     whose interference (CPU used by other processes) exceeds `workload.max_interference` cores
-    is run again.
+    is run again. Runs at the answer whose p90 TTFTs differ by more than `workload.max_spread` are
+    measured again, once, with probes `LONGER` times as long (the short ones no longer count): a
+    longer run that fails moves the answer down, as a failing repeat does, so the gate takes the
+    lower of the two measurements; an answer whose longer runs still differ that much is marked
+    `unsteady` (it holds in its worst run). Probes whose client sent late (`mark_client_bound`) are
+    kept and counted, and the answer is marked `client_bound` when they decided it.
     """
     out = SearchOutcome(probes=[])
     runs: dict[float, list[Probe]] = {}  # counted runs per rate
+    lengthened: set[float] = set()  # rates measured again with longer probes for their spread
     seed = workload.seed
 
-    def probe(rate: float) -> Probe:
+    def probe(rate: float, longer: int = 1) -> Probe:
         nonlocal seed
         # short runs never build a queue and flatter high rates: send at least min_probe_seconds of load
         n = (
             workload.num_prompts
             if math.isinf(rate)
-            else max(workload.num_prompts, math.ceil(rate * workload.min_probe_seconds))
+            else max(workload.num_prompts, math.ceil(rate * workload.min_probe_seconds)) * longer
         )
         doublings = dirty = 0
         while True:
@@ -417,6 +507,8 @@ def slo_search(
                 "" if result.conclusive else " [limit inside the p90 interval]",
                 f" [other processes {seen.other:.2f} cores, steal {seen.steal:.2f}]" if seen else "",
             )
+            if result.client_bound:
+                log.warning("probe at %.3g req/s: %s", rate, result.client_note)
             if not result.clean and dirty < workload.interference_retries:
                 dirty += 1
                 result.superseded = True
@@ -460,10 +552,24 @@ def slo_search(
         out.capacity = max((p.achieved_rate for p in counted), default=None)
         out.max_slo_rate, out.stop_reason, out.bound_only = answer, reason, bound
         out.extrapolated = extrapolated
+        out.client_bound_rates = sorted({p.rate for p in counted if p.client_bound})
         if answer is not None:
             out.deciding_p90_ttft_ms = [round(p.p90_ttft_ms, 2) for p in runs.get(answer, [])]
-            if len(out.deciding_p90_ttft_ms) > 1 and min(out.deciding_p90_ttft_ms) > 0:
-                out.spread = round(max(out.deciding_p90_ttft_ms) / min(out.deciding_p90_ttft_ms) - 1, 3)
+            out.spread = spread(runs.get(answer, []))
+            if out.spread is not None and out.spread > workload.max_spread:
+                out.unsteady = True
+                out.stop_reason += (
+                    f"; the runs at the answer differ by {out.spread:.0%} (allowance {workload.max_spread:.0%})"
+                    + (" with probes twice as long too" if answer in lengthened else "")
+                    + ": unsteady, it holds in its worst run"
+                )
+            capping = [r for r in runs if r > answer and not holds(r)]
+            deciding = runs.get(answer, []) + (runs[min(capping)] if capping else [])
+            out.client_bound = any(p.client_bound for p in deciding)
+        if out.client_bound_rates:
+            out.stop_reason += f"; client-bound at {', '.join(f'{r:.3g}' for r in out.client_bound_rates)} req/s" + (
+                " (deciding the answer: the figure may be the client's, not the engine's)" * out.client_bound
+            )
         if out.unclean_rates:
             out.stop_reason += f"; no clean measurement at {', '.join(f'{r:.3g}' for r in out.unclean_rates)} req/s"
         return out
@@ -580,6 +686,29 @@ def slo_search(
                 log.warning("the answer %.3g req/s failed its repeat; searching below it", lo)
                 verdicts.clear()
             continue
+        elif (
+            lo not in lengthened
+            and (spread(runs[lo]) or 0) > workload.max_spread
+            and len(out.probes) + 1 + workload.repeats <= max_probes
+        ):
+            # the runs at the answer disagree: short probes may not have reached the queue's steady state;
+            # measure it again with longer ones, which alone count (a fail among them moves the answer down)
+            lengthened.add(lo)
+            log.warning(
+                "the runs at %.3g req/s differ by %.0f%% (allowance %.0f%%); measuring again, probes %dx as long",
+                lo,
+                (spread(runs[lo]) or 0) * 100,
+                workload.max_spread * 100,
+                LONGER,
+            )
+            for p in runs.pop(lo):
+                p.superseded = True
+            for _ in range(1 + workload.repeats):
+                if not probe(lo, LONGER).passed:
+                    log.warning("a longer run at %.3g req/s failed; searching below it", lo)
+                    verdicts.clear()
+                    break
+            continue
         elif closed_below:
             # the line says where the edge is; only a probe that failed above the answer shows it: without
             # one the answer is what it measured, a rate that holds the SLO, and the engine may hold more
@@ -638,12 +767,16 @@ def finish(result: LayoutResult, hw: HardwareProfile) -> LayoutResult:
     return result
 
 
-def rate_text(rate: float | None, bound: bool | None = False) -> str:
+def rate_text(
+    rate: float | None, bound: bool | None = False, unsteady: bool | None = False, client_bound: bool | None = False
+) -> str:
     """A measured max SLO rate as a reader must take it: 'at least 373' where it is a lower bound
-    (`bound_only`), '373' where a failing probe above it capped it, '-' for none."""
+    (`bound_only`), '373' where a failing probe above it capped it, '-' for none; '(unsteady)' where
+    its runs disagreed (`unsteady`), '(client-bound)' where the client's lag decided it."""
     if rate is None:
         return "-"
-    return f"at least {rate:.3g}" if bound else f"{rate:.3g}"
+    marks = [m for m, on in (("unsteady", unsteady), ("client-bound", client_bound)) if on]
+    return (f"at least {rate:.3g}" if bound else f"{rate:.3g}") + (f" ({', '.join(marks)})" if marks else "")
 
 
 def select(results: list[LayoutResult], slo: SloSpec) -> Selection:
@@ -657,15 +790,15 @@ def select(results: list[LayoutResult], slo: SloSpec) -> Selection:
             passed=False,
             layouts=results,
             reason=f"best layout {best.layout} holds the SLO {'at least ' if best.bound_only else ''}up to "
-            f"{best.per_server:.3g} req/s per server, "
+            f"{rate_text(best.per_server, False, best.unsteady, best.client_bound)} req/s per server, "
             f"below the required {slo.min_rate_per_server:g}",
         )
     return Selection(
         best=best.layout,
         passed=True,
         layouts=results,
-        reason=f"{best.layout}: {rate_text(best.per_server, best.bound_only)} req/s per server "
-        f"({best.per_device:.3g} per device)",
+        reason=f"{best.layout}: {rate_text(best.per_server, best.bound_only, best.unsteady, best.client_bound)} "
+        f"req/s per server ({best.per_device:.3g} per device)",
     )
 
 
@@ -676,14 +809,14 @@ def table(results: list[LayoutResult]) -> str:
     ]
     for r in results:
         fmt = lambda v: f"{v:9.3g}" if v is not None else f"{'-':>9}"  # noqa: E731
-        spread = f"{r.spread:6.0%}" if r.spread is not None else f"{'-':>6}"
+        spread_cell = f"{r.spread:6.0%}" if r.spread is not None else f"{'-':>6}"
         error = f"{r.prediction_error:+6.0%}" if r.prediction_error is not None else f"{'-':>6}"
         served = r.served_accuracy
         acc = f"{'pass' if served.passed else 'FAIL'} {served.seconds:4.0f}s" if served else "-"
         rows.append(
             f"{r.layout:22} {r.status:7} {max(r.load_seconds, default=0):8.1f} {fmt(r.capacity_rps)} "
             f"{fmt(r.max_slo_rate)} {fmt(r.predicted_max_slo_rate)} {error} {fmt(r.per_server)} "
-            f"{fmt(r.per_device)} {len(r.probes):6d} {spread} {acc:>10}  "
+            f"{fmt(r.per_device)} {len(r.probes):6d} {spread_cell} {acc:>10}  "
             f"{r.error.splitlines()[0] if r.error else r.stop_reason}"
         )
     return "\n".join(rows)
@@ -729,6 +862,10 @@ def write_outputs(
         "conclusive",
         "clean",
         "superseded",
+        "client_lag_p90_ms",
+        "client_lag_end_ms",
+        "client_cpu_ms_per_request",
+        "client_bound",
     ]
     with open(csv_path, "w", newline="") as handle:
         extra = ["cpu_engine", "cpu_client", "cpu_other", "cpu_steal", "cpu_load_avg_1m", "engine_p90_ttft_ms"]
@@ -943,7 +1080,8 @@ class Prober:
         path, client_s = self.bench.serve(cmd[len(self.client) :], self.out_dir, name)
         seen = window.close(client_s)
         after = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
-        probe = parse_result(path, rate, n, self.spec.slo)
+        probe = parse_result(path, rate, n, self.spec.slo, self.spec.workload)
+        probe.client_cpu_ms_per_request = round(client_s * 1000 / max(n, 1), 3)
         probe.interference = seen
         probe.engine = engine_metrics.view(before, after)
         self.done.append(probe)
@@ -1031,6 +1169,8 @@ def benchmark_layout(
                 outcome.burst_rps,
             )
             result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
+            result.unsteady, result.client_bound = outcome.unsteady, outcome.client_bound
+            result.client_bound_rates = outcome.client_bound_rates
             result.unclean_rates = outcome.unclean_rates
             if (
                 accuracy
