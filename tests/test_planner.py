@@ -81,15 +81,16 @@ def test_a_moe_layer_over_two_devices_against_a_hand_computed_roofline():
     # per device 4 query heads and 1 KV head: 1024 x (4 + 2) x 128 + 4 x 128 x 1024 = 1,310,720 fp8 weights,
     # plus the bf16 router 1024 x 16: 2 x 64 x 1,327,104 FLOPs at 64/96 of 100 TFLOP/s = 2.55 us > 1.68 us of reads
     assert got["attention projections + router"] == pytest.approx((169_869_312, 1_343_488, 2.54803968e-06, "compute"))
-    # 64 tokens x 2 experts x 3 x 1024 x 512 x 2 FLOPs / 2 devices = 201,326,592 at 8 rows per expert (8/40 of
-    # 100 TFLOP/s: 10.07 us); the batch touches 16 x (1 - (14/16)^64) = 15.99689 experts, half on this device:
-    # 15.99689 x 1,572,864 / 2 = 12,580,467 B / 800 GB/s = 15.73 us: memory bound
-    assert got["experts"][:3] == pytest.approx((201_326_592, 12_580_467, 1.5725584e-05), rel=1e-6)
+    # EP2 holds 8 whole experts per device. 64 tokens x 2 = 128 routed pairs; the busier device draws
+    # 1 + sqrt(2 ln 2 x 1 / 128) = 1.1040693 x the mean 64: 70.66044 pairs x 3 x 1024 x 512 x 2 FLOPs =
+    # 222,278,515 at 128 / 15.99689 = 8.0016 rows per active expert (8.0016/40.0016 of 100 TFLOP/s: 11.1 us);
+    # its pairs touch all its 8 experts: 8 x 1,572,864 = 12,582,912 B / 800 GB/s = 15.73 us: memory bound
+    assert got["experts"][:3] == pytest.approx((222_278_515, 12_582_912, 1.572864e-05), rel=1e-6)
     assert got["experts"][3] == "memory"
     # 4 x 4 heads x 128 x 32,000 pairs; KV: 2 x 1 head x 128 x 1 B x 32,000 tokens = 8,192,000 B: 10.24 us
     assert got["attention"] == pytest.approx((65_536_000, 8_192_000, 1.024e-05, "memory"))
-    # two ring all-reduces of 64 x 1024 x 2 B = 131,072 B over 2 devices: 131,072 / 44.8e9 + 2 x 5 us each
-    assert got["all-reduce"][2] == pytest.approx(2 * (131_072 / 44.8e9 + 10e-6))
+    # two two-phase all-reduces of 64 x 1024 x 2 B = 131,072 B over 2 devices: 2 x 5 us + 2 x 131,072 / (2 x 44.8e9)
+    assert got["all-reduce"][2] == pytest.approx(2 * (10e-6 + 131_072 / 44.8e9))
 
 
 def test_tensor_parallel_beyond_the_kv_heads_replicates_them():
@@ -147,18 +148,21 @@ def test_the_rate_search_finds_the_knee_of_a_known_queue():
     assert sim.within(run(found.rate), slo) and not sim.within(run(found.rate * 1.05), slo)
 
 
-def test_the_plan_ranks_two_tp4_replicas_above_one_tp8_and_the_margin_grows_for_decode():
+def test_the_plan_tells_expert_parallelism_from_tensor_slicing_and_prints_imbalance_and_link_shares():
     loaded = load_spec(PROD_SPEC)
-    chat = planner.plan(loaded, every_layout=False)
-    names = [p.layout.name for p in chat.predictions]
-    assert names == ["tp4-ep4-x2", "tp8-ep8"]
-    assert chat.predictions[0].bound and chat.predictions[0].time_shares
-    decode = planner.plan(loaded, 500, 2000, every_layout=False)
-    assert [p.layout.name for p in decode.predictions] == names
-    chat_margin = planner.margin(chat, "tp4-ep4-x2", "tp8-ep8")
-    decode_margin = planner.margin(decode, "tp4-ep4-x2", "tp8-ep8")
-    assert chat_margin is not None and decode_margin is not None and 0 < chat_margin < decode_margin
-    assert "tp4-ep4-x2 is predicted to hold +" in planner.comparisons(chat)[0]
+    chat = planner.plan(loaded, every_layout=False, intervals=False)
+    assert {p.layout.name for p in chat.predictions} == {"tp4-ep4-x2", "tp8-ep8"}
+    assert all(p.bound and "link" in p.time_shares for p in chat.predictions)
+    margin = planner.margin(chat, chat.predictions[0].layout.name, chat.predictions[1].layout.name)
+    assert margin is not None and margin > 0
+    spec, hw = loaded.spec, loaded.hardware
+    sliced = planner.predict(spec, hw, Layout(name="tp8", tp=8), 5600, 140)
+    placed = planner.predict(spec, hw, Layout(name="tp8-ep8", tp=8, ep=8), 5600, 140)
+    # whole experts per rank: the busiest rank's share sets the pace, so the two no longer tie
+    assert sliced.rate_per_server != placed.rate_per_server
+    assert sliced.expert_imbalance is None and placed.expert_imbalance and placed.expert_imbalance > 1
+    table = planner.table(chat)
+    assert "busiest expert rank x" in table and "link" in table
 
 
 def test_plan_command_prints_the_table_writes_the_chart_and_names_a_profile_without_figures(spec_file, tmp_path):
@@ -193,7 +197,7 @@ def test_a_layout_the_model_does_not_cover_is_named_and_the_rest_are_planned(spe
     def add_pp(data):
         data["layouts"].append({"name": "tp4-pp2", "tp": 4, "pp": 2})
 
-    result = planner.plan(load_spec(spec_file(PROD_SPEC, add_pp)), every_layout=False)
+    result = planner.plan(load_spec(spec_file(PROD_SPEC, add_pp)), every_layout=False, intervals=False)
     by_name = {p.layout.name: p for p in result.predictions}
     assert by_name["tp4-pp2"].rate_per_server == 0 and "not modeled" in by_name["tp4-pp2"].bound
     assert by_name["tp4-ep4-x2"].rate_per_server > 0 and result.predictions[-1].layout.name == "tp4-pp2"
@@ -359,8 +363,18 @@ def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file,
     ranked = sorted(flow.Predictions.model_validate(predictions).layouts, key=lambda p: -p.predicted_per_server)
     assert len(ranked) == 5
     names = [lay.name for lay in load_spec(path).spec.layouts]
-    best = [p.layout for p in ranked[:2]]
+    # top_k is a minimum: the best two, and every other whose interval overlaps the best one's (up to 4 more)
+    assert all(p.predicted_low is not None and p.predicted_low <= p.predicted_per_server for p in ranked)
+    overlapping = [p.layout for p in ranked[2:] if p.predicted_high >= ranked[0].predicted_low][:4]
+    best = [p.layout for p in ranked[:2]] + overlapping
     assert flow.layouts_to_measure(str(path), predictions) == [n for n in names if n in best]
+    # without intervals (points) only the best two
+    points = {
+        **predictions,
+        "layouts": [{**p, "predicted_low": None, "predicted_high": None} for p in predictions["layouts"]],
+    }
+    two = [p.layout for p in ranked[:2]]
+    assert flow.layouts_to_measure(str(path), points) == [n for n in names if n in two]
 
     # the live release's layout is measured whatever its prediction, beside the best two
     reg = flow.registry()
@@ -368,10 +382,10 @@ def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file,
     live = reg.open_release("live", load_spec(path).spec.name, str(path), path.read_text(), "local")
     reg.record(live.id, "promoted", "test", {}, status="live", data={"layout": worst})
     rel = reg.open_release("now", load_spec(path).spec.name, str(path), path.read_text(), "local")
-    measured = flow.layouts_to_measure(str(path), predictions, rel.id)
-    assert measured == [n for n in names if n in {*best, worst}]
+    measured = flow.layouts_to_measure(str(path), points, rel.id)
+    assert measured == [n for n in names if n in {*two, worst}]
     [chosen] = [e.detail for e in reg.events(rel.id) if e.kind == "layouts_chosen"]
-    assert set(chosen["skipped"]) == set(names) - {*best, worst} and "live release's" in chosen["reason"]
+    assert set(chosen["skipped"]) == set(names) - {*two, worst} and "live release's" in chosen["reason"]
 
     # without top_k every layout is measured; naming layouts in the run's params measures exactly those
     every = spec_file(TINY_SPEC, lambda d: candidates(d, top_k=None), name="every.yaml")

@@ -60,6 +60,18 @@ class Architecture(Strict):
     vocab_size: Annotated[int, Field(gt=0)]
     params_b: Annotated[float, Field(gt=0, description="total parameters, billions")]
     active_params_b: Annotated[float | None, Field(gt=0)] = None
+    expert_imbalance: Annotated[
+        float,
+        Field(
+            ge=1,
+            description="routed tokens of the busiest expert-parallel rank / the mean, at large batches (the"
+            " planner; small batches add their own statistical spread)",
+        ),
+    ] = 1.0
+    expert_imbalance_range: tuple[float, float] | None = Field(
+        None, description="(low, high) plausible values of expert_imbalance where it is not measured"
+    )
+    expert_imbalance_source: str = Field("", description="where expert_imbalance comes from, or 'assumed'")
 
     @model_validator(mode="after")
     def _moe_consistent(self) -> Architecture:
@@ -439,6 +451,18 @@ class Efficiency(Strict):
     ] = 32.0
 
 
+RANGED_FIGURES = (
+    "link_gb_s",
+    "link_latency_us",
+    "step_overhead_ms",
+    "sequence_overhead_us",
+    "efficiency.compute",
+    "efficiency.memory",
+    "efficiency.link",
+    "efficiency.gemm_half_rows",
+)
+
+
 class DevicePerformance(Strict):
     """What the planner's step-time model needs to know about one device and its links."""
 
@@ -487,6 +511,22 @@ class DevicePerformance(Strict):
     ] = 1.0
     efficiency: Efficiency = Field(default_factory=Efficiency)
     sources: dict[str, str] = Field(default_factory=dict, description="where each figure was found")
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="(low, high) plausible values of an assumed figure (link_latency_us, step_overhead_ms,"
+        " efficiency.compute, ...): the planner's prediction intervals",
+    )
+
+    @field_validator("ranges")
+    @classmethod
+    def _ranges(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        known = {*RANGED_FIGURES}
+        for name, (low, high) in value.items():
+            if name not in known:
+                raise ValueError(f"ranges: {name!r} is not a ranged figure (known: {', '.join(sorted(known))})")
+            if not 0 <= low <= high:
+                raise ValueError(f"ranges.{name}: give [low, high] with 0 <= low <= high, got [{low}, {high}]")
+        return value
 
     @field_validator("peak_tflops")
     @classmethod
@@ -717,8 +757,17 @@ def local_source(source: str, spec_dir: Path) -> Path | None:
 
 
 def weights_per_device_gb(spec: ReleaseSpec, layout: Layout) -> float:
-    """Quantized weight bytes one device holds: the checkpoint split by tp x pp (ep moves experts, not bytes)."""
-    total_gb = spec.model.architecture.params_b * BYTES_PER_PARAM[spec.quantization.scheme]
+    """Quantized weight bytes one device holds: the checkpoint split by tp x pp (with dp = 1, ep moves experts,
+    not bytes); with dp > 1 and ep the experts split over the ep ranks and the rest over tp only."""
+    arch = spec.model.architecture
+    total_gb = arch.params_b * BYTES_PER_PARAM[spec.quantization.scheme]
+    if layout.dp > 1 and layout.ep > 1 and arch.is_moe:
+        experts_gb = min(
+            total_gb,
+            arch.num_layers * arch.num_experts * 3 * arch.hidden_size * arch.moe_intermediate_size
+            * BYTES_PER_PARAM[spec.quantization.scheme] / 1e9,
+        )  # fmt: skip
+        return experts_gb / (layout.ep * layout.pp) + (total_gb - experts_gb) / (layout.tp * layout.pp)
     return total_gb / (layout.tp * layout.pp)
 
 

@@ -18,7 +18,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import PROJECT_ROOT, home, run_dir
 from pipeline.core.spec import LoadedSpec, load_spec, local_source
-from pipeline.planner import calibration
+from pipeline.planner import calibration, uncertainty
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
@@ -248,6 +248,8 @@ class LayoutPrediction(BaseModel):
     )
     planner_rate: float = Field(description="the step-time model's own rate, before calibration")
     predicted_per_server: float = Field(description="what top_k ranks by: req/s per server, calibrated alike")
+    predicted_low: float | None = Field(None, description="the interval's low end, req/s per server, calibrated alike")
+    predicted_high: float | None = Field(None, description="the interval's high end, req/s per server")
     binding_slo: str
     bound: str
     calibrated: bool = Field(
@@ -308,8 +310,12 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
     hw = fitted.hardware_at_hand(loaded.hardware) if fitted and loaded.hardware.performance else loaded.hardware
     if loaded.hardware.performance:
         log.info("plan: step times: %s", planner.coefficients(loaded.hardware, fitted))
+    figures = uncertainty.figures(spec, hw) if loaded.hardware.performance and not fitted else []
     for layout in spec.layouts if loaded.hardware.performance else []:
         p = planner.predict(spec, hw, layout, spec.workload.input_len, spec.workload.output_len, True)
+        uncertainty.bracket(
+            p, spec, hw, spec.workload.input_len, spec.workload.output_len, figures, fitted, planner.predict
+        )
         own = round(p.rate_per_replica * layout.replicas, 4)
         key = calibration.key(loaded.hardware.name, spec.serving.engine_image, layout, fitted.id if fitted else None)
         calibrated = calibration.calibrate(measured, key)
@@ -320,6 +326,8 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
                 predicted_max_slo_rate=round(own * factor, 4),
                 planner_rate=own,
                 predicted_per_server=round(p.rate_per_server * factor, 4),
+                predicted_low=None if p.rate_low is None else round(p.rate_low * factor, 4),
+                predicted_high=None if p.rate_high is None else round(p.rate_high * factor, 4),
                 binding_slo=p.binding_slo,
                 bound=p.bound,
                 calibrated=calibrated is not None,
@@ -370,12 +378,13 @@ def layouts_to_measure(spec_path: str, predictions: dict[str, Any], release_id: 
     else:
         live = registry().live(spec.name, spec.promotion.target)
         live_layout = live.data.get("layout") if live else None
-        best = [p.layout for p in ranked[:top_k]]
+        choice = uncertainty.choose(ranked, top_k, lambda p: p.layout)
+        best = choice.measure
         keep = set(best) | ({live_layout} if live_layout in names else set())
         chosen = MeasuredLayouts(
             measure=[n for n in names if n in keep],
             skipped={p.layout: p.predicted_per_server for p in ranked if p.layout not in keep},
-            reason=f"top_k {top_k} of {len(names)} by predicted req/s per server"
+            reason=choice.reason(top_k, len(names))
             + (f", and the live release's {live_layout}" if live_layout in names and live_layout not in best else ""),
         )
     log.info(

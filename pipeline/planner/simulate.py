@@ -279,8 +279,10 @@ def max_slo_rate(
     start: float = 1.0,
     resolution: float = 0.01,
     floor: float = 1e-4,
+    factor: float = 2.0,
 ) -> RateSearch:
-    """Bracket by doubling or halving from `start`, then bisect to `resolution` (relative)."""
+    """Bracket by multiplying or dividing by `factor` from `start`, then bisect to `resolution` (relative).
+    A start near the answer (an interval's end beside its central value) brackets faster with a small factor."""
     runs = 0
 
     def ok(rate: float) -> bool:
@@ -291,15 +293,15 @@ def max_slo_rate(
     lo, hi = 0.0, start
     if ok(start):
         lo = start
-        while ok(lo * 2):
-            lo *= 2
-        hi = lo * 2
+        while ok(lo * factor):
+            lo *= factor
+        hi = lo * factor
     else:
-        while hi > floor and not ok(hi / 2):
-            hi /= 2
+        while hi > floor and not ok(hi / factor):
+            hi /= factor
         if hi <= floor:
             return RateSearch(rate=0.0, runs=runs)
-        lo = hi / 2
+        lo = hi / factor
     while (hi - lo) / hi > resolution:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)

@@ -1,15 +1,23 @@
 """Time of one vLLM engine step for a batch under a layout: a roofline per part of the model.
 
 Each part of a layer (attention projections and router, the experts or dense MLP, attention over
-the KV cache) takes the longer of its matmul time and its memory time on one device; tensor
-parallel all-reduces are priced with the ring alpha-beta model over the device's links; a fixed
-overhead covers scheduling and launches. Every device of a replica works in lockstep, so one
-device's time is the step's time. Efficiency factors come from the hardware profile, one set for
-all layouts.
+the KV cache) takes the longer of its matmul time and its memory time on one device; every
+collective is priced by one algorithm, a direct two-phase exchange over a fully connected node
+(latency + bandwidth terms of the same algorithm); a fixed overhead covers scheduling and launches.
+Every device of a replica works in lockstep, so the busiest device's time is the step's time.
+
+Experts are placed as vLLM places them (`fused_moe/layer.py`, `determine_expert_map`): without
+expert parallelism every rank holds a 1/tp slice of every expert and does 1/tp of every routed
+token's work; with `--enable-expert-parallel` each of the ep = tp x dp ranks holds E/ep whole
+experts, and the rank that drew the most routed tokens sets the pace. With dp = 1 the experts'
+partial sums are combined by the tensor-parallel all-reduce either way; with dp > 1 the default
+`allgather_reducescatter` backend all-gathers the dp ranks' tokens before the experts and
+reduce-scatters their outputs after.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -73,22 +81,90 @@ def roofline(name: str, flops: float, nbytes: float, flops_per_s: float, bytes_p
     )
 
 
-def ring_all_reduce_seconds(nbytes: float, devices: int, link_bytes_per_s: float, latency_s: float) -> float:
-    """NCCL/RCCL's ring model: 2(n-1)/n of the data over (n-1) links in use at once, 2(n-1) hops."""
+def all_reduce_seconds(nbytes: float, devices: int, link_bytes_per_s: float, latency_s: float) -> float:
+    """Two-phase all-reduce over a fully connected node: a reduce-scatter then an all-gather, each rank
+    exchanging its 1/n share with its n-1 peers over n-1 links at once. Per phase one latency and
+    (n-1)/n x bytes over (n-1) links: 2 latency + 2 bytes / (n link). vLLM's custom all-reduce
+    (2-stage kernel, `csrc/custom_all_reduce.cuh`) runs this on xGMI for decode-sized tensors;
+    RCCL's rings over all seven links of an 8-GPU node move the same bytes for the large ones."""
     if devices <= 1:
         return 0.0
-    n = devices
-    return 2 * (n - 1) / n * nbytes / ((n - 1) * link_bytes_per_s) + 2 * (n - 1) * latency_s
+    return 2 * latency_s + 2 * nbytes / (devices * link_bytes_per_s)
+
+
+def all_gather_seconds(nbytes_per_rank: float, devices: int, link_bytes_per_s: float, latency_s: float) -> float:
+    """One phase of the same exchange: each rank sends its own bytes to each peer over its own link
+    (an all-gather; a reduce-scatter of the gathered tensor moves the same)."""
+    if devices <= 1:
+        return 0.0
+    return latency_s + nbytes_per_rank / link_bytes_per_s
+
+
+def dispatch_bytes(tokens_per_rank: float, dp: int, hidden_size: int) -> float:
+    """Bytes one rank receives in the dp > 1 dispatch (all-gather of hidden states) and sends in the
+    combine (reduce-scatter): the other dp - 1 ranks' tokens, bf16."""
+    return (dp - 1) * tokens_per_rank * hidden_size * ACTIVATION_BYTES
+
+
+def experts_touched(num_experts: int, per_token: int, tokens: float) -> float:
+    """Expected distinct experts a batch routes to (uniform top-k routing): their weights are read."""
+    return num_experts * (1 - (1 - per_token / num_experts) ** tokens)
+
+
+def rank_imbalance(assignments: float, ep: int, skew: float) -> float:
+    """Busiest of ep ranks' routed (token, expert) pairs over the mean. The routing's own skew (`skew`,
+    from a routing profile or a cited figure) times the spread of few draws: each rank's share is
+    ~Binomial(A, 1/ep), and the largest of ep such is about mean + sqrt(2 ln ep) sd, i.e.
+    1 + sqrt(2 ln(ep) (ep - 1) / A) of the mean; never more than all of it on one rank (ep)."""
+    if ep <= 1 or assignments <= 0:
+        return 1.0
+    spread = 1 + math.sqrt(2 * math.log(ep) * (ep - 1) / assignments)
+    return min(float(ep), skew * spread)
+
+
+@dataclass(frozen=True)
+class ExpertLoad:
+    """The busiest rank's share of one layer's experts: what sets the layer's pace."""
+
+    routed: float  # routed (token, expert) pairs this rank computes
+    rows: float  # rows of each expert GEMM: tokens per active expert
+    experts_read: float  # experts whose weights (or slices) this rank reads
+    weight_fraction: float  # of each expert's weights this rank holds: 1/tp sliced, 1 whole
+    imbalance: float  # the busiest rank's routed pairs over the mean
+
+
+def expert_load(arch: Architecture, tokens: float, tp: int, ep: int) -> ExpertLoad:
+    """`tokens` reach the experts of one layer (every dp rank's, with dp > 1)."""
+    k, e = arch.num_experts_per_tok, arch.num_experts
+    assignments = tokens * k
+    touched = experts_touched(e, k, tokens)
+    rows = assignments / touched if touched else 0.0
+    if ep <= 1:  # every rank: a 1/tp slice of every touched expert, all the routed tokens
+        return ExpertLoad(routed=assignments, rows=rows, experts_read=touched, weight_fraction=1 / tp, imbalance=1.0)
+    imbalance = rank_imbalance(assignments, ep, arch.expert_imbalance)
+    share = imbalance / ep
+    return ExpertLoad(
+        routed=assignments * share,
+        rows=rows,
+        experts_read=min(e / ep, touched * share),
+        weight_fraction=1.0,
+        imbalance=imbalance,
+    )
 
 
 class StepModel:
-    """The per-device constants of one replica of a layout, so a step costs a few multiplications."""
+    """The per-device constants of one replica of a layout, so a step costs a few multiplications. With
+    dp > 1 a step is one dp rank's: its own batch through attention, every dp rank's through the experts."""
 
     def __init__(
         self, arch: Architecture, layout: Layout, perf: DevicePerformance, weight_bytes: float, kv_bytes: float
     ) -> None:
         if layout.pp != 1:
             raise ReleaseError(f"layout {layout.name!r}: the planner models pp=1 only (got pp={layout.pp})")
+        if layout.dp > 1 and (layout.ep <= 1 or not arch.is_moe):
+            raise ReleaseError(
+                f"layout {layout.name!r}: the planner models dp > 1 only with expert parallelism on a MoE model"
+            )
         self.arch, self.layout, self.perf = arch, layout, perf
         tp = layout.tp
         self.heads = arch.num_attention_heads / tp
@@ -96,12 +172,7 @@ class StepModel:
         hd, h = arch.head_dim, arch.hidden_size
         self.attn_params = h * (self.heads + 2 * self.kv_heads) * hd + self.heads * hd * h
         self.router_params = h * arch.num_experts
-        if arch.is_moe:
-            self.expert_params = 3 * h * arch.moe_intermediate_size
-            self.expert_shard = layout.ep if layout.ep > 1 else tp  # EP holds whole experts, TP slices each
-        else:
-            self.expert_params = 3 * h * arch.intermediate_size
-            self.expert_shard = tp
+        self.expert_params = 3 * h * (arch.moe_intermediate_size if arch.is_moe else arch.intermediate_size)
         self.weight_bytes, self.kv_bytes = weight_bytes, kv_bytes
         dtype = "fp8" if weight_bytes == 1 and "fp8" in perf.peak_tflops else "bf16"
         eff = perf.efficiency
@@ -121,20 +192,24 @@ class StepModel:
         arch = self.arch
         if not arch.is_moe:
             return 1.0
-        return arch.num_experts * (1 - (1 - arch.num_experts_per_tok / arch.num_experts) ** tokens)
+        return experts_touched(arch.num_experts, arch.num_experts_per_tok, tokens)
+
+    def expert_load(self, tokens: int) -> ExpertLoad:
+        """The busiest rank's expert work for a step of `tokens` on each dp rank."""
+        return expert_load(self.arch, tokens * self.layout.dp, self.layout.tp, self.layout.ep)
 
     def _terms(self, batch: Batch) -> list[tuple[str, float, float, float, float]]:
         """(part, flops, bytes, flop/s, byte/s) of one step on one device, every layer counted."""
         arch, t, n = self.arch, batch.tokens, self.arch.num_layers
         if arch.is_moe:
-            k = arch.num_experts_per_tok
-            rows = t * k / arch.num_experts  # tokens per expert
-            mlp_flops = 2 * t * k * self.expert_params / self.expert_shard
-            mlp_bytes = self.experts_touched(t) * self.expert_params * self.weight_bytes / self.expert_shard
+            load = self.expert_load(t)
+            rows = load.rows  # tokens per *active* expert: what one expert's GEMM carries
+            mlp_flops = 2 * load.routed * self.expert_params * load.weight_fraction
+            mlp_bytes = load.experts_read * self.expert_params * load.weight_fraction * self.weight_bytes
         else:
             rows = t
-            mlp_flops = 2 * t * self.expert_params / self.expert_shard
-            mlp_bytes = self.expert_params * self.weight_bytes / self.expert_shard
+            mlp_flops = 2 * t * self.expert_params / self.layout.tp
+            mlp_bytes = self.expert_params * self.weight_bytes / self.layout.tp
         head_params = arch.vocab_size * arch.hidden_size / self.layout.tp
         return [
             (
@@ -167,10 +242,21 @@ class StepModel:
             ),
         ]
 
-    def link_seconds(self, tokens: int) -> float:
-        """Two all-reduces of the hidden states per layer (after attention and after the MLP)."""
+    def all_reduce_seconds(self, tokens: int) -> float:
+        """Two tensor-parallel all-reduces of the hidden states per layer (after attention, after the MLP)."""
         nbytes = tokens * self.arch.hidden_size * ACTIVATION_BYTES
-        return self.arch.num_layers * 2 * ring_all_reduce_seconds(nbytes, self.layout.tp, self.link, self.latency)
+        return self.arch.num_layers * 2 * all_reduce_seconds(nbytes, self.layout.tp, self.link, self.latency)
+
+    def dispatch_seconds(self, tokens: int) -> float:
+        """dp > 1: the experts' all-gather of every dp rank's tokens and the reduce-scatter back, per layer."""
+        dp = self.layout.dp
+        if dp <= 1:
+            return 0.0
+        per_rank = tokens * self.arch.hidden_size * ACTIVATION_BYTES
+        return self.arch.num_layers * 2 * all_gather_seconds(per_rank, dp, self.link, self.latency)
+
+    def link_seconds(self, tokens: int) -> float:
+        return self.all_reduce_seconds(tokens) + self.dispatch_seconds(tokens)
 
     def seconds(self, batch: Batch) -> float:
         """The step's time; the simulation calls this once per step, so it builds no records."""
@@ -182,16 +268,26 @@ class StepModel:
     def cost(self, batch: Batch) -> StepCost:
         """The same step, part by part, for the plan's explanation and the tests."""
         parts = [roofline(*term) for term in self._terms(batch)]
-        nbytes = batch.tokens * self.arch.hidden_size * ACTIVATION_BYTES * 2 * self.arch.num_layers
+        h, n, t = self.arch.hidden_size, self.arch.num_layers, batch.tokens
         parts.append(
             Part(
                 name="all-reduce",
                 flops=0.0,
-                bytes=nbytes if self.layout.tp > 1 else 0.0,
-                seconds=self.link_seconds(batch.tokens),
+                bytes=t * h * ACTIVATION_BYTES * 2 * n if self.layout.tp > 1 else 0.0,
+                seconds=self.all_reduce_seconds(t),
                 bound="link",
             )
         )
+        if self.layout.dp > 1:
+            parts.append(
+                Part(
+                    name="dispatch + combine",
+                    flops=0.0,
+                    bytes=2 * n * dispatch_bytes(t, self.layout.dp, h),
+                    seconds=self.dispatch_seconds(t),
+                    bound="link",
+                )
+            )
         parts.append(
             Part(
                 name="step overhead",

@@ -1,0 +1,269 @@
+"""What a prediction is worth: intervals, the figures a ranking turns on, and which layouts to measure.
+
+A datasheet plan's interval comes from the assumed figures' ranges (the hardware profile's
+`performance.ranges`, the model's `expert_imbalance_range`): every figure at the end that lowers
+the rate, then every figure at the end that raises it. Each figure moves a rate one way only, so
+those two runs bound the rate over the ranges' box. A profiled plan's interval comes from the
+fit's largest residual on the step times. A margin between two layouts is read one figure at a
+time (the others central): the figures whose ends swing it most, and those that flip its sign,
+are what the ranking depends on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+
+if TYPE_CHECKING:
+    from pipeline.planner.profile import Profile
+
+
+class Prediction(Protocol):
+    """What this module reads and sets of plan.Prediction (plan imports this module, not the reverse)."""
+
+    layout: Layout
+    rate_per_server: float
+    rate_low: float | None
+    rate_high: float | None
+    simulations: int
+
+
+# figures whose higher value lowers every rate (the rest raise it)
+COSTS = {"link_latency_us", "step_overhead_ms", "sequence_overhead_us", "efficiency.gemm_half_rows", "expert_imbalance"}
+OVERLAP_BOUND = 4  # top_k measures at most this many more layouts whose intervals overlap the best one's
+
+Predict = Callable[..., Prediction]
+
+
+class Figure(BaseModel):
+    """One figure the step-time model runs on, with the range it may take and where it comes from."""
+
+    name: str
+    central: float
+    low: float
+    high: float
+    source: str = ""
+
+
+class Swing(BaseModel):
+    figure: str
+    at_low: float = Field(description="the margin with this figure at its low end, the others central")
+    at_high: float
+    flips: bool = Field(description="one end of this figure alone reverses the ranking")
+
+
+class Margin(BaseModel):
+    """How much more per server `better` holds than `worse`, as a fraction, and how sure that is."""
+
+    better: str
+    worse: str
+    central: float
+    low: float
+    high: float
+    swings: list[Swing] = Field(description="largest first")
+
+    @property
+    def determined(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+    def describe(self) -> str:
+        turns = ", ".join(
+            f"{s.figure} {s.at_low:+.0%}..{s.at_high:+.0%}" + (" (flips it)" if s.flips else "")
+            for s in self.swings[:4]
+        )
+        verdict = "" if self.determined else "; the ranking is undetermined within the figures' ranges"
+        return (
+            f"{self.better} over {self.worse}: {self.central:+.0%} req/s per server, interval {self.low:+.0%} to"
+            f" {self.high:+.0%}{verdict}. It turns on (margin at each figure's low..high end): {turns or 'nothing'}"
+        )
+
+
+def _get(spec: ReleaseSpec, hw: HardwareProfile, name: str) -> float:
+    if name == "expert_imbalance":
+        return spec.model.architecture.expert_imbalance
+    perf = hw.performance
+    assert perf is not None
+    if name.startswith("efficiency."):
+        return float(getattr(perf.efficiency, name.removeprefix("efficiency.")))
+    return float(getattr(perf, name))
+
+
+def at(spec: ReleaseSpec, hw: HardwareProfile, values: dict[str, float]) -> tuple[ReleaseSpec, HardwareProfile]:
+    """The spec and hardware with some figures set to other values."""
+    arch, perf = spec.model.architecture, hw.performance
+    assert perf is not None
+    eff = {k.removeprefix("efficiency."): v for k, v in values.items() if k.startswith("efficiency.")}
+    own = {k: v for k, v in values.items() if not k.startswith("efficiency.") and k != "expert_imbalance"}
+    perf = perf.model_copy(update={**own, "efficiency": perf.efficiency.model_copy(update=eff)})
+    if "expert_imbalance" in values:
+        arch = arch.model_copy(update={"expert_imbalance": values["expert_imbalance"]})
+    model = spec.model.model_copy(update={"architecture": arch})
+    return spec.model_copy(update={"model": model}), hw.model_copy(update={"performance": perf})
+
+
+def figures(spec: ReleaseSpec, hw: HardwareProfile) -> list[Figure]:
+    """The ranged figures of a datasheet plan: the hardware's `ranges`, and the model's imbalance where it has
+    a range and experts are placed by rank."""
+    perf = hw.performance
+    assert perf is not None
+    found = [
+        Figure(
+            name=name,
+            central=_get(spec, hw, name),
+            low=low,
+            high=high,
+            source=perf.sources.get(name) or perf.sources.get(name.split(".")[0], ""),
+        )
+        for name, (low, high) in perf.ranges.items()
+    ]
+    arch = spec.model.architecture
+    if arch.is_moe and arch.expert_imbalance_range:
+        low, high = arch.expert_imbalance_range
+        found.append(
+            Figure(
+                name="expert_imbalance", central=arch.expert_imbalance, low=low, high=high,
+                source=arch.expert_imbalance_source,
+            )
+        )  # fmt: skip
+    return found
+
+
+def corner(found: list[Figure], pessimistic: bool) -> dict[str, float]:
+    return {f.name: (f.high if (f.name in COSTS) == pessimistic else f.low) for f in found}
+
+
+def fit_residual(profile: Profile) -> float:
+    """The fit's largest |fitted / measured - 1| over the profiled shapes (its median where none is kept)."""
+    residuals = [abs(m.fitted_ms / m.measured_ms - 1) for m in profile.shapes if m.fitted_ms and m.measured_ms]
+    return min(0.9, max(residuals, default=profile.fit_error))
+
+
+def describe(found: list[Figure], profile: Profile | None) -> str:
+    if profile is not None:
+        return f"the fit's largest step-time residual, {fit_residual(profile):.0%}, on every rate"
+    if not found:
+        return "none: the hardware profile gives no ranges (performance.ranges), so every rate is a point"
+    return "the assumed figures' ranges, all at their worse then all at their better ends: " + ", ".join(
+        f"{f.name} {f.low:g}-{f.high:g}" for f in found
+    )
+
+
+def bracket(
+    prediction: Prediction,
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    input_len: int,
+    output_len: int,
+    found: list[Figure],
+    profile: Profile | None,
+    predict: Predict,
+) -> None:
+    """Set the prediction's interval (rate_low, rate_high per server)."""
+    rate = prediction.rate_per_server
+    if rate <= 0 or prediction.simulations == 0:
+        prediction.rate_low = prediction.rate_high = rate
+        return
+    if profile is not None:
+        r = fit_residual(profile)
+        prediction.rate_low, prediction.rate_high = round(rate / (1 + r), 4), round(rate / (1 - r), 4)
+        return
+    if not found:
+        prediction.rate_low = prediction.rate_high = rate
+        return
+    ends = []
+    for pessimistic in (True, False):
+        s, h = at(spec, hw, corner(found, pessimistic))
+        ends.append(
+            predict(s, h, prediction.layout, input_len, output_len, start=rate, resolution=0.05).rate_per_server
+        )
+    prediction.rate_low, prediction.rate_high = round(min(ends[0], rate), 4), round(max(ends[1], rate), 4)
+
+
+def margin(
+    better: Prediction,
+    worse: Prediction,
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    input_len: int,
+    output_len: int,
+    found: list[Figure],
+    predict: Predict,
+) -> Margin:
+    """`better`'s margin over `worse`, one figure at a time at each end of its range; the interval adds up
+    each figure's worst and best swing (a bound when the figures act independently)."""
+    central = better.rate_per_server / worse.rate_per_server - 1
+
+    def at_value(name: str, value: float) -> float:
+        s, h = at(spec, hw, {name: value})
+        a, b = (
+            predict(s, h, p.layout, input_len, output_len, start=p.rate_per_server, resolution=0.02, factor=1.3)
+            for p in (better, worse)
+        )
+        return a.rate_per_server / b.rate_per_server - 1 if b.rate_per_server > 0 else float("inf")
+
+    swings = []
+    for f in found:
+        lo, hi = at_value(f.name, f.low), at_value(f.name, f.high)
+        swings.append(
+            Swing(figure=f.name, at_low=lo, at_high=hi, flips=(lo > 0) != (central > 0) or (hi > 0) != (central > 0))
+        )
+    swings.sort(key=lambda s: -abs(s.at_high - s.at_low))
+    low = central + sum(min(0.0, s.at_low - central, s.at_high - central) for s in swings)
+    high = central + sum(max(0.0, s.at_low - central, s.at_high - central) for s in swings)
+    return Margin(
+        better=better.layout.name, worse=worse.layout.name, central=central, low=low, high=high, swings=swings
+    )
+
+
+def overlaps(a: Any, b: Any) -> bool:
+    """Two intervals (objects with rate_low / rate_high, or predicted_low / predicted_high) share a point."""
+    a_low, a_high = _ends(a)
+    b_low, b_high = _ends(b)
+    return a_low <= b_high and b_low <= a_high
+
+
+def _ends(p: Any) -> tuple[float, float]:
+    if hasattr(p, "rate_per_server"):
+        central, low, high = p.rate_per_server, p.rate_low, p.rate_high
+    else:
+        central, low, high = p.predicted_per_server, p.predicted_low, p.predicted_high
+    return float(central if low is None else low), float(central if high is None else high)
+
+
+class Choice(BaseModel):
+    """The layouts top_k measures: the k best by central prediction, and every other whose interval
+    overlaps the best one's (the planner cannot order them), up to OVERLAP_BOUND more."""
+
+    best: list[str]
+    overlapping: list[str]
+    left_out: list[str] = Field(description="overlapping the best, but past the bound")
+
+    @property
+    def measure(self) -> list[str]:
+        return self.best + self.overlapping
+
+    def reason(self, top_k: int, of: int) -> str:
+        text = f"top_k {top_k} of {of} by predicted req/s per server"
+        if self.overlapping:
+            text += (
+                f", and {', '.join(self.overlapping)} whose interval overlaps the best one's (the planner cannot"
+                f" rank them; at most {OVERLAP_BOUND} more)"
+            )
+        if self.left_out:
+            text += f"; overlapping too but past that bound: {', '.join(self.left_out)}"
+        return text
+
+
+def choose(ranked: list[Any], top_k: int, name: Callable[[Any], str], bound: int = OVERLAP_BOUND) -> Choice:
+    """`ranked`: predictions best first (rate_per_server or predicted_per_server, with their intervals)."""
+    best = ranked[:top_k]
+    rest = [p for p in ranked[top_k:] if best and overlaps(best[0], p)]
+    return Choice(
+        best=[name(p) for p in best],
+        overlapping=[name(p) for p in rest[:bound]],
+        left_out=[name(p) for p in rest[bound:]],
+    )

@@ -1,0 +1,152 @@
+"""Expert placement, collectives and intervals of the planner against numbers worked out by hand.
+
+One layer of Qwen3-235B-A22B (hidden 4096, 128 experts of 3 x 4096 x 1536 = 18,874,368 fp8
+weights, 8 per token) on the mi325x-8 profile's figures: link 64 GB/s x 0.75 = 48 GB/s usable,
+5 us per phase of the two-phase all-reduce, HBM 6000 GB/s x 0.75 = 4.5e12 B/s; the production
+spec's expert_imbalance 1.25. The expected values are literals from the formulas in the comments.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.core.errors import SpecError
+from pipeline.core.spec import Layout, load_spec
+from pipeline.planner import plan as planner
+from pipeline.planner import uncertainty
+from pipeline.planner.step_time import Batch, StepModel
+from tests.conftest import PROD_SPEC
+
+LOADED = load_spec(PROD_SPEC)
+ARCH = LOADED.spec.model.architecture.model_copy(update={"num_layers": 1})
+PERF = LOADED.hardware.performance
+assert PERF is not None
+
+
+def layer(layout: Layout, tokens: int) -> tuple[StepModel, dict[str, tuple[float, float, float, str]]]:
+    model = StepModel(ARCH, layout, PERF, weight_bytes=1, kv_bytes=1)
+    batch = Batch(tokens=tokens, pairs=tokens * 1000, context=tokens * 1000, sampled=tokens)
+    return model, {p.name: (p.flops, p.bytes, p.seconds, p.bound) for p in model.cost(batch).parts}
+
+
+def test_one_qwen3_layer_at_tp8_ep8_and_tp4_ep4_by_hand():
+    # 256 decode tokens: 2048 routed (token, expert) pairs; 128 x (1 - (120/128)^256) = 127.99999 experts touched
+    # rows per expert GEMM: 2048 / 127.99999 = 16.0 tokens per *active* expert
+    ep8, parts8 = layer(Layout(name="tp8-ep8", tp=8, ep=8), 256)
+    load8 = ep8.expert_load(256)
+    assert load8.rows == pytest.approx(16.0, rel=1e-6)
+    # busiest of 8 ranks: 1.25 x (1 + sqrt(2 ln 8 x 7 / 2048)) = 1.25 x 1.119226 = 1.399033 x the mean 256 pairs
+    assert load8.imbalance == pytest.approx(1.399033, rel=1e-6)
+    assert load8.routed == pytest.approx(358.1524, rel=1e-6)
+    # it holds 16 whole experts and its 358 pairs touch all 16: 16 x 18,874,368 = 301,989,888 B per layer
+    assert parts8["experts"][1] == pytest.approx(301_989_888)
+    # 2 x 358.1524 x 18,874,368 FLOPs = 13,519,802,104 (16 rows: 16/80 of 1307.45 TFLOP/s: 51.7 us) vs
+    # 301,989,888 B / 4.5e12 B/s = 67.11 us: memory bound
+    assert parts8["experts"][0] == pytest.approx(13_519_802_104, rel=1e-6)
+    assert parts8["experts"][2:] == (pytest.approx(6.7108864e-05), "memory")
+    # two all-reduces of 256 x 4096 x 2 B = 2,097,152 B over 8: each 2 x 5 us + 2 x 2,097,152 / (8 x 48e9) s
+    assert parts8["all-reduce"][2] == pytest.approx(2 * (10e-6 + 2 * 2_097_152 / (8 * 48e9)))
+    assert parts8["all-reduce"][2] == pytest.approx(4.1845333e-05)
+
+    ep4, parts4 = layer(Layout(name="tp4-ep4", tp=4, ep=4), 256)
+    load4 = ep4.expert_load(256)
+    # busiest of 4: 1.25 x (1 + sqrt(2 ln 4 x 3 / 2048)) = 1.25 x 1.0637292 = 1.3296615; 2048 x that / 4 = 680.7867
+    assert load4.imbalance == pytest.approx(1.3296615, rel=1e-6)
+    assert load4.routed == pytest.approx(680.7867, rel=1e-6)
+    # 32 whole experts, all touched: 32 x 18,874,368 = 603,979,776 B (twice TP8's), 134.2 us of reads
+    assert parts4["experts"][1:] == (pytest.approx(603_979_776), pytest.approx(1.34217728e-04), "memory")
+    # each all-reduce: 2 x 5 us + 2 x 2,097,152 / (4 x 48e9) = 31.845 us
+    assert parts4["all-reduce"][2] == pytest.approx(2 * 3.1845333e-05)
+
+    # tp8 without EP slices every expert: every rank does 1/8 of all 2048 pairs, no rank is busier
+    tp8, parts = layer(Layout(name="tp8", tp=8), 256)
+    assert tp8.expert_load(256).imbalance == 1.0
+    assert parts["experts"][0] == pytest.approx(2 * 2048 * 18_874_368 / 8)
+    # so EP changes the prediction: tp8 and tp8-ep8 are not the same layout any more
+    assert parts["experts"][0] != parts8["experts"][0]
+
+
+def test_a_one_token_moe_step_is_memory_bound():
+    # one token: 8 experts touched, 1 row each. TP8 reads a 1/8 slice of each: 18,874,368 B, 4.19 us
+    _, tp8 = layer(Layout(name="tp8", tp=8), 1)
+    assert tp8["experts"][1:] == (pytest.approx(18_874_368), pytest.approx(4.194304e-06), "memory")
+    # EP8: the busiest rank holds 1.25 x (1 + sqrt(2 ln 8 x 7 / 8)) = 3.6345 of the 8 chosen experts, whole
+    ep8, parts = layer(Layout(name="tp8-ep8", tp=8, ep=8), 1)
+    assert ep8.expert_load(1).rows == 1.0
+    assert parts["experts"][1] == pytest.approx(3.6345278 * 18_874_368, rel=1e-6)
+    assert parts["experts"][3] == "memory" and parts["attention projections + router"][3] == "memory"
+    # the whole 94-layer one-token step is under a millisecond of expert reads on TP8, not milliseconds of compute
+    full = StepModel(LOADED.spec.model.architecture, Layout(name="tp8", tp=8), PERF, 1, 1)
+    experts = next(p for p in full.cost(Batch(tokens=1, pairs=1, context=0, sampled=1)).parts if p.name == "experts")
+    assert experts.bound == "memory" and experts.seconds == pytest.approx(94 * 4.194304e-06)
+
+
+def test_data_parallel_dispatch_and_combine_volume_by_hand():
+    # tp1 x dp8, ep8: each rank carries 64 tokens; the all-gather brings the other 7 ranks' 64 x 4096 x 2 B
+    # = 3,670,016 B in, the reduce-scatter sends as much back: 7,340,032 B per layer
+    dp8, parts = layer(Layout(name="tp1-dp8-ep8", tp=1, dp=8, ep=8), 64)
+    assert parts["dispatch + combine"][1] == 7_340_032
+    # each phase: 5 us + one rank's 524,288 B over one 48 GB/s link (all 7 links at once)
+    assert parts["dispatch + combine"][2] == pytest.approx(2 * (5e-6 + 524_288 / 48e9))
+    assert parts["all-reduce"][2] == 0  # tp 1: nothing to all-reduce
+    # the experts see all 8 ranks' 512 tokens: 4096 pairs, 32 rows per active expert
+    assert dp8.expert_load(64).rows == pytest.approx(32.0)
+
+
+def test_dp_layouts_are_candidates_and_their_weights_split_experts_over_ep():
+    from pipeline.core.spec import weights_per_device_gb
+
+    names = [lay.name for lay in planner.data_parallel_shapes(LOADED.spec, LOADED.hardware)]
+    assert "tp1-dp8-ep8" in names and "tp4-dp2-ep8" in names
+    # 94 x 128 x 18,874,368 = 227.1 GB of experts over 8 ranks + the other 7.9 GB on each rank
+    experts = 94 * 128 * 18_874_368 / 1e9
+    got = weights_per_device_gb(LOADED.spec, Layout(name="d", tp=1, dp=8, ep=8))
+    assert got == pytest.approx(experts / 8 + (235 - experts))
+
+
+def test_ranges_name_known_figures_and_a_bad_one_is_a_spec_error(spec_file):
+    def bad(data):
+        data["model"]["architecture"]["expert_imbalance"] = 0.5
+
+    with pytest.raises(SpecError, match="expert_imbalance"):
+        load_spec(spec_file(PROD_SPEC, bad))
+    with pytest.raises(ValueError, match="not a ranged figure"):
+        PERF.model_validate({**PERF.model_dump(), "ranges": {"link_speed": [1, 2]}})
+    with pytest.raises(ValueError, match="low <= high"):
+        PERF.model_validate({**PERF.model_dump(), "ranges": {"link_latency_us": [9, 2]}})
+
+
+def test_top_k_also_measures_overlapping_layouts_up_to_the_bound():
+    class P:
+        def __init__(self, name: str, rate: float, low: float, high: float) -> None:
+            self.name, self.rate_per_server, self.rate_low, self.rate_high = name, rate, low, high
+
+    ranked = [P("a", 10, 8, 12), P("b", 9, 7, 11), P("c", 7.5, 6, 8), P("d", 5, 4, 7.9), P("e", 4, 3, 8.5)]
+    chosen = uncertainty.choose(ranked, 1, lambda p: p.name)
+    # b, c and e reach a's low end (8); d tops out at 7.9 below it
+    assert chosen.measure == ["a", "b", "c", "e"] and chosen.left_out == []
+    bounded = uncertainty.choose(ranked, 1, lambda p: p.name, bound=2)
+    assert bounded.measure == ["a", "b", "c"] and bounded.left_out == ["e"]
+    assert "at most" in bounded.reason(1, 5) and "past that bound: e" in bounded.reason(1, 5)
+    points = [P("a", 10, 10, 10), P("b", 9, 9, 9)]
+    assert uncertainty.choose(points, 1, lambda p: p.name).measure == ["a"]
+
+
+def test_the_production_plan_brackets_the_spec_layouts_and_names_what_the_margin_turns_on():
+    # two of the profile's ranges and a short workload keep this to a few dozen simulations
+    perf = PERF.model_copy(update={"ranges": {"link_latency_us": (2.0, 15.0), "efficiency.compute": (0.3, 0.7)}})
+    loaded = LOADED.model_copy(update={"hardware": LOADED.hardware.model_copy(update={"performance": perf})})
+    result = planner.plan(loaded, 1000, 50, every_layout=False)
+    by = {p.layout.name: p for p in result.predictions}
+    for p in by.values():
+        assert p.rate_low is not None and p.rate_high is not None
+        assert p.rate_low <= p.rate_per_server <= p.rate_high
+        assert p.expert_imbalance and p.expert_imbalance > 1
+    [m] = result.margins
+    assert m.low <= m.central <= m.high
+    assert {s.figure for s in m.swings} == {f.name for f in result.figures}
+    assert {f.name for f in result.figures} == {"link_latency_us", "efficiency.compute", "expert_imbalance"}
+    # the interval holds every one-figure swing; a swing across zero is named as flipping the ranking
+    assert all(m.low <= v <= m.high for s in m.swings for v in (s.at_low, s.at_high))
+    assert all(s.flips == ((s.at_low > 0) != (m.central > 0) or (s.at_high > 0) != (m.central > 0)) for s in m.swings)
+    assert "It turns on" in planner.comparisons(result)[-1]
