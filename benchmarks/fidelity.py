@@ -12,10 +12,22 @@ the engine, or its surroundings?
    the promoted rate, 1.25x steps): what `rebenchmark.measure` runs once the artifact is fetched.
 4. A fixed-rate check with vLLM's own client against a fresh engine of the layout, probes twice
    as long as the search's: the answers should pass, and 1.2x the higher one must fail.
+5. The independent client (benchmarks/open_loop_client.py: open-loop Poisson, aiohttp, streaming,
+   nothing from pipeline/) against another fresh engine of the layout, with the same placement and
+   isolation, pinned to the very cores vLLM's client runs on: at the DAG's answer and at 1.25x
+   (`--check-seconds` long probes), vLLM's client at the same rates in the same session, then the
+   SLO search (from the DAG's answer, `--independent-probes` at most) with the independent client
+   measuring every probe. Its answer is what the DAG's is compared with (#44: within 15%), and
+   1.25x the DAG's answer must break the SLO under it.
 
-Prints both answers (each bisected or a bound), their ratio, the spread of the DAG's repeats at
-its answer, the CPU that other processes used during each door's probes (and which processes),
-and the fixed-rate verdicts. Ratios within one run hold on a noisy machine; absolute rates do not.
+Prints every door's answer (each bisected or a bound; unsteady or client-bound where marked),
+their ratios, the spread of the repeats at each answer, the CPU that other processes used during
+each door's probes (and which processes), and the fixed-rate verdicts with each client's send lag
+and CPU per request (vLLM's: its forked child's whole CPU, start-up included; the independent
+client's: its send/receive phase; benchmarks/client_cost.py compares the two per request alone).
+Ratios within one run hold on a noisy machine; absolute rates do not.
+
+    .venv/bin/python benchmarks/fidelity.py --spec configs/releases/tiny-qwen3-moe-cpu.yaml --layout single
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
 from pipeline.release import promote
 from pipeline.release.registry import cached
-from pipeline.stages import benchmark, tiny_model
+from pipeline.stages import benchmark, interference, tiny_model
 
 log = logging.getLogger("fidelity")
 
@@ -121,6 +133,66 @@ def fixed_rates(spec: Path, layout_name: str, model: Path, rates: list[float], w
     return out
 
 
+INDEPENDENT_CLIENT = ROOT / "benchmarks" / "open_loop_client.py"
+
+
+def independent_door(
+    spec: Path, layout_name: str, model: Path, answer: float, work: Path, check_seconds: float, max_probes: int
+) -> tuple[dict, list[tuple[str, benchmark.Probe]]]:
+    """A fresh engine of the layout (placement and isolation as the search's). The independent client,
+    pinned to the cores vLLM's client is pinned to, at `answer` and 1.25x it, each beside vLLM's client
+    at the same rate and length; then the SLO search with the independent client measuring its probes.
+    Returns (the search's result as a LayoutResult's dict, [(client, probe)] of the fixed rates)."""
+    loaded = load_spec(spec)
+    layout = next(lay for lay in loaded.spec.layouts if lay.name == layout_name)
+    slo, workload = loaded.spec.slo, loaded.spec.workload
+    vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
+    work.mkdir(parents=True, exist_ok=True)
+    checks: list[tuple[str, benchmark.Probe]] = []
+    with benchmark.running_layout(loaded.spec, loaded.hardware, layout, model, work) as (engine, prober):
+        prober.bench.ensure()  # its cores are the ones the independent client gets
+        cores = prober.bench.cores
+        numbers = iter(range(1, 10_000))
+
+        def independent(rate: float, n: int, seed: int) -> benchmark.Probe:
+            if not engine.alive():
+                raise engine.exit_error("during the independent client's probe")
+            out = work / f"independent-{next(numbers):02d}.json"
+            cmd = [
+                sys.executable, str(INDEPENDENT_CLIENT), "--url", engine.url, "--rate", f"{rate:.4f}",
+                "--seconds", f"{n / rate:.4f}", "--input-len", str(workload.input_len),
+                "--output-len", str(workload.output_len), "--vocab-size", str(vocab), "--seed", str(seed),
+                "--out", str(out),
+            ]  # fmt: skip
+            window = interference.Window(engine_groups=set(engine.groups))  # the client: our reaped child
+            pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, preexec_fn=pin)
+            seen = window.close()
+            probe = benchmark.parse_result(out, rate, n, slo, workload)
+            probe.interference = seen
+            return probe
+
+        for i, rate in enumerate((answer, 1.25 * answer)):
+            n = math.ceil(rate * check_seconds)
+            checks.append(("independent", independent(rate, n, 20_000 + i)))
+            checks.append(("vllm", prober(rate, n, 20_000 + i)))
+        log.info("independent door: the SLO search from %.3g req/s with the independent client", answer)
+        outcome = benchmark.slo_search(independent, workload, slo, max_probes, prior=answer)
+    result = benchmark.LayoutResult(
+        layout=layout.name, tp=layout.tp, dp=layout.dp, ep=layout.ep, pp=layout.pp, replicas=layout.replicas,
+        devices=layout.devices, status="ok", capacity_rps=outcome.capacity, max_slo_rate=outcome.max_slo_rate,
+        bound_only=outcome.bound_only, stop_reason=outcome.stop_reason, spread=outcome.spread,
+        deciding_p90_ttft_ms=outcome.deciding_p90_ttft_ms, unsteady=outcome.unsteady,
+        client_bound=outcome.client_bound, client_bound_rates=outcome.client_bound_rates, probes=outcome.probes,
+    )  # fmt: skip
+    return json.loads(result.model_dump_json()), checks
+
+
+def marks(result: dict) -> str:
+    """'unsteady', 'client-bound' where a door's answer carries those marks."""
+    return ", ".join(m for m, key in (("unsteady", "unsteady"), ("client-bound", "client_bound")) if result.get(key))
+
+
 def other_cpu(result: dict) -> tuple[float, float, str]:
     """Mean and max cores used by other processes over a door's counted probes, and who."""
     seen = [p["interference"] for p in result["probes"] if p.get("interference") and not p.get("superseded")]
@@ -140,6 +212,12 @@ def main() -> int:
     parser.add_argument("--layout", default="single")
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--also", type=float, nargs="*", default=[], help="more fixed rates to check (req/s)")
+    parser.add_argument(
+        "--check-seconds", type=float, default=20.0, help="length of the two clients' probes at the answer and 1.25x"
+    )
+    parser.add_argument(
+        "--independent-probes", type=int, default=8, help="probe budget of the independent client's search (0: none)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     spec = Path(args.spec).resolve()
@@ -160,6 +238,14 @@ def main() -> int:
     answers = [r["max_slo_rate"] for r in (dag, shell) if r.get("max_slo_rate")]
     rates = sorted({*answers, 1.2 * max(answers), *args.also}) if answers else list(args.also)
     checks = fixed_rates(spec, args.layout, model, rates, work / "fixed") if rates else []
+    independent, pairs = (
+        independent_door(
+            spec, args.layout, model, dag["max_slo_rate"], work / "independent", args.check_seconds,
+            args.independent_probes,
+        )
+        if dag.get("max_slo_rate")
+        else ({"probes": []}, [])
+    )  # fmt: skip
 
     print(f"\nlayout {args.layout} of {spec.name}: same machine, one run, doors one after the other")
     print(
@@ -170,6 +256,7 @@ def main() -> int:
         ("release DAG (Airflow up)", dag),
         ("model-release benchmark", shell),
         ("re-benchmark (short)", rebench),
+        ("independent client search", independent),
     ):
         mean, peak, top = other_cpu(r)
         spread = r.get("spread")
@@ -177,10 +264,17 @@ def main() -> int:
             f"{name:26} {r.get('max_slo_rate') or math.nan:13.3g} {str(not r.get('bound_only')):>8} "
             f"{len(r['probes']):6d} {', '.join(f'{v:.0f}' for v in r.get('deciding_p90_ttft_ms', [])):>28} "
             f"{'-' if spread is None else f'{spread:.0%}':>6} {mean:8.2f} / {peak:.2f}  {top}"
+            + (f"  [{marks(r)}]" if marks(r) else "")
         )
     if len(answers) == 2:
         ratio = dag["max_slo_rate"] / shell["max_slo_rate"]
         print(f"ratio DAG / shell: {ratio:.2f} (target within 15%: {'met' if abs(ratio - 1) <= 0.15 else 'NOT met'})")
+    if dag.get("max_slo_rate") and independent.get("max_slo_rate"):
+        ratio = dag["max_slo_rate"] / independent["max_slo_rate"]
+        print(
+            f"ratio DAG / independent client: {ratio:.2f} (target within 15%: "
+            f"{'met' if abs(ratio - 1) <= 0.15 else 'NOT met'})"
+        )
     if rebench.get("max_slo_rate") and shell.get("max_slo_rate"):
         print(f"ratio re-benchmark / shell: {rebench['max_slo_rate'] / shell['max_slo_rate']:.2f}")
     print(f"\nfixed-rate check, vllm bench serve against a fresh engine ({spec.name}, layout {args.layout}):")
@@ -196,18 +290,51 @@ def main() -> int:
             f"{p.p90_tpot_ms:9.1f} {p.interference.other if p.interference else math.nan:9.2f}  "
             f"{'pass' if p.passed else 'fail: ' + '; '.join(p.reasons)}{f'  ({role})' if role else ''}"
         )
+    if pairs:
+        print(
+            f"\nthe DAG's answer and 1.25x on one fresh engine, both clients on the same cores "
+            f"({args.check_seconds:g} s probes):"
+        )
+        print(
+            f"{'client':12} {'rate':>8} {'achieved':>8} {'p90 TTFT':>9} {'p90 TPOT':>9} {'lag p90':>8} {'last':>7} "
+            f"{'CPU ms/req':>10} {'other CPU':>9}  verdict"
+        )
+        for client, p in pairs:
+            role = "answer" if p.rate == dag["max_slo_rate"] else "1.25x answer"
+            print(
+                f"{client:12} {p.rate:8.3g} {p.achieved_rate:8.3g} {p.p90_ttft_ms:9.1f} {p.p90_tpot_ms:9.1f} "
+                f"{p.client_lag_p90_ms if p.client_lag_p90_ms is not None else math.nan:8.1f} "
+                f"{p.client_lag_end_ms if p.client_lag_end_ms is not None else math.nan:7.0f} "
+                f"{p.client_cpu_ms_per_request if p.client_cpu_ms_per_request is not None else math.nan:10.2f} "
+                f"{p.interference.other if p.interference else math.nan:9.2f}  "
+                f"{'pass' if p.passed else 'fail: ' + '; '.join(p.reasons)}"
+                f"{' [client-bound]' if p.client_bound else ''}  ({role})"
+            )
+        above = [p for client, p in pairs if client == "independent" and p.rate > dag["max_slo_rate"]]
+        if above:
+            print(
+                f"1.25x the DAG's answer under the independent client: "
+                f"{'breaks the SLO (as it must)' if not above[0].passed else 'HOLDS the SLO: the answer is low'}"
+            )
     print(
         f"\nwall: DAG door {dag_s / 60:.1f} min, shell door {shell_s / 60:.1f} min, re-benchmark and fixed "
         f"rates {(time.monotonic() - started - dag_s - shell_s) / 60:.1f} min; files under {work}"
     )
     doors = []
-    for name, r in (("release DAG", dag), ("model-release benchmark", shell), ("re-benchmark", rebench)):
+    for name, r in (
+        ("release DAG", dag),
+        ("model-release benchmark", shell),
+        ("re-benchmark", rebench),
+        ("independent client", independent),
+    ):
         mean, peak, _ = other_cpu(r)
         doors.append(
             {
                 "door": name,
                 "max_slo_rate": r.get("max_slo_rate"),
                 "bisected": not r.get("bound_only"),
+                "unsteady": bool(r.get("unsteady")),
+                "client_bound": bool(r.get("client_bound")),
                 "probes": len(r["probes"]),
                 "p90_ttft_ms_at_answer": r.get("deciding_p90_ttft_ms", []),
                 "spread": r.get("spread"),
@@ -218,12 +345,31 @@ def main() -> int:
     fixed = [
         {"rate": p.rate, "achieved": p.achieved_rate, "p90_ttft_ms": p.p90_ttft_ms, "passed": p.passed} for p in checks
     ]
+    at_answer = [
+        {
+            "client": client,
+            "rate": p.rate,
+            "achieved": p.achieved_rate,
+            "p90_ttft_ms": p.p90_ttft_ms,
+            "p90_tpot_ms": p.p90_tpot_ms,
+            "client_lag_p90_ms": p.client_lag_p90_ms,
+            "client_cpu_ms_per_request": p.client_cpu_ms_per_request,
+            "client_bound": p.client_bound,
+            "passed": p.passed,
+        }
+        for client, p in pairs
+    ]
     path = measurements.record(
         "fidelity",
-        {"layout": args.layout, "doors": doors, "fixed_rates": fixed},
+        {"layout": args.layout, "doors": doors, "fixed_rates": fixed, "clients_at_answer": at_answer},
         summary=f"{args.layout}: "
         + ", ".join(f"{d['door']} {d['max_slo_rate'] or math.nan:.3g} req/s" for d in doors)
-        + (f"; DAG / shell {dag['max_slo_rate'] / shell['max_slo_rate']:.2f}" if len(answers) == 2 else ""),
+        + (f"; DAG / shell {dag['max_slo_rate'] / shell['max_slo_rate']:.2f}" if len(answers) == 2 else "")
+        + (
+            f"; DAG / independent {dag['max_slo_rate'] / independent['max_slo_rate']:.2f}"
+            if dag.get("max_slo_rate") and independent.get("max_slo_rate")
+            else ""
+        ),
     )
     print(f"record: {path}")
     return 0
