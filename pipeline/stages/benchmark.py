@@ -90,7 +90,7 @@ class Probe(BaseModel):
         "queue_times, from the schedule's release of a request to its send)",
     )
     client_lag_end_ms: float | None = Field(
-        None, description="how far the client's last send fell behind the schedule's end (send span less n-1 gaps)"
+        None, description="how far the client's last send fell behind the schedule's end, at least (span less n / rate)"
     )
     client_cpu_ms_per_request: float | None = Field(
         None, description="the client's CPU time per request (its whole process, start-up included)"
@@ -266,14 +266,15 @@ def client_lag_ms(data: dict[str, Any], rate: float) -> tuple[float | None, floa
     """(p90 per-request send lag, last send's lag against the schedule's end), ms, from a client's
     detailed result. vLLM's client records per request `queue_times` (from its schedule releasing the
     request to the send: its event loop's backlog) and `start_times` (the sends). Its Poisson schedule
-    is scaled to end n / rate after it starts, so n sends span (n - 1) / rate on average: a client
-    that cannot keep its schedule sends the last ones late, and its span grows by that lag."""
+    is scaled to end n / rate after it starts, so on schedule the sends span n / rate less the first
+    one's wait (1 / rate on average): a client that cannot keep up sends the last ones late, and the
+    span less n / rate is a lower bound of that lag (never an alarm at a low rate's long waits)."""
     lags = sorted(q * 1000 for q in data.get("queue_times") or [] if q is not None)
     p90 = lags[min(len(lags) - 1, math.ceil(0.9 * len(lags)) - 1)] if lags else None
     starts = [t for t in data.get("start_times") or [] if t is not None]
     end = None
     if len(starts) > 1 and not math.isinf(rate) and rate > 0:
-        end = max(0.0, (max(starts) - min(starts) - (len(starts) - 1) / rate) * 1000)
+        end = max(0.0, (max(starts) - min(starts) - len(starts) / rate) * 1000)
     return (None if p90 is None else round(p90, 2)), (None if end is None else round(end, 2))
 
 
