@@ -285,7 +285,8 @@ def _capacity(args: argparse.Namespace) -> int:
     if args.rate_per_server:
         rates = _given_rates(args.rate_per_server, [layout.name for layout in spec.layouts], args.layout)
         best = max(rates, key=lambda name: rates[name])  # what the SLO selection would choose
-        plan = capacity.plan(loaded, rates, best, versus, source="given")
+        loads = dict.fromkeys(rates, args.load_seconds) if args.load_seconds else None
+        plan = capacity.plan(loaded, rates, best, versus, source="given", load_seconds=loads, load_source="given")
         given = ", ".join(f"{name} {rate:g}" for name, rate in rates.items())
         origin = f"rates per server given on the command line ({given} req/s); candidate: {best}"
     else:
@@ -297,7 +298,17 @@ def _capacity(args: argparse.Namespace) -> int:
         layout = measured.data.get("layout") or "?"
         rate = capacity.recorded_rate(measured.data) or 0.0
         same = live is not None and measured.id == live.id
-        plan = capacity.plan(loaded, {layout: rate}, layout, None if same else versus, source="recorded")
+        recorded_load = max(measured.data.get("load_seconds") or [], default=None)
+        load = args.load_seconds or recorded_load
+        plan = capacity.plan(
+            loaded,
+            {layout: rate},
+            layout,
+            None if same else versus,
+            source="recorded",
+            load_seconds={layout: load} if load else None,
+            load_source="given" if args.load_seconds else f"measured by release {measured.id}",
+        )
         origin = f"rate per server {rate:.4g} req/s measured by release {measured.id} ({measured.status}, {layout})"
     assert plan is not None  # the spec has capacity:
     emit(f"{spec.name}: {origin}")
@@ -573,6 +584,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="max SLO req/s per server of a layout; repeat to compare layouts (default: the newest measured rate)",
     )
     p.add_argument("--layout", help="the layout a bare R is for (default: the spec's first)")
+    p.add_argument(
+        "--load-seconds",
+        type=positive_float,
+        help="a replica's load time, engine start to healthy: the scale-up lead time (default: the measured one)",
+    )
     p.add_argument("--json", action="store_true", help="also print the plan as JSON")
     p.set_defaults(func=_capacity)
 

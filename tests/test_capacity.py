@@ -152,9 +152,26 @@ def test_capacity_command_from_a_given_and_a_recorded_rate(spec_file, release_en
             [sys.executable, "-m", "pipeline.cli", "capacity", *args], capture_output=True, text=True, timeout=120
         )
 
-    given = cli(str(PROD_SPEC), "--rate-per-server", "tp8-ep8=12.5", "--rate-per-server", "tp4-ep4-x2=18.1")
+    given = cli(
+        str(PROD_SPEC),
+        "--rate-per-server",
+        "tp8-ep8=12.5",
+        "--rate-per-server",
+        "tp4-ep4-x2=18.1",
+        "--load-seconds",
+        "900",
+    )
     assert given.returncode == 0, given.stderr
     assert "candidate: tp4-ep4-x2" in given.stdout
+    # the autoscaler's figures and lead times, each with its source (the arithmetic: test_scaling_*)
+    assert "autoscale: target 10.9 req/s per server (60% of 18.1); servers 7-16" in given.stdout
+    assert (
+        "load 900 s (given); node provisioning 600-1800 s (assumed: mi328x-8 node_provisioning)".replace(
+            "mi328x", "mi325x"
+        )
+        in given.stdout
+    )
+    assert "server on a standing node: 1005 s, covered; node to add: 2805 s, covered" in given.stdout
     rows = {line.split()[0]: line.split()[-7:] for line in given.stdout.splitlines()[3:5]}
     # rate, servers, $/hour, $/M in and out at the SLO rate, at the mean rate (literal: see the arithmetic test)
     assert rows["candidate"] == ["18.1", "8", "$128.00", "$0.0438", "$1.75", "$0.0907", "$3.63"]
@@ -172,3 +189,74 @@ def test_capacity_command_from_a_given_and_a_recorded_rate(spec_file, release_en
     assert f"measured by release {rel.id}" in recorded.stdout and "candidate (two-replicas)" in recorded.stdout
     bad = cli(str(path), "--rate-per-server", "fast")
     assert bad.returncode != 0 and "--rate-per-server fast: expected R or LAYOUT=R" in bad.stderr
+
+
+def _autoscaled(utilisation: float = 0.7, max_servers: int = 16, provisioning: bool = True):
+    """The production spec with its autoscale: section at `utilisation`, a spike of 1.5 x in 10 minutes."""
+    loaded = load_spec(PROD_SPEC)
+    cap = loaded.spec.capacity
+    assert cap is not None and cap.autoscale is not None
+    auto = cap.autoscale.model_copy(update={"utilisation": utilisation, "spike_factor": 1.5, "spike_within": "10m"})
+    spec = loaded.spec.model_copy(
+        update={"capacity": cap.model_copy(update={"autoscale": auto, "max_servers": max_servers})}
+    )
+    hw = loaded.hardware if provisioning else loaded.hardware.model_copy(update={"node_provisioning": None})
+    return loaded.model_copy(update={"spec": spec, "hardware": hw})
+
+
+def test_scaling_arithmetic_against_literal_numbers():
+    # 12.5 req/s per server at 70%: target 8.75; the mean (70) needs 8 servers, the peak (120) 14
+    s = capacity.scaling(_autoscaled(), 12.5, 200.0, "given")
+    assert s is not None
+    assert (s.target_rps, s.min_servers, s.max_servers, s.peak_servers) == (8.75, 8, 16, 14)
+    assert s.fallback_servers == 14  # more than the peak-sized fleet's 12 (144 / 12.5)
+    assert s.spike_top_servers == 15  # 180 req/s at the SLO rate: 14.4 -> 15, within 16
+    # spare at the busiest: 1 / (0.7 x 1.1 HPA tolerance) - 1 = 29.9%; growth 50% in 600 s -> covers 358.4 s
+    assert s.spare == pytest.approx(1 / 0.77 - 1, abs=1e-6) and s.covered_s == 358.4
+    # detection: half the 120 s rate window + a 30 s scrape + a 15 s HPA sync
+    assert (s.lead.detect_s, s.lead.node_up_s, s.lead.node_to_add_s) == (105, 305, 2105)
+    assert s.covers(s.lead.node_up_s) and not s.covers(s.lead.node_to_add_s)
+    assert s.problems() == [
+        "scale-up lead time for a node to add is 2105 s; the spare 30% covers 358 s of a spike to 1.5 x within "
+        "600 s (capacity.autoscale.utilisation 0.7)"
+    ]
+    # the production spec's own 60%: 51.5% spare carries the whole 50% spike, whatever the lead time
+    loaded = load_spec(PROD_SPEC)
+    prod = capacity.scaling(loaded, 12.5, None, "-")
+    assert prod is not None and prod.covered_s is None and prod.problems() == []
+
+
+def test_what_the_scaling_check_refuses_on():
+    # no node provisioning time known: the server on a standing node decides (305 s < 358 s)
+    assert capacity.scaling(_autoscaled(provisioning=False), 12.5, 200.0, "given").problems() == []
+    # the load time unknown: a node to add takes at least 105 + 1800 s, enough to refuse on
+    unknown = capacity.scaling(_autoscaled(), 12.5, None, "none recorded")
+    assert unknown.lead.node_to_add_s is None and "is at least 1905 s" in unknown.problems()[0]
+    # a spike's top past max_servers; a peak that pins the fleet at max leaves less spare
+    pinned = capacity.scaling(_autoscaled(0.6, max_servers=12), 12.5, 200.0, "given")
+    assert pinned.peak_servers == 16 and pinned.spare == pytest.approx(12 * 12.5 / 120 - 1)
+    assert "a spike to 1.5 x the peak needs 15 servers at their max SLO rate; capacity.max_servers is 12" in (
+        pinned.problems()
+    )
+    assert capacity.scaling(load_spec(TINY_SPEC), 12.5, 1.0, "-") is None  # no autoscale: section
+
+
+def test_the_slo_gate_refuses_a_fleet_that_cannot_scale_out_in_time(spec_file, release_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
+    auto = {"utilisation": 0.8, "spike_factor": 2.0, "spike_within": "5m"}
+    path = spec_file(TINY_SPEC, lambda d: d["capacity"].update(autoscale=auto, max_servers=10))
+    loaded = load_spec(path)
+    reg = Registry()
+    rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
+    measured = [{**_result("single", 150.0), "load_seconds": [25.0, 30.0]}, _result("two-replicas", 90.0)]
+    selection = flow.select_layout(str(path), measured, "run-1")
+    # 150 req/s at 80%: 4 servers at the 400 req/s peak, 600 req/s; spare 1/0.88 - 1 = 13.6% covers
+    # 40.9 s of a doubling in 300 s; a server takes 105 s to notice + 30 s (its slowest replica) to load
+    assert not selection["passed"]
+    assert selection["reason"] == (
+        "layout single cannot scale out in time: scale-up lead time for a server on a standing node is 135 s; "
+        "the spare 14% covers 41 s of a spike to 2 x within 300 s (capacity.autoscale.utilisation 0.8)"
+    )
+    with pytest.raises(flow.GateFailed) as exc:
+        flow.slo_gate(selection, rel.id)
+    assert "load 30 s (measured by this run)" in str(exc.value)  # the lead time's sources come with it

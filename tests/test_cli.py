@@ -150,7 +150,12 @@ CASES = [
     ),
     Case("manifests-monitoring", "manifests {prod} --monitoring", 0, r"kind: PodMonitor"),
     Case("manifests-no-layout", "manifests {prod}", 1, r"give --layout NAME"),
-    Case("capacity-given", "capacity {prod} --rate-per-server 10 --layout tp8-ep8 --json", 0, r"servers"),
+    Case(
+        "capacity-given",
+        "capacity {prod} --rate-per-server 10 --layout tp8-ep8 --load-seconds 600 --json",
+        0,
+        r"node to add: 2505 s",
+    ),
     Case("capacity-unknown-layout", "capacity {prod} --rate-per-server nope=1", 1, r"no layout 'nope'"),
     Case("capacity-nothing-measured", "capacity {prod}", 1, r"no release .* has a measured rate"),
     Case(

@@ -420,6 +420,32 @@ class RebenchmarkSpec(Strict):
         )
 
 
+class AutoscaleSpec(Strict):
+    """Scale-out of the serving fleet on Kubernetes (KEDA, pipeline/k8s/autoscaler.py): between the
+    servers the mean rate needs and capacity.max_servers, each server loaded to `utilisation` of its
+    measured max SLO rate; the spare (1/utilisation - 1) is what carries a spike while new servers start."""
+
+    utilisation: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=1,
+            description="target load per server as a fraction of its measured max SLO rate (the scaler's target)",
+        ),
+    ] = 0.7
+    spike_factor: Annotated[
+        float,
+        Field(
+            gt=1,
+            description="traffic may grow to this multiple of its level within spike_within (e.g. 1.5: 'peak x 1.5 "
+            "within 10 minutes'); capacity checks the fleet's spare covers it for the scale-up lead time",
+        ),
+    ] = 1.5
+    spike_within: Annotated[
+        str, Field(pattern=DURATION_PATTERN.pattern, description="the time the spike takes to reach spike_factor")
+    ] = "10m"
+
+
 class CapacitySpec(Strict):
     """The traffic the fleet must carry: sizes the fleet from the measured max SLO rate per server."""
 
@@ -430,6 +456,9 @@ class CapacitySpec(Strict):
     )
     min_servers: Annotated[int, Field(ge=1)] = 1
     max_servers: Annotated[int | None, Field(ge=1, description="a candidate needing more fails the SLO gate")] = None
+    autoscale: AutoscaleSpec | None = Field(
+        None, description="scale the fleet with traffic (KEDA on Kubernetes) between the mean's servers and max_servers"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> CapacitySpec:
@@ -437,6 +466,8 @@ class CapacitySpec(Strict):
             raise ValueError(f"mean_rps {self.mean_rps:g} is above peak_rps {self.peak_rps:g}")
         if self.max_servers is not None and self.max_servers < self.min_servers:
             raise ValueError(f"max_servers {self.max_servers} is below min_servers {self.min_servers}")
+        if self.autoscale is not None and self.max_servers is None:
+            raise ValueError("autoscale needs max_servers: the most servers the scaler may run")
         return self
 
 
@@ -539,6 +570,22 @@ class DevicePerformance(Strict):
         return value
 
 
+class NodeProvisioning(Strict):
+    """How long a node to add takes, from the cluster autoscaler's request until a pod on it can start
+    loading weights (node up, devices allocatable, engine image pulled): a scale-up's lead time."""
+
+    low_seconds: Annotated[float, Field(gt=0, description="the fast end")]
+    high_seconds: Annotated[float, Field(gt=0, description="the slow end: what capacity's checks use")]
+    assumed: bool = Field(description="true: no published or measured figure; the range is a judgement")
+    source: str = Field(min_length=1, description="where the figures come from, or why they are assumed")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> NodeProvisioning:
+        if self.high_seconds < self.low_seconds:
+            raise ValueError(f"high_seconds {self.high_seconds:g} is below low_seconds {self.low_seconds:g}")
+        return self
+
+
 class HardwareProfile(Strict):
     """A node type: how many devices, how much memory each, how Kubernetes names and places them."""
 
@@ -557,6 +604,9 @@ class HardwareProfile(Strict):
     ] = None
     price_note: str = Field("", description="where the price comes from (a contract, a list price, an example)")
     performance: DevicePerformance | None = Field(None, description="datasheet figures for the planner")
+    node_provisioning: NodeProvisioning | None = Field(
+        None, description="a node to add: time until a pod on it can start loading (scale-up lead time)"
+    )
 
 
 class CandidatesSpec(Strict):

@@ -473,7 +473,8 @@ def capacity_plan(
     rates = {r.layout: r.per_server for r in layouts if r.status == "ok" and r.per_server}
     live = registry().live(loaded.spec.name, loaded.spec.promotion.target)
     versus = capacity.versus_live(live.id, live.data, loaded.hardware) if live else None
-    return capacity.plan(loaded, rates, best, versus)
+    loads = {r.layout: max(r.load_seconds) for r in layouts if r.status == "ok" and r.load_seconds}
+    return capacity.plan(loaded, rates, best, versus, load_seconds=loads, load_source="measured by this run")
 
 
 def chosen_figures(best) -> dict[str, Any]:

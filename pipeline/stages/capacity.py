@@ -11,6 +11,15 @@ in the report's footnote:
   cost per token of that kind, so they are not additive.
   At the SLO rate: one server busy at its max SLO rate (the best a server can do within the SLO).
   At the mean rate: the peak-sized fleet's $/hour over the mean traffic (what a day really costs).
+
+With `capacity.autoscale` the fleet follows traffic (KEDA, pipeline/k8s/autoscaler.py) and `Scaling`
+says whether it can: target = rate x utilisation per server, min = the mean's servers at the target,
+max = max_servers. A spike (traffic x f within W) is taken as a straight ramp (one that speeds up to
+reach f in W grows less in its first minutes): during a scale-up's lead time D it grows the load by
+(f - 1) x min(D, W) / W, which the fleet must carry on its spare: 1 / utilisation - 1, less the
+HPA's 10% tolerance where a cluster keeps it, and less where the peak pins the fleet at
+max_servers. D = detection (half the query's rate window, one scrape, one HPA sync) + the load
+time, for a server on a standing node; + the node's provisioning time, for a node to add.
 """
 
 from __future__ import annotations
@@ -21,9 +30,18 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from pipeline.core.spec import CapacitySpec, HardwareProfile, LoadedSpec, WorkloadSpec
+from pipeline.core.spec import CapacitySpec, HardwareProfile, LoadedSpec, WorkloadSpec, duration_seconds
 
 Source = Literal["measured", "given", "recorded"]
+HPA_SYNC_S = 15  # the horizontal pod autoscaler's default sync period: how often it asks KEDA's metrics
+# the HPA's default tolerance: where the scaler's zero tolerance is not honoured (Kubernetes before
+# HPAConfigurableTolerance), a server may carry 10% above the target before one is added
+HPA_TOLERANCE = 0.1
+
+
+def rate_window_s(scrape_interval_s: int) -> int:
+    """The scaler's rate() window: four scrapes (Prometheus needs two samples), at least a minute."""
+    return max(60, 4 * scrape_interval_s)
 
 
 class FleetCost(BaseModel):
@@ -68,6 +86,167 @@ class CostChange(BaseModel):
         return out
 
 
+class LeadTime(BaseModel):
+    """How long a scale-up takes to add serving capacity, and where each part comes from."""
+
+    detect_s: float = Field(description="half the rate window + one scrape + one HPA sync: the metric's lag")
+    load_s: float | None = Field(description="engine start to healthy; None: unknown")
+    load_source: str
+    provision_low_s: float | None = None
+    provision_high_s: float | None = Field(None, description="a node to add (hardware node_provisioning)")
+    provision_source: str = "unknown: the hardware profile has no node_provisioning"
+
+    @property
+    def node_up_s(self) -> float | None:
+        """A server on a node that is already up: detection and the load."""
+        return None if self.load_s is None else self.detect_s + self.load_s
+
+    @property
+    def node_to_add_s(self) -> float | None:
+        """A node to add, at the slow end of its provisioning time."""
+        if self.load_s is None or self.provision_high_s is None:
+            return None
+        return self.detect_s + self.provision_high_s + self.load_s
+
+    @property
+    def node_to_add_at_least_s(self) -> float | None:
+        """What a node to add takes even when the load time is unknown (a bound enough to refuse on)."""
+        return None if self.provision_high_s is None else self.detect_s + self.provision_high_s + (self.load_s or 0)
+
+
+class Scaling(BaseModel):
+    """The autoscaler's numbers for one rate per server and whether the fleet meets the spec's spike."""
+
+    rate_per_server: float
+    utilisation: float
+    target_rps: float = Field(description="load per server the scaler aims at: rate x utilisation")
+    min_servers: int = Field(description="servers for the mean rate at the target (at least capacity.min_servers)")
+    max_servers: int
+    fallback_servers: int = Field(
+        description="what KEDA sets without metrics: the peak's servers at the target or the peak-sized fleet, "
+        "whichever is more (at most max)"
+    )
+    peak_servers: int = Field(description="what the scaler wants at the peak: ceil(peak / target)")
+    spike_factor: float
+    spike_within_s: int
+    spike_top_servers: int = Field(description="servers the spike's top needs at their max SLO rate")
+    spare: float = Field(description="load growth the fleet carries at its busiest before new servers are in")
+    covered_s: float | None = Field(description="the longest lead time the spare covers at the spike; None: any")
+    lead: LeadTime
+
+    def growth(self, lead_s: float) -> float:
+        """Load growth during `lead_s` of the spike (a straight ramp to spike_factor in spike_within_s)."""
+        return (self.spike_factor - 1) * min(lead_s, self.spike_within_s) / self.spike_within_s
+
+    def covers(self, lead_s: float | None) -> bool | None:
+        return None if lead_s is None else self.growth(lead_s) <= self.spare + 1e-9
+
+    def problems(self) -> list[str]:
+        """What the fleet cannot do, for the SLO gate: each a fact, not an estimate left unknown."""
+        out = []
+        if self.min_servers > self.max_servers:
+            out.append(
+                f"the mean rate needs {self.min_servers} servers at the autoscale target "
+                f"({self.target_rps:.3g} req/s each); capacity.max_servers is {self.max_servers}"
+            )
+        if self.spike_top_servers > self.max_servers:
+            out.append(
+                f"a spike to {self.spike_factor:g} x the peak needs {self.spike_top_servers} servers at their max SLO "
+                f"rate; capacity.max_servers is {self.max_servers}"
+            )
+        lead = self.lead.node_to_add_at_least_s
+        kind = "a node to add"
+        if lead is None:
+            lead, kind = self.lead.node_up_s, "a server on a standing node"
+        if lead is not None and not self.covers(lead):
+            out.append(
+                f"scale-up lead time for {kind} is {'at least ' if self.lead.load_s is None else ''}{lead:.0f} s; "
+                f"the spare {self.spare:.0%} covers {self.covered_s:.0f} s of a spike to {self.spike_factor:g} x "
+                f"within {self.spike_within_s} s (capacity.autoscale.utilisation {self.utilisation:g})"
+            )
+        return out
+
+    def lines(self) -> list[str]:
+        """What `capacity` prints under the fleet table."""
+        lead = self.lead
+
+        def secs(value: float | None) -> str:
+            return "unknown" if value is None else f"{value:.0f} s"
+
+        def verdict(value: float | None) -> str:
+            ok = self.covers(value)
+            return "unknown" if ok is None else f"{value:.0f} s, {'covered' if ok else 'NOT covered'}"
+
+        covered = "any lead time" if self.covered_s is None else f"{self.covered_s:.0f} s of lead time"
+        provision = (
+            f"{lead.provision_low_s:.0f}-{lead.provision_high_s:.0f} s ({lead.provision_source})"
+            if lead.provision_high_s is not None and lead.provision_low_s is not None
+            else lead.provision_source
+        )
+        return [
+            f"autoscale: target {self.target_rps:.3g} req/s per server ({self.utilisation:.0%} of "
+            f"{self.rate_per_server:.4g}); servers {self.min_servers}-{self.max_servers} (mean at the target - "
+            f"max_servers), {self.peak_servers} at the peak, {self.fallback_servers} without metrics",
+            f"spike x{self.spike_factor:g} within {self.spike_within_s} s: top needs {self.spike_top_servers} servers "
+            f"(max {self.max_servers}); spare {self.spare:.0%} at the busiest covers {covered}",
+            f"scale-up lead time: detection {lead.detect_s:.0f} s; load {secs(lead.load_s)} ({lead.load_source}); "
+            f"node provisioning {provision}",
+            f"  server on a standing node: {verdict(lead.node_up_s)}; node to add: {verdict(lead.node_to_add_s)}"
+            + (
+                f" (at least {verdict(lead.node_to_add_at_least_s)})"
+                if lead.node_to_add_s is None and lead.node_to_add_at_least_s is not None
+                else ""
+            ),
+        ]
+
+
+def scaling(loaded: LoadedSpec, rate_per_server: float, load_s: float | None, load_source: str) -> Scaling | None:
+    """The autoscaler's numbers for `rate_per_server` (spec capacity.autoscale); None without it."""
+    cap = loaded.spec.capacity
+    if cap is None or cap.autoscale is None or cap.max_servers is None:
+        return None
+    auto, hw = cap.autoscale, loaded.hardware
+    target = rate_per_server * auto.utilisation
+    peak_servers = math.ceil(cap.peak_rps / target - 1e-9)
+    # at the peak the fleet holds min(peak_servers, max) servers: its spare is what they hold beyond
+    # the peak, the HPA's tolerance taken off (a server may run that much above the target)
+    busiest = min(peak_servers, cap.max_servers) * rate_per_server
+    spare = max(0.0, min(1 / (auto.utilisation * (1 + HPA_TOLERANCE)), busiest / cap.peak_rps) - 1)
+    window = duration_seconds(auto.spike_within)
+    growth = auto.spike_factor - 1
+    scrape = duration_seconds(loaded.spec.rollout.scrape_interval)
+    node = hw.node_provisioning
+    lead = LeadTime(
+        detect_s=rate_window_s(scrape) / 2 + scrape + HPA_SYNC_S,
+        load_s=load_s,
+        load_source=load_source,
+        provision_low_s=node.low_seconds if node else None,
+        provision_high_s=node.high_seconds if node else None,
+        provision_source=(
+            f"{'assumed' if node.assumed else 'sourced'}: {hw.name} node_provisioning"
+            if node
+            else LeadTime.model_fields["provision_source"].default
+        ),
+    )
+    return Scaling(
+        rate_per_server=rate_per_server,
+        utilisation=auto.utilisation,
+        target_rps=round(target, 6),
+        min_servers=max(cap.min_servers, math.ceil(cap.mean_rps / target - 1e-9)),
+        max_servers=cap.max_servers,
+        fallback_servers=min(
+            cap.max_servers, max(peak_servers, fleet("x", rate_per_server, cap, loaded.spec.workload, None).servers)
+        ),
+        peak_servers=peak_servers,
+        spike_factor=auto.spike_factor,
+        spike_within_s=window,
+        spike_top_servers=math.ceil(cap.peak_rps * auto.spike_factor / rate_per_server - 1e-9),
+        spare=round(spare, 6),
+        covered_s=None if spare >= growth else round(window * spare / growth, 1),
+        lead=lead,
+    )
+
+
 class CapacityPlan(BaseModel):
     """Everything the report, the approval, the registry and the CLI show about fleet and cost."""
 
@@ -85,17 +264,21 @@ class CapacityPlan(BaseModel):
     layouts: list[FleetCost] = Field(default_factory=list, description="every layout that has a rate")
     live: FleetCost | None = None
     change: CostChange | None = None
+    scaling: Scaling | None = Field(None, description="the candidate's autoscaler and its spike check (autoscale:)")
 
     def refusal(self) -> str | None:
-        """Why the SLO gate must refuse the candidate on fleet size, or None."""
+        """Why the SLO gate must refuse the candidate on fleet size or scale-out, or None."""
         c = self.candidate
-        if c is None or c.within_max:
+        if c is None:
             return None
-        return (
-            f"layout {c.layout} needs {c.servers} servers for the peak ({self.peak_rps:g} req/s + "
-            f"{self.headroom:.0%} headroom at {c.rate_per_server:.3g} req/s per server); "
-            f"capacity.max_servers is {self.max_servers}"
-        )
+        if not c.within_max:
+            return (
+                f"layout {c.layout} needs {c.servers} servers for the peak ({self.peak_rps:g} req/s + "
+                f"{self.headroom:.0%} headroom at {c.rate_per_server:.3g} req/s per server); "
+                f"capacity.max_servers is {self.max_servers}"
+            )
+        problems = self.scaling.problems() if self.scaling else []
+        return f"layout {c.layout} cannot scale out in time: {'; '.join(problems)}" if problems else None
 
 
 def _usd_per_m(usd_per_hour: float | None, rps: float, tokens_per_request: int) -> float | None:
@@ -161,11 +344,15 @@ def plan(
     live: tuple[str, str | None, float, float | None] | None = None,
     *,
     source: Source = "measured",
+    load_seconds: dict[str, float] | None = None,
+    load_source: str = "measured",
 ) -> CapacityPlan | None:
     """The plan for a spec with `capacity:`; None without it.
 
     `layouts`: max SLO req/s per server by layout name (those with a rate); `chosen`: the candidate
-    among them; `live`: (label, layout, rate per server, its recorded price or None for today's).
+    among them; `live`: (label, layout, rate per server, its recorded price or None for today's);
+    `load_seconds`: a layout's slowest replica's load time, engine start to healthy, by layout name
+    (`load_source` says where it comes from): the autoscaler's lead time.
     """
     spec, hw = loaded.spec, loaded.hardware
     if spec.capacity is None:
@@ -192,7 +379,18 @@ def plan(
         layouts=rows,
         live=live_cost,
         change=change(candidate, live_cost) if candidate and live_cost else None,
+        scaling=_candidate_scaling(loaded, candidate, load_seconds or {}, load_source),
     )
+
+
+def _candidate_scaling(
+    loaded: LoadedSpec, candidate: FleetCost | None, load_seconds: dict[str, float], load_source: str
+) -> Scaling | None:
+    if candidate is None:
+        return None
+    load = load_seconds.get(candidate.layout or "")
+    source = load_source if load is not None else "none recorded for the layout"
+    return scaling(loaded, candidate.rate_per_server, load, source)
 
 
 def money(value: float | None) -> str:
@@ -237,6 +435,8 @@ def table(p: CapacityPlan) -> str:
             f"{_signed(c.usd_per_m_input_pct)}"
         )
     lines.append("$/M tokens of a kind charges the whole server-hour to that kind (input and output do not add up).")
+    if p.scaling:
+        lines += p.scaling.lines()
     return "\n".join(lines)
 
 
