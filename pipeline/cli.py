@@ -241,7 +241,9 @@ def _manifests(args: argparse.Namespace) -> int:
             "(or pass --nfs-path / --s3-uri / --manifest-hash)\n"
         )
     artifact = manifests.Artifact(s3_uri=s3_uri, nfs_path=nfs_path, manifest_hash=args.manifest_hash)
-    objs = manifests.render(loaded, args.layout, args.release_id, artifact)
+    objs = manifests.render(
+        loaded, args.layout, args.release_id, artifact, manifests.RenderOptions(autoscale_rate=args.autoscale_rate)
+    )
     problems = manifests.validate(objs)
     if problems:
         raise ReleaseError("rendered manifests fail schema validation:\n" + "\n".join(problems))
@@ -571,6 +573,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest-hash", default="0" * 64)
     p.add_argument("--s3-uri")
     p.add_argument("--nfs-path")
+    p.add_argument(
+        "--autoscale-rate",
+        type=positive_float,
+        help="the release's max SLO req/s per server: also its KEDA ScaledObjects (spec capacity.autoscale), paused",
+    )
     p.set_defaults(func=_manifests)
 
     p = sub.add_parser(

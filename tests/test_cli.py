@@ -141,7 +141,12 @@ CASES = [
         0,
         r"kind: Deployment",
     ),
-    Case("manifests-nfs", "manifests {prod} --layout tp8-ep8 --nfs-path /mnt/models/x", 0, r"persistentVolumeClaim"),
+    Case(
+        "manifests-nfs",
+        "manifests {prod} --layout tp8-ep8 --nfs-path /mnt/models/x --autoscale-rate 12.5",
+        0,
+        r"persistentVolumeClaim[\s\S]*kind: ScaledObject",
+    ),
     Case(
         "manifests-unknown-layout",
         "manifests {prod} --layout nope",

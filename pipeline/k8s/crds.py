@@ -15,6 +15,7 @@ SCHEMAS = Path(__file__).parent / "schemas"
 VENDORED = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",  # prometheus-operator v0.93.0
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "gateway.networking.k8s.io_httproutes.yaml",  # gateway-api v1.6.1
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.yaml",  # KEDA v2.20.2, config/crd/bases/
 }
 
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
-from pipeline.k8s import crds
+from pipeline.k8s import autoscaler, crds
 from pipeline.stages import serving
 
 MODELS_MOUNT = "/models"
@@ -76,6 +76,12 @@ class RenderOptions(BaseModel):
         None, description="image with the model-release CLI for the S3 init container; default: the engine image"
     )
     servers: int = Field(1, ge=0, description="pods per replica group, one per server (the rollout scales them)")
+    autoscale_rate: float | None = Field(
+        None,
+        gt=0,
+        description="the release's measured max SLO req/s per server: with the spec's capacity.autoscale, its "
+        "KEDA ScaledObjects come too, born paused at `servers` (the rollout controller resumes them)",
+    )
 
 
 class _Weights(NamedTuple):
@@ -121,7 +127,8 @@ def render(
     """Every object of the release, in apply order: weights claim (if any), Deployments, its Service,
     PDB, and last the model's HTTPRoute as it stands once this release is live (all its traffic on
     this release's Service; the rollout controller applies it with each step's weights), when the
-    spec names its Gateway (a Kubernetes spec must)."""
+    spec names its Gateway (a Kubernetes spec must); with `options.autoscale_rate`, its KEDA
+    ScaledObjects (pipeline.k8s.autoscaler), one per replica group."""
     spec, hw = loaded.spec, loaded.hardware
     layout = loaded.layout(layout_name)
     if hw.kind != "gpu" or not hw.device_resource:
@@ -166,8 +173,13 @@ def render(
     }
     # a spec for the local target rendered as a preview names no Gateway: no route to attach
     live_route = [route(spec, {own: WEIGHT_TOTAL})] if spec.promotion.gateway else []
+    scalers = (
+        autoscaler.scaled_objects(loaded, deployments, options.autoscale_rate, paused_replicas=options.servers)
+        if options.autoscale_rate is not None
+        else []
+    )
     # no dict shared between objects
-    return copy.deepcopy([*weights.objects, *deployments, own_service, pdb, *live_route])
+    return copy.deepcopy([*weights.objects, *deployments, own_service, pdb, *live_route, *scalers])
 
 
 def route(spec: ReleaseSpec, weights: dict[str, int]) -> dict:
