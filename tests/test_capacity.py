@@ -177,16 +177,20 @@ def test_capacity_command_from_a_given_and_a_recorded_rate(spec_file, release_en
     assert rows["candidate"] == ["18.1", "8", "$128.00", "$0.0438", "$1.75", "$0.0907", "$3.63"]
     assert rows["tp8-ep8"] == ["12.5", "12", "$192.00", "$0.0635", "$2.54", "$0.136", "$5.44"]
 
-    path = spec_file(TINY_SPEC)
+    path = spec_file(TINY_SPEC, lambda d: d["capacity"].update(autoscale={"utilisation": 0.5}))
     none = cli(str(path))
     assert none.returncode != 0 and "give --rate-per-server R" in none.stderr
     loaded = load_spec(path)
     reg = Registry()
     rel = reg.open_release("run-9", loaded.spec.name, str(path), path.read_text(), "local")
-    reg.record(rel.id, "slo_gate", "gate", data={"layout": "two-replicas", "rate_per_server": 120.0})
+    data = {"layout": "two-replicas", "rate_per_server": 120.0, "load_seconds": [38.5, 42.0]}
+    reg.record(rel.id, "slo_gate", "gate", data=data)
     recorded = cli(str(path))
     assert recorded.returncode == 0, recorded.stderr
     assert f"measured by release {rel.id}" in recorded.stdout and "candidate (two-replicas)" in recorded.stdout
+    # the lead time from the release's own slowest replica; cpu-local has no node provisioning time
+    assert f"load 42 s (measured by release {rel.id}); node provisioning unknown" in recorded.stdout
+    assert "server on a standing node: 147 s, covered; node to add: unknown" in recorded.stdout
     bad = cli(str(path), "--rate-per-server", "fast")
     assert bad.returncode != 0 and "--rate-per-server fast: expected R or LAYOUT=R" in bad.stderr
 
