@@ -440,8 +440,9 @@ def test_runs_at_the_answer_that_disagree_are_measured_again_with_longer_probes(
 
 def test_an_answer_that_stays_unsteady_is_marked_in_the_record_verdict_and_report():
     """Longer probes that disagree as much: the answer (it holds in its worst run) is marked unsteady, and
-    the selection, the re-benchmark's figures and the report's layout row and measurement table say so."""
-    from pipeline.release import rebenchmark, report
+    the selection, the re-benchmark's figures, its alert and the report's layout row and measurement
+    table say so."""
+    from pipeline.release import alerts, rebenchmark, report
     from pipeline.release.registry import Release
 
     loaded = load_spec(TINY_SPEC)
@@ -460,6 +461,11 @@ def test_an_answer_that_stays_unsteady_is_marked_in_the_record_verdict_and_repor
     )  # fmt: skip
     _, _, measured = rebenchmark.judge(rel, result, loaded)
     assert measured["unsteady"] is True and measured["client_bound"] is False
+    verdict = rebenchmark.Verdict(
+        release_id=1, status="degraded", reasons=[], expected={}, measured=measured, versions={}
+    )
+    _, body = alerts.text(rel, verdict, "http://airflow")
+    assert f"measured {outcome.max_slo_rate:.3g} (unsteady)" in body
     bench = {"layouts": [json.loads(result.model_dump_json())], "selection": None}
     row = report._section_performance(bench, {}, None, loaded, None)
     assert f"{outcome.max_slo_rate:.3g} (unsteady)</td>" in row

@@ -25,9 +25,11 @@ def _fmt(value: Any) -> str:
 
 
 def _rate(figures: dict[str, Any]) -> str:
-    """A max SLO rate, 'at least N' where it is a lower bound."""
+    """A max SLO rate, 'at least N' where it is a lower bound, '(unsteady)' / '(client-bound)' where marked."""
     rate = figures.get("max_slo_rate")
-    return benchmark.rate_text(rate, figures.get("bound_only")) if isinstance(rate, (int, float)) else _fmt(rate)
+    if not isinstance(rate, (int, float)):
+        return _fmt(rate)
+    return benchmark.rate_text(rate, figures.get("bound_only"), figures.get("unsteady"), figures.get("client_bound"))
 
 
 def text(rel: Release, verdict, base_url: str) -> tuple[str, str]:
