@@ -313,7 +313,7 @@ def main() -> int:
         log.info("phase: %s", name)
 
     try:
-        dep1, _, _ = local_target.deploy(spec, hw, layout, model, 1, timeout=300)
+        dep1, _ = local_target.deploy(spec, hw, layout, model, 1, timeout=300)
         rollouts["1"] = {"engine_load_s": dep1.load_seconds[0] if dep1.load_seconds else None}
         with load:
             phase("release 1 alone")
@@ -321,9 +321,9 @@ def main() -> int:
             phase("rollout 2")
             t = time.monotonic()
             try:
-                _, _, done = local_target.deploy(spec, hw, layout, model, 2, timeout=300)
+                _, done = local_target.deploy(spec, hw, layout, model, 2, timeout=300)
                 rollouts["2"] = {"completed": True, "seconds": round(time.monotonic() - t, 1)}
-                steps += step_rows(done, 2)
+                steps += step_rows(done.steps, 2)
             except ReleaseError as exc:  # recorded: the good release should not fail
                 rollouts["2"] = {"completed": False, "seconds": round(time.monotonic() - t, 1), "why": str(exc)}
                 steps += step_rows(getattr(exc, "steps", []), 2)

@@ -18,9 +18,13 @@ import pytest
 import yaml
 from kubernetes import client
 
+from pipeline.core.errors import RolloutFailed
+from pipeline.core.rollout import ServerStep
 from pipeline.core.spec import load_spec
-from pipeline.k8s import deploy, manifests
-from pipeline.k8s.deploy import ClusterUnreachable, KubernetesTarget, RolloutFailed, ServerStep
+from pipeline.k8s import deploy as k8s_deploy
+from pipeline.k8s import manifests
+from pipeline.k8s.deploy import ClusterUnreachable, KubernetesTarget
+from pipeline.release import controller
 from pipeline.release.analysis import StepAnalysis
 from pipeline.stages.served_accuracy import ServedAccuracy
 from tests.conftest import PROD_SPEC
@@ -52,6 +56,26 @@ def fake():
         yield cluster
 
 
+def deploy(
+    cluster: KubernetesTarget,
+    release_id: str,
+    objs: list[dict],
+    steps: list[ServerStep] | None = None,
+    judge=None,
+    spare_servers: int = 1,
+    timeout_s: float | None = None,
+    answers=None,
+    scale_down_delay_s: float = 0.0,
+):
+    """A rollout of `objs` by the controller, as promote runs it."""
+    target = cluster.release(release_id, objs, answers, timeout_s)
+    return controller.rollout(target, steps, judge, spare_servers, scale_down_delay_s)
+
+
+def recover(cluster: KubernetesTarget, objs: list[dict], timeout_s: float | None = None):
+    return controller.recover(cluster.release("?", objs, None, timeout_s))
+
+
 STEPS = [
     ServerStep(fraction=0.1, old_servers=3, new_servers=1),
     ServerStep(fraction=0.5, old_servers=2, new_servers=2),
@@ -62,7 +86,7 @@ R2 = ["qwen3-235b-a22b-fp8-r2-0", "qwen3-235b-a22b-fp8-r2-1"]
 
 
 def live(fake, objs, release_id):
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(release_id, copy.deepcopy(objs), timeout_s=5)
+    outcome = deploy(KubernetesTarget(fake.client(), **FAST), release_id, copy.deepcopy(objs), timeout_s=5)
     assert outcome.status == "live", outcome.error
     fake.requests.clear()
     fake.history.clear()
@@ -129,7 +153,7 @@ def verdict(step: int, fraction: float, passed: bool = True) -> StepAnalysis:
 
 
 def test_the_first_release_goes_live_whole_by_server_side_apply(fake, releases):
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy("2", copy.deepcopy(releases["2"]), timeout_s=5)
+    outcome = deploy(KubernetesTarget(fake.client(), **FAST), "2", copy.deepcopy(releases["2"]), timeout_s=5)
     assert outcome.status == "live" and outcome.error is None
     assert names(outcome) == ["deploy_started", "smoke_test", "traffic", "rollout_step", "rollout_complete"]
     smoke = dict(outcome.events)["smoke_test"]
@@ -159,11 +183,11 @@ def test_the_first_release_goes_live_whole_by_server_side_apply(fake, releases):
 
 def test_applying_the_same_objects_again_changes_no_generation(fake, releases):
     api = fake.client()
-    deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
+    k8s_deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
     first = fake.get("deployments", NS, R1[0])["metadata"]["generation"]
-    deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
+    k8s_deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
     assert fake.get("deployments", NS, R1[0])["metadata"]["generation"] == first
-    deploy.scale(api, copy.deepcopy(releases["1"][1]), 2)
+    k8s_deploy.scale(api, copy.deepcopy(releases["1"][1]), 2)
     assert fake.get("deployments", NS, R1[0])["metadata"]["generation"] == first + 1
     assert fake.get("deployments", NS, R1[0])["spec"]["replicas"] == 2
 
@@ -178,8 +202,14 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
         return verdict(step, fraction)
 
     with clients(fake):
-        outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-            "2", copy.deepcopy(releases["2"]), STEPS, judge, spare_servers=1, timeout_s=5
+        outcome = deploy(
+            KubernetesTarget(fake.client(), **FAST),
+            "2",
+            copy.deepcopy(releases["2"]),
+            STEPS,
+            judge,
+            spare_servers=1,
+            timeout_s=5,
         )
         time.sleep(0.05)
     assert outcome.status == "live", outcome.error
@@ -208,7 +238,7 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
     assert fake.history[-1] == {"1": 0, "2": 3} and fake.history[-2] == {"1": 1, "2": 3}
     assert fake.names("deployments", NS) == R1 + R2
     assert [fake.get("deployments", NS, n)["spec"]["replicas"] for n in R1] == [0]
-    assert dict(outcome.events)["rollout_complete"]["kept_at_zero"] == [f"Deployment/{n}" for n in R1]
+    assert dict(outcome.events)["rollout_complete"]["kept_at_zero"] == "1"
     # what serves runs as Kubernetes runs it: each group's ReplicaSet owns three ready pods; release 1's
     # ReplicaSet is left with none
     pods = [fake.get("pods", NS, name) for name in fake.names("pods", NS)]
@@ -235,7 +265,8 @@ def test_a_failed_analysis_moves_traffic_back_as_the_old_release_holds_it_then_s
 ):
     live(fake, releases["1"], "1")
     with clients(fake):
-        outcome = KubernetesTarget(fake.client(), **FAST).deploy(
+        outcome = deploy(
+            KubernetesTarget(fake.client(), **FAST),
             "2",
             copy.deepcopy(releases["2"]),
             STEPS,
@@ -284,7 +315,8 @@ def test_a_rollback_within_the_keep_window_moves_traffic_back_and_loads_nothing(
     done = {}
 
     def release_two():
-        done["2"] = KubernetesTarget(fake.client(), **FAST).deploy(
+        done["2"] = deploy(
+            KubernetesTarget(fake.client(), **FAST),
             "2",
             copy.deepcopy(releases["2"]),
             STEPS,
@@ -304,7 +336,7 @@ def test_a_rollback_within_the_keep_window_moves_traffic_back_and_loads_nothing(
         assert fake.servers() == {"1": 3, "2": 3}  # the keep window: release 1 out of the route, still running
         before = pods_of(fake, "1")
         fake.requests.clear()
-        back = KubernetesTarget(fake.client(), **FAST).deploy("1", copy.deepcopy(releases["1"]), timeout_s=5)
+        back = deploy(KubernetesTarget(fake.client(), **FAST), "1", copy.deepcopy(releases["1"]), timeout_s=5)
         rollout.join()
         time.sleep(0.05)
     assert back.status == "live", back.error
@@ -323,8 +355,8 @@ def test_a_rollback_within_the_keep_window_moves_traffic_back_and_loads_nothing(
 
 def test_a_live_pod_that_dies_is_replaced_and_takes_traffic_with_no_controller(fake, releases):
     live(fake, releases["1"], "1")
-    KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f)
+    deploy(
+        KubernetesTarget(fake.client(), **FAST), "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f)
     )
     before = pods_of(fake, "2")
     dead = sorted(before)[0]
@@ -345,7 +377,7 @@ class Killed(BaseException):
 
 def killing_after(monkeypatch, changes: int):
     """The controller dies right after its `changes`-th change to the cluster (an apply, scale or delete)."""
-    real = deploy._call
+    real = k8s_deploy._call
     made = []
 
     def call(api, method, path, *args, **kwargs):
@@ -356,7 +388,7 @@ def killing_after(monkeypatch, changes: int):
                 raise Killed(path)
         return answer
 
-    monkeypatch.setattr(deploy, "_call", call)
+    monkeypatch.setattr(k8s_deploy, "_call", call)
     return made
 
 
@@ -370,8 +402,13 @@ def test_a_controller_killed_at_any_change_leaves_a_safe_state_that_recovery_res
     with FakeCluster() as counting:  # how many changes a good rollout makes
         live(counting, releases["1"], "1")
         made = killing_after(monkeypatch, -1)
-        KubernetesTarget(counting.client(), **FAST).deploy(
-            "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5
+        deploy(
+            KubernetesTarget(counting.client(), **FAST),
+            "2",
+            copy.deepcopy(releases["2"]),
+            STEPS,
+            lambda s, f, p: verdict(s, f),
+            timeout_s=5,
         )
         total = len(made)
     monkeypatch.undo()
@@ -382,14 +419,19 @@ def test_a_controller_killed_at_any_change_leaves_a_safe_state_that_recovery_res
             with clients(cluster):
                 killing_after(monkeypatch, changes)
                 with pytest.raises(Killed):
-                    KubernetesTarget(cluster.client(), **FAST).deploy(
-                        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5
+                    deploy(
+                        KubernetesTarget(cluster.client(), **FAST),
+                        "2",
+                        copy.deepcopy(releases["2"]),
+                        STEPS,
+                        lambda s, f, p: verdict(s, f),
+                        timeout_s=5,
                     )
                 monkeypatch.undo()
                 time.sleep(0.02)  # the dead controller's state serves for a while
                 target = KubernetesTarget(cluster.client(), **FAST)
-                outcome = target.recover(copy.deepcopy(releases["2"]), timeout_s=5)
-                again = target.recover(copy.deepcopy(releases["2"]), timeout_s=5)
+                outcome = recover(target, copy.deepcopy(releases["2"]), timeout_s=5)
+                again = recover(target, copy.deepcopy(releases["2"]), timeout_s=5)
                 time.sleep(0.02)
             assert_safe(cluster)
             assert all(sum(h.values()) <= 4 for h in cluster.history), (changes, cluster.history)
@@ -411,8 +453,13 @@ def test_a_controller_killed_at_any_change_leaves_a_safe_state_that_recovery_res
 
 def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases):
     live(fake, releases["1"], "1")
-    KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, pods: verdict(s, f, passed=False), timeout_s=5
+    deploy(
+        KubernetesTarget(fake.client(), **FAST),
+        "2",
+        copy.deepcopy(releases["2"]),
+        STEPS,
+        lambda s, f, pods: verdict(s, f, passed=False),
+        timeout_s=5,
     )
     assert set(fake.names("deployments", NS)) == set(R1 + R2)
     loaded = load_spec(PROD_SPEC)
@@ -423,8 +470,8 @@ def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases)
         manifests.Artifact(nfs_path="/mnt/models/q3", manifest_hash="c" * 64),
         manifests.RenderOptions(servers=3),
     )
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-        "3", third, STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5
+    outcome = deploy(
+        KubernetesTarget(fake.client(), **FAST), "3", third, STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5
     )
     assert outcome.status == "live", outcome.error
     assert dict(outcome.events)["pruned"]["objects"][:2] == [f"Deployment/{n}" for n in R2]
@@ -436,8 +483,13 @@ def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases)
 def test_a_rollout_that_never_becomes_ready_leaves_the_old_release_serving(fake, releases):
     live(fake, releases["1"], "1")
     fake.scenarios["2"] = "never_ready"
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, pods: verdict(s, f), timeout_s=0.3
+    outcome = deploy(
+        KubernetesTarget(fake.client(), **FAST),
+        "2",
+        copy.deepcopy(releases["2"]),
+        STEPS,
+        lambda s, f, pods: verdict(s, f),
+        timeout_s=0.3,
     )
     assert outcome.status == "rolled_back"
     assert names(outcome) == ["deploy_started", "rollout_failed", "rollback_started", "rollback_complete"]
@@ -451,7 +503,7 @@ def test_a_rollout_that_never_becomes_ready_leaves_the_old_release_serving(fake,
 
 def test_a_failure_without_a_live_release_is_failed(fake, releases):
     fake.scenario = "never_ready"
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy("2", copy.deepcopy(releases["2"]), timeout_s=0.2)
+    outcome = deploy(KubernetesTarget(fake.client(), **FAST), "2", copy.deepcopy(releases["2"]), timeout_s=0.2)
     assert outcome.status == "failed"
     assert names(outcome) == ["deploy_started", "rollout_failed"]
     assert "not rolled out" in outcome.error
@@ -460,8 +512,13 @@ def test_a_failure_without_a_live_release_is_failed(fake, releases):
 def test_a_failed_smoke_test_never_takes_a_server_from_the_old_release(fake, releases):
     live(fake, releases["1"], "1")
     fake.scenarios["2"] = "smoke_fails"
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5
+    outcome = deploy(
+        KubernetesTarget(fake.client(), **FAST),
+        "2",
+        copy.deepcopy(releases["2"]),
+        STEPS,
+        lambda s, f, pods: verdict(s, f),
+        timeout_s=5,
     )
     assert outcome.status == "rolled_back"
     assert names(outcome) == ["deploy_started", "smoke_test", "rollout_failed", "rollback_started", "rollback_complete"]
@@ -477,27 +534,27 @@ def test_an_unreachable_api_server_raises_before_anything_changes(fake, releases
     url = dead_url()
     target = KubernetesTarget(client.ApiClient(client.Configuration(host=url)), **FAST)
     with pytest.raises(ClusterUnreachable, match=f"Kubernetes API server {url} did not answer"):
-        target.deploy("2", copy.deepcopy(releases["2"]), STEPS, timeout_s=5)
+        deploy(target, "2", copy.deepcopy(releases["2"]), STEPS, timeout_s=5)
     assert fake.snapshot() == before and fake.requests == []
 
 
 def test_rollout_failed_names_the_deployment_and_its_conditions(fake, releases):
     fake.scenario = "never_ready"
     with pytest.raises(RolloutFailed) as failed:
-        deploy.apply(fake.client(), releases["1"], timeout_s=0.1, poll_s=0.01)
+        k8s_deploy.apply(fake.client(), releases["1"], timeout_s=0.1, poll_s=0.01)
     message = str(failed.value)
     assert message.startswith(f"Deployment {NS}/{R1[0]} not rolled out")
     assert "Available=False (MinimumReplicasUnavailable" in message
-    assert isinstance(failed.value, deploy.ReleaseError)
+    assert isinstance(failed.value, k8s_deploy.ReleaseError)
 
 
 def test_smoke_returns_the_completion_and_fails_on_a_wrong_model(fake, releases):
     api = fake.client()
-    deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
+    k8s_deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
     own = "qwen3-235b-a22b-fp8-r1"
-    assert deploy.smoke(api, NS, own, 8000, "qwen3-235b-a22b-fp8") == " Paris."
-    with pytest.raises(deploy.SmokeFailed, match="HTTP 404.*does not exist"):
-        deploy.smoke(api, NS, own, 8000, "other-model", retry_delay_s=0.01)
+    assert k8s_deploy.smoke(api, NS, own, 8000, "qwen3-235b-a22b-fp8") == " Paris."
+    with pytest.raises(k8s_deploy.SmokeFailed, match="HTTP 404.*does not exist"):
+        k8s_deploy.smoke(api, NS, own, 8000, "other-model", retry_delay_s=0.01)
 
 
 def write_kubeconfig(tmp_path, server):
@@ -522,9 +579,9 @@ def test_api_client_from_kubeconfig_sends_the_token_and_never_logs_it(fake, rele
     monkeypatch.setenv("KUBECONFIG", str(path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     caplog.set_level("DEBUG")
-    api = deploy.api_client(None)
+    api = k8s_deploy.api_client(None)
     assert api.configuration.host == fake.url
-    outcome = KubernetesTarget(api, **FAST).deploy("1", copy.deepcopy(releases["1"]), timeout_s=5)
+    outcome = deploy(KubernetesTarget(api, **FAST), "1", copy.deepcopy(releases["1"]), timeout_s=5)
     assert outcome.status == "live"
     assert {r.authorization for r in fake.requests} == {"Bearer s3cr3t-token"}
     assert "s3cr3t" not in caplog.text and fake.url in caplog.text
@@ -536,7 +593,7 @@ def test_api_client_from_an_airflow_connection(fake, tmp_path, monkeypatch):
     monkeypatch.setenv(
         "AIRFLOW_CONN_FAKE_K8S", json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(path)}})
     )
-    api = deploy.api_client("fake_k8s")
+    api = k8s_deploy.api_client("fake_k8s")
     assert api.configuration.host == fake.url
     assert KubernetesTarget(api).check_reachable() == "v1.31.0-fake"
 
@@ -557,8 +614,14 @@ def test_answers_that_got_worse_abort_the_step_before_the_old_release_gives_a_se
         asked.append((step, endpoint.url, model, dict(fake.servers())))
         return served(step, passed=step < 2)
 
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5, answers=answers
+    outcome = deploy(
+        KubernetesTarget(fake.client(), **FAST),
+        "2",
+        copy.deepcopy(releases["2"]),
+        STEPS,
+        lambda s, f, pods: verdict(s, f),
+        timeout_s=5,
+        answers=answers,
     )
     assert outcome.status == "rolled_back"
     own = f"{fake.url}/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8-r2:8000/proxy"
@@ -584,8 +647,12 @@ def test_answers_that_got_worse_abort_the_step_before_the_old_release_gives_a_se
 
 
 def test_a_first_release_whose_answers_got_worse_is_scaled_to_zero(fake, releases):
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), timeout_s=5, answers=lambda step, endpoint, model: served(step, False)
+    outcome = deploy(
+        KubernetesTarget(fake.client(), **FAST),
+        "2",
+        copy.deepcopy(releases["2"]),
+        timeout_s=5,
+        answers=lambda step, endpoint, model: served(step, False),
     )
     assert outcome.status == "failed"
     assert names(outcome) == ["deploy_started", "smoke_test", "rollout_accuracy", "rollout_aborted", "scaled_to_zero"]
@@ -599,8 +666,14 @@ def test_pods_rendered_before_the_tokenizer_endpoint_are_not_checked_and_say_so(
         if obj["kind"] == "Deployment":
             obj["spec"]["template"]["spec"]["containers"][0]["command"].remove(manifests.TOKENIZER_INFO_FLAG)
     live(fake, releases["1"], "1")
-    outcome = KubernetesTarget(fake.client(), **FAST).deploy(
-        "2", old_objs, STEPS, lambda s, f, pods: verdict(s, f), timeout_s=5, answers=lambda *a: served(1, False)
+    outcome = deploy(
+        KubernetesTarget(fake.client(), **FAST),
+        "2",
+        old_objs,
+        STEPS,
+        lambda s, f, pods: verdict(s, f),
+        timeout_s=5,
+        answers=lambda *a: served(1, False),
     )
     assert outcome.status == "live", outcome.error
     checks = [d for k, d in outcome.events if k == "rollout_accuracy"]
@@ -612,7 +685,7 @@ def test_the_endpoint_carries_the_clients_credentials_and_ca(tmp_path):
     configuration.api_key = {"BearerToken": "Bearer s3cret"}  # as the kubeconfig loader sets it
     ca = certifi.where()  # a real PEM bundle stands for the cluster's CA
     configuration.ssl_ca_cert = ca
-    endpoint = deploy.service_endpoint(client.ApiClient(configuration), NS, "svc-r2", 8000)
+    endpoint = k8s_deploy.service_endpoint(client.ApiClient(configuration), NS, "svc-r2", 8000)
     assert endpoint.url == f"https://k8s.example:6443/api/v1/namespaces/{NS}/services/svc-r2:8000/proxy"
     assert endpoint.headers == {"Authorization": "Bearer s3cret"} and endpoint.ca_cert == ca
     # what lm-eval gets: the token for the remote tokenizer, and the CA in the form each HTTP stack takes
@@ -622,7 +695,7 @@ def test_the_endpoint_carries_the_clients_credentials_and_ca(tmp_path):
     assert isinstance(concurrent["verify_certificate"], ssl.SSLContext)  # aiohttp, requests in flight at once
     assert serial["verify_certificate"] == ca  # requests, one at a time
     configuration.verify_ssl = False  # the kubeconfig's insecure-skip-tls-verify: the user's choice, kept
-    insecure = deploy.service_endpoint(client.ApiClient(configuration), NS, "svc-r2", 8000)
+    insecure = k8s_deploy.service_endpoint(client.ApiClient(configuration), NS, "svc-r2", 8000)
     assert insecure.lm_args(4)["verify_certificate"] is False
     # the token stays out of what is printed, recorded or logged
     assert "s3cret" not in repr(endpoint) + str(endpoint) + endpoint.model_dump_json()
@@ -632,7 +705,7 @@ def test_the_endpoint_carries_the_clients_credentials_and_ca(tmp_path):
 def test_each_step_checks_the_served_answers_through_the_releases_own_service(
     fake, releases, tiny_model_dir, tiny_engine, spec_file, release_env, caplog
 ):
-    """The check the promotion runs (promote.kubernetes_answers): lm-eval through the API server's
+    """The check the promotion runs (promote.step_answers): lm-eval through the API server's
     service proxy, with the client's token, to a real engine behind release 2's pods, scored with
     the engine's own tokenizer and held to the in-process scores of the same model."""
     import logging
@@ -660,7 +733,7 @@ def test_each_step_checks_the_served_answers_through_the_releases_own_service(
         created_at=now,
         updated_at=now,
     )
-    answers = promote.kubernetes_answers(rel, loaded)
+    answers = promote.step_answers(rel, loaded)
     assert answers is not None
     live(fake, releases["1"], "1")
     api = fake.client()
@@ -670,8 +743,14 @@ def test_each_step_checks_the_served_answers_through_the_releases_own_service(
         ServerStep(fraction=1.0, old_servers=0, new_servers=3),
     ]
     fake.backends["2"] = tiny_engine  # the shared engine answers as the production spec's model too
-    outcome = KubernetesTarget(api, **FAST).deploy(
-        "2", copy.deepcopy(releases["2"]), steps, lambda s, f, pods: verdict(s, f), timeout_s=5, answers=answers
+    outcome = deploy(
+        KubernetesTarget(api, **FAST),
+        "2",
+        copy.deepcopy(releases["2"]),
+        steps,
+        lambda s, f, pods: verdict(s, f),
+        timeout_s=5,
+        answers=answers,
     )
     assert outcome.status == "live", outcome.error
     checks = [d for k, d in outcome.events if k == "rollout_accuracy"]
@@ -703,10 +782,10 @@ def test_the_documented_role_allows_every_request_of_a_rollout_an_abort_and_a_ro
         for verb in rule["verbs"]
     }
     target = KubernetesTarget(fake.client(), **FAST)
-    target.deploy("1", copy.deepcopy(releases["1"]), timeout_s=5)
-    target.deploy("2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5)
-    target.deploy("3", _third(), STEPS, lambda s, f, p: verdict(s, f, passed=s < 2), timeout_s=5)
-    target.deploy("1", copy.deepcopy(releases["1"]), timeout_s=5)  # a rollback: release 1's objects were kept
+    deploy(target, "1", copy.deepcopy(releases["1"]), timeout_s=5)
+    deploy(target, "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5)
+    deploy(target, "3", _third(), STEPS, lambda s, f, p: verdict(s, f, passed=s < 2), timeout_s=5)
+    deploy(target, "1", copy.deepcopy(releases["1"]), timeout_s=5)  # a rollback: release 1's objects were kept
     needed = set()
     for request in fake.requests:
         match = deploy_path.match(request.path)

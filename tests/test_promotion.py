@@ -10,6 +10,7 @@ import sqlalchemy
 
 from pipeline.core import artifacts, storage
 from pipeline.core.errors import ReleaseError
+from pipeline.core.rollout import RolloutOutcome
 from pipeline.core.spec import load_spec
 from pipeline.release import local_target, promote, report
 from pipeline.release.registry import Registry, audit_trail
@@ -369,15 +370,18 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
             checked = [e.detail for e in reg.events(second.id) if e.kind == "rollout_accuracy"]
             assert [(c["step"], c["passed"]) for c in checked] == [(1, True), (2, True)], checked
             steps = [e.detail for e in reg.events(second.id) if e.kind == "rollout_step"]
-            assert [(s["fraction"], s["passed"], s["inconclusive"]) for s in steps] == [
+            assert [(s["fraction"], s["passed"], s["analysis"]["inconclusive"]) for s in steps] == [
                 (0.5, True, False),
                 (1.0, True, False),
             ]
-            assert all(s["queries"]["new_requests"]["value"] >= 10 for s in steps), steps
+            # the old release kept its engines through the last step's analysis
+            assert [(s["old_servers"], s["new_servers"]) for s in steps] == [(1, 1), (1, 1)]
+            queries = [s["analysis"]["queries"] for s in steps]
+            assert all(q["new_requests"]["value"] >= 10 for q in queries), queries
             # the front's own log of the new engines: requests sent them, none failed or retried elsewhere
-            assert all(s["queries"]["front_attempts"]["value"] >= 10 for s in steps), steps
-            assert all(s["queries"]["front_failed"]["value"] == 0 for s in steps), steps
-            assert steps[0]["queries"]["old_p90_ttft"]["value"] is not None  # the old release, same window
+            assert all(q["front_attempts"]["value"] >= 10 for q in queries), queries
+            assert all(q["front_failed"]["value"] == 0 for q in queries), queries
+            assert queries[0]["old_p90_ttft"]["value"] is not None  # the old release, same window
 
             # a release that cannot hold its half of the load is aborted at its first step by the
             # analysis; the second release never stops serving. Slow by ordinary engine settings that
@@ -394,12 +398,13 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
             slow, _ = candidate(reg, slow_spec, artifact, run="slow")
             with pytest.raises(
                 promote.DeployFailed,
-                match=rf"release {second.id} still serving\n.*aborted at step 1 \(50% of traffic\): .*p90 TTFT",
+                match=rf"release {second.id} still serving\): .*aborted at step 1 .*p90 TTFT",
             ):
                 promote.promote(reg, slow.id)
             assert reg.get(slow.id).status == "rolled_back" and reg.get(second.id).status == "live"
-            aborted = next(e.detail for e in reg.events(slow.id) if e.kind == "rollout_aborted")
-            assert aborted["steps"][0]["queries"]["new_p90_ttft"]["value"] > 0.5, aborted  # the query result kept
+            judged = next(e.detail for e in reg.events(slow.id) if e.kind == "rollout_step")
+            assert judged["analysis"]["queries"]["new_p90_ttft"]["value"] > 0.5, judged  # the query result kept
+            assert any(e.kind == "rollout_aborted" for e in reg.events(slow.id))
             assert local_target.current(name).release_id == second.id and completion(url)
         # nothing the client sent failed: not during a rollout, nor an abort and its drain
         assert load.errors == [] and load.ok == load.sent, (load.sent, load.ok, load.errors[:5])
@@ -430,9 +435,9 @@ def test_a_release_whose_answers_got_worse_never_takes_traffic(live, tiny_spec, 
     old = started.model_copy(update={"release_id": 6, "pgids": [4141], "ports": [free_port()]})
     stopped, asked, fronts, scraped = [], [], [], []
     monkeypatch.setattr(local_target, "current", lambda name: old if live else None)
-    monkeypatch.setattr(local_target, "is_healthy", lambda dep: dep is old)
+    monkeypatch.setattr(local_target, "is_healthy", lambda dep: dep is old or (dep is started and not stopped))
     monkeypatch.setattr(local_target, "_start_engines", lambda *args, **kwargs: started)
-    monkeypatch.setattr(local_target, "_stop_groups", lambda pgids, grace=30: stopped.append(pgids))
+    monkeypatch.setattr(local_target, "_stop_groups", lambda pgids, grace=30: stopped.append(pgids) if pgids else None)
     monkeypatch.setattr(local_target, "_point_front", lambda spec, weights, marker, **kw: fronts.append(weights))
     monkeypatch.setattr(local_target, "drain", lambda dep, timeout=120: None)
     monkeypatch.setattr(local_target.local_prometheus, "ensure", lambda root: scraped.append(root))
@@ -443,27 +448,23 @@ def test_a_release_whose_answers_got_worse_never_takes_traffic(live, tiny_spec, 
             passed=False, endpoint=url, limit=20, tasks=[], failures=["tiny_add: recovery 0.10 < 0.95"], seconds=1
         )
 
-    refused = r"release 7 not switched to: " if not live else r"aborted before step 1 \(50% of traffic\): "
     try:
-        # a refused switch, or (beside a live release) the rollout aborted: the one RolloutAborted of both targets
-        with pytest.raises(ReleaseError, match=refused + r".*tiny_add: recovery") as err:
+        # the one controller of both targets: an AnswersWorse before the first step, undone
+        with pytest.raises(ReleaseError, match=r"release 7, step 1: serving-path accuracy .*tiny_add: recovery") as err:
             local_target.deploy(loaded.spec, loaded.hardware, loaded.layout("single"), tmp_path, 7, answers=answers)
     finally:
         server.shutdown()
     assert asked == [(f"http://127.0.0.1:{port}", 1)]  # asked once, at the engine itself, before any switch
     assert stopped == [[4242]]  # the new engine only; the live one runs on
     assert scraped == []  # never scraped: no step's analysis ever started
-    # no traffic was ever pointed at it; beside a live release, the front is put back on the live one alone
-    assert fronts == ([{old.ports[0]: 1}] if live else [])
-    if live:
-        aborted = err.value
-        assert isinstance(aborted, local_target.RolloutAborted)
-        assert [(s.step, s.passed, s.window_s) for s in aborted.steps] == [(1, False, 0)]
+    assert fronts == []  # no traffic was ever pointed at it, so nothing moved back either
+    assert isinstance(err.value, local_target.RolloutAborted if live else local_target.LocalDeployFailed)
+    assert not local_target._in_flight("tiny-first-refused").exists()  # an undone rollout leaves no record
 
 
 def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_spec, small_artifact, monkeypatch):
     """`rollback` picks the release that served before the live one and rolls it out over the live
-    one through the same controller as a promotion (`local_target.deploy`, here a stand-in that
+    one through the same controller as a promotion (`controller.rollout`, here a stand-in that
     records its call: the real controller's steps, analysis and abort are the local-target test
     above); who and why go on both releases, and a rollback that fails changes no status."""
     from pipeline.release.analysis import StepAnalysis
@@ -472,23 +473,30 @@ def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_sp
     spec = tiny_spec(lambda d: d.update(name="tiny-rollback"))
     loaded = load_spec(spec)
     monkeypatch.setattr(promote, "serving_dir", lambda loaded, staged: "/models/serving-copy")
-    deployed: list[tuple[int, str, str, bool]] = []
+    deployed: list[tuple[int, str, str, bool, int]] = []
     fail = False
 
-    def deploy(spec, hw, layout, model_dir, release_id, answers=None, review=None, **kw):
+    def run(opened):  # the controller, standing in: what it was asked to roll out, and how
+        target = opened.target
         if fail:
-            raise local_target.LocalDeployFailed(f"release {release_id}: engine exited (stand-in)")
-        deployed.append((release_id, layout.name, str(model_dir), answers is not None))
+            return RolloutOutcome(status="rolled_back", error=f"release {target.release_id}: engine exited (stand-in)")
+        deployed.append(
+            (
+                target.release_id,
+                target.layout.name,
+                str(target.model_dir),
+                target.answers is not None,
+                len(opened.steps),
+            )
+        )
         quiet = [
             StepAnalysis(step=n, fraction=f, window_s=6, passed=True, inconclusive=True, reasons=[], queries={})
             for n, f in enumerate(loaded.spec.rollout.steps, 1)
         ]
-        dep = local_target.Deployment(
-            release_id=release_id, layout=layout.name, model_dir=str(model_dir), pgids=[], ports=[], log_dir="/tmp"
-        )
-        return dep, "17", quiet if deployed[:-1] else []
+        events = [("rollout_step", {"step": q.step, "passed": True, "analysis": q.model_dump()}) for q in quiet]
+        return RolloutOutcome(status="live", events=events + [("rollout_complete", {"all_traffic_after_s": 1.0})])
 
-    monkeypatch.setattr(local_target, "deploy", deploy)
+    monkeypatch.setattr(promote, "_run", run)
     first, _ = candidate(reg, spec, small_artifact, run="first")
     second, _ = candidate(reg, spec, small_artifact, run="second")
     for rel in (first, second):
@@ -497,10 +505,13 @@ def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_sp
 
     restored = promote.rollback(reg, "tiny-rollback", "local", "sre-oncall", "p90 TPOT regression after release 2")
     assert restored.id == first.id and restored.status == "live" and reg.get(second.id).status == "rolled_back"
-    # the first release's own layout and serving copy, rolled out over the live one (its steps on record)
-    assert deployed[-1] == (first.id, "single", "/models/serving-copy", False)
+    # the first release's own layout and serving copy, rolled out again over the live one in the spec's
+    # steps (its engines no longer run; no gate scores on record here, so no answers to check)
+    assert deployed[-1] == (first.id, "single", "/models/serving-copy", False, len(loaded.spec.rollout.steps))
     steps = [e.detail for e in reg.events(first.id) if e.kind == "rollout_step"]
-    assert [(s["passed"], s["inconclusive"]) for s in steps][-2:] == [(True, True), (True, True)]
+    assert [(s["passed"], s["analysis"]["inconclusive"]) for s in steps][-2:] == [(True, True), (True, True)]
+    finished = promote.last_event(reg, first.id, "rollback_finished").detail
+    assert finished["path"] == "re-rollout" and finished["all_traffic_after_s"] == 1.0
     trail = audit_trail(reg, first.id)
     assert "rollback_finished" in trail and "sre-oncall" in trail and "p90 TPOT regression" in trail
     assert any(e.kind == "rolled_back" and e.actor == "sre-oncall" for e in reg.events(second.id))
@@ -509,7 +520,7 @@ def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_sp
     with pytest.raises(ReleaseError, match=f"release {first.id} is live and nothing served before it"):
         promote.rollback(reg, "tiny-rollback", "local", "sre-oncall", "again")
     fail = True
-    with pytest.raises(local_target.LocalDeployFailed, match="engine exited"):
+    with pytest.raises(promote.DeployFailed, match="engine exited"):
         promote.rollback(reg, "tiny-rollback", "local", "sre-oncall", "to 2", to=second.id)
     assert reg.get(second.id).status == "rolled_back" and reg.get(first.id).status == "live"
     assert any(e.kind == "rollback_failed" for e in reg.events(second.id))

@@ -408,7 +408,7 @@ def test_kubernetes_rollout_of_a_3_server_fleet_judged_by_the_real_prometheus(pr
     analysis, with the old release back on all three servers before the new one leaves."""
     from pipeline.k8s import manifests
     from pipeline.k8s.deploy import KubernetesTarget
-    from pipeline.release import promote, rollout_plan
+    from pipeline.release import controller, promote, rollout_plan
     from tests.conftest import PROD_SPEC
     from tests.k8s_fake import FakeCluster
 
@@ -432,11 +432,13 @@ def test_kubernetes_rollout_of_a_3_server_fleet_judged_by_the_real_prometheus(pr
         fleet = FakeFleet(cluster, root, rate=60, slow={("3", 1)}, slow_ttft=9.0)  # SLO p90 TTFT 3000 ms
         target = KubernetesTarget(cluster.client(), poll_s=0.05, smoke_retry_delay_s=0.01)
         try:
-            assert target.deploy("1", render("1"), timeout_s=10).status == "live"
+            assert controller.rollout(target.release("1", render("1"), timeout_s=10)).status == "live"
             local_prometheus.wait_scraped(url, 1, 3)
 
-            good = target.deploy(
-                "2", render("2"), promote.server_steps(plan), promote.prometheus_judge(loaded, "2", "1"), timeout_s=10
+            good = controller.rollout(
+                target.release("2", render("2"), timeout_s=10),
+                promote.server_steps(plan),
+                promote.prometheus_judge(loaded, "2", "1"),
             )
             assert good.status == "live", good.error
             steps = [d for kind, d in good.events if kind == "rollout_step"]
@@ -454,8 +456,10 @@ def test_kubernetes_rollout_of_a_3_server_fleet_judged_by_the_real_prometheus(pr
             assert all(sum(h.values()) <= 4 for h in cluster.history)  # live fleet + 1 spare at most
 
             cluster.history.clear()
-            bad = target.deploy(
-                "3", render("3"), promote.server_steps(plan), promote.prometheus_judge(loaded, "3", "2"), timeout_s=10
+            bad = controller.rollout(
+                target.release("3", render("3"), timeout_s=10),
+                promote.server_steps(plan),
+                promote.prometheus_judge(loaded, "3", "2"),
             )
             assert bad.status == "rolled_back"
             steps = [d for kind, d in bad.events if kind == "rollout_step"]

@@ -8,8 +8,6 @@ import textwrap
 import threading
 import time
 
-import pytest
-
 from pipeline.release import step_review
 from pipeline.release.analysis import Query, StepAnalysis, StepReview
 from pipeline.release.registry import Registry
@@ -90,10 +88,12 @@ def test_a_review_task_sees_only_its_own_rollout(tmp_path):
 
 
 def test_a_local_rollout_step_holds_its_traffic_until_reviewed_and_an_abort_ends_it(monkeypatch):
-    """The local controller asks after each step's analysis, with the step's traffic split in place
-    (the front, Prometheus and the analysis stand in here; the local-target test runs them for real)."""
+    """The controller asks after each step's analysis, with the step's traffic split in place, and
+    a reviewer's Abort moves the front back (the engines, the front, Prometheus and the analysis
+    stand in here; the local-target test runs them for real)."""
+    from pipeline.core.rollout import Fleet
     from pipeline.core.spec import load_spec
-    from pipeline.release import analysis, local_prometheus, local_target
+    from pipeline.release import analysis, controller, local_prometheus, local_target
 
     spec = load_spec(TINY_SPEC).spec  # steps 50%, 100%
     old, new = (
@@ -104,7 +104,11 @@ def test_a_local_rollout_step_holds_its_traffic_until_reviewed_and_an_abort_ends
     monkeypatch.setattr(local_prometheus, "ensure", lambda root: "http://prometheus")
     monkeypatch.setattr(local_prometheus, "scrape", lambda *a: None)
     monkeypatch.setattr(local_prometheus, "wait_scraped", lambda *a: None)
+    monkeypatch.setattr(local_prometheus, "forget", lambda *a: None)
     monkeypatch.setattr(local_target, "_point_front", lambda spec, weights, marker, shares=False: events.append(marker))
+    monkeypatch.setattr(local_target, "is_healthy", lambda dep: True)
+    monkeypatch.setattr(local_target, "drain", lambda dep: events.append(f"drain {dep.release_id}"))
+    monkeypatch.setattr(local_target, "_stop_groups", lambda pgids: None)
 
     def window(url, new_sel, old_sel, step, fraction, slo, rollout, settle_s):
         events.append(f"analysis {step}")
@@ -115,10 +119,28 @@ def test_a_local_rollout_step_holds_its_traffic_until_reviewed_and_an_abort_ends
         return StepReview(step=verdict.step, decision="continue" if verdict.step == 1 else "abort", actor="reviewer")
 
     monkeypatch.setattr(analysis, "after_window", window)
-    with pytest.raises(local_target.RolloutAborted, match=r"at step 2 \(100% of traffic\): aborted by reviewer") as err:
-        local_target._progressive(spec, old, new, review=review)
-    assert events == ["2@0.5", "analysis 1", "review 1", "2@1", "analysis 2", "review 2"]
-    assert [(s.passed, s.analysis_passed) for s in err.value.steps] == [(True, None), (False, True)]
+    target = local_target.LocalRelease(spec, 2)
+    target.old, target.new = old, new
+    fleet = Fleet(release="2", backend="2", old_release="1", old_backend="1", old_servers=1, new_servers=1)
+    monkeypatch.setattr(target, "state", lambda recovering=False: fleet)
+    monkeypatch.setattr(target, "mark", lambda record: None)
+    monkeypatch.setattr(target, "check", lambda step, servers: events.append(f"check {step}"))
+    outcome = controller.rollout(target, local_target.steps(spec), target.judge(review), 1)
+    assert outcome.status == "rolled_back" and "at step 2" in (outcome.error or "")
+    assert "aborted by reviewer" in (outcome.error or "")
+    assert events == [
+        "check 1",
+        "1=5000,2=5000",
+        "analysis 1",
+        "review 1",
+        "check 2",
+        "1=0,2=10000",
+        "analysis 2",
+        "review 2",
+        "1=10000,2=0",  # back at once: the old release kept its engines through the last step
+        "drain 2",
+    ]
+    assert [(s.passed, s.analysis_passed) for s in outcome.steps] == [(True, None), (False, True)]
 
 
 STEP_DAG = textwrap.dedent(

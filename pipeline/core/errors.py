@@ -29,3 +29,17 @@ class RolloutAborted(ReleaseError):
     def __init__(self, message: str, steps: Sequence[Any] = ()):
         super().__init__(message)
         self.steps = list(steps)
+
+
+class RolloutFailed(ReleaseError):
+    """A rollout could not go on (no room in the spare budget, a server that never became Ready, a
+    route it could not set); the controller undoes it like an abort."""
+
+
+class SmokeFailed(ReleaseError):
+    """The new release's servers did not answer a smoke completion before taking any traffic."""
+
+
+class AnswersWorse(ReleaseError):
+    """The new release's served answers failed a step's accuracy check before it took that step's
+    share: traffic goes back to the live release at once."""

@@ -7,13 +7,10 @@ sends). Requests are made with the client's `call_api` on the objects' REST path
 through `DynamicClient`, which needs API discovery first and adds nothing for the kinds a
 release has; authentication and TLS stay the client's.
 
-A deploy (KubernetesTarget.deploy) is: check the API server answers, delete what earlier
-releases left scaled to zero, start the new release's first servers beside the live release,
-smoke-test them through the release's own Service, then move step by step (new servers up in
-waves, old ones down as the new are ready, as many kept as the spare budget allows), judging each
-step on live metrics; the old release scales to zero only after the last step's analysis passed,
-and its objects stay until the next release prunes them. Any failure gives the old release its
-servers back before the new one scales to zero.
+This module only acts: `KubernetesRelease` is one release's rollout primitives (its state, start
+N servers unexposed, check them through their own Service, scale, set the HTTPRoute's weights).
+What to do when (waves, steps, aborts, the keep window, recovery) is decided by the controller
+both targets run, `pipeline.release.controller`.
 """
 
 from __future__ import annotations
@@ -21,17 +18,14 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import time
-from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, Protocol
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from pipeline.core import platform
-from pipeline.core.errors import ReleaseError, RolloutAborted
-from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG, WEIGHT_TOTAL
+from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutFailed, SmokeFailed
+from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutRecord
+from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG
 from pipeline.stages.evaluate import Endpoint
 from pipeline.stages.served_accuracy import Answers
 
@@ -66,34 +60,7 @@ class ClusterUnreachable(ReleaseError):
     """No answer from the API server (refused, timed out, TLS): nothing was changed."""
 
 
-class RolloutFailed(ReleaseError):
-    """A Deployment did not become available in time, or Kubernetes gave up on its progress."""
-
-
-class SmokeFailed(ReleaseError):
-    """The live Service did not answer a completion."""
-
-
 ROLLOUT_ANNOTATION = "model-release/rollout"
-
-
-class RolloutRecord(BaseModel):
-    """What a rollout's undo needs and the cluster alone does not say, kept as an annotation on the
-    new release's Deployments before anything else changes: a controller that dies (its task
-    killed) leaves it for `KubernetesTarget.recover`."""
-
-    replacing: str | None = Field(description="the release that served when the rollout started")
-    live_servers: int = Field(description="its servers then: what an undo gives it back")
-    full: int = Field(description="the new release's servers for all the traffic")
-    spare: int = Field(description="rollout.spare_servers")
-
-
-class DeployOutcome(BaseModel):
-    """What a deploy did, for the caller to record; events are in the order they happened."""
-
-    status: Literal["live", "rolled_back", "failed"]
-    events: list[tuple[str, dict[str, Any]]] = Field(default_factory=list)
-    error: str | None = Field(None, description="why the release is not live; None when it is")
 
 
 # ---------------------------------------------------------------- client and requests
@@ -394,35 +361,8 @@ def delete(api, obj: dict) -> None:
 # ---------------------------------------------------------------- the progressive rollout
 
 
-class ServerStep(BaseModel):
-    """One step of a rollout in servers (pods per replica group): what runs once it is reached."""
-
-    fraction: float = Field(gt=0, le=1, description="the spec's share of traffic for this step")
-    old_servers: int = Field(ge=0)
-    new_servers: int = Field(ge=1)
-
-
-class Verdict(Protocol):
-    """A step's analysis (pipeline.release.analysis.StepAnalysis): passed or not, and why."""
-
-    passed: bool
-    reasons: list[str]
-
-    def summary(self) -> str: ...
-
-    def model_dump(self) -> dict[str, Any]: ...
-
-
-# (step number, its traffic fraction, the new release's pods now): the step's verdict
-Judge = Callable[[int, float, int], Verdict]
-
-
-class AnswersWorse(ReleaseError):
-    """The new release's served answers failed the step's accuracy check."""
-
-
 def _own_service(manifests: list[dict]) -> str:
-    """The release's own Service (it selects the release's pods only), as opposed to the stable one."""
+    """The release's own Service (it selects the release's pods only)."""
     return next(
         o["metadata"]["name"]
         for o in manifests
@@ -435,23 +375,8 @@ def _release_of(obj: dict) -> str:
 
 
 class KubernetesTarget:
-    """Rolls a release out beside the live one in steps of servers, judged on live metrics.
-
-    Traffic reaches a release only through the model's HTTPRoute, whose backends are the releases'
-    own Services with weights this controller sets: the new release's pods start unexposed (Ready
-    in their own Service, in no route), its smoke test and served answers go through that Service,
-    and only then does the route give it a share. New servers start in waves of at most
-    `spare_servers`; after each wave the route moves onto the checked new servers the share they
-    hold (never past the step's fraction) and the old release gives back only the servers its
-    remaining share no longer needs, so what takes traffic never holds less than the live fleet
-    did and no more than the live fleet plus the spare budget run at once. After each step the
-    judge (the PromQL analysis of the window) decides, while the old release keeps as many servers
-    as the budget leaves it; a failed step moves traffic back (at once where the old release still
-    holds it, else as its servers return), then scales the new one to zero. Only after the last
-    step's analysis, and `scale_down_delay_s` more, does the old release go to zero servers; its
-    objects stay until the next release prunes them, so a rollback within that time only scales
-    them up again (`deploy` of that release, which finds its objects).
-    """
+    """A cluster the controller (`pipeline.release.controller`) rolls releases out to: the API
+    client and how patiently it is polled. `release` binds it to one release's rendered objects."""
 
     def __init__(
         self,
@@ -477,403 +402,217 @@ class KubernetesTarget:
         log.info("Kubernetes API %s answers (version %s)", self.api.configuration.host, version)
         return version
 
-    def deploy(
+    def release(
         self,
         release_id: str,
         manifests: list[dict],
-        steps: list[ServerStep] | None = None,
-        judge: Judge | None = None,
-        spare_servers: int = 1,
-        timeout_s: float | None = None,
         answers: Answers | None = None,
-        scale_down_delay_s: float = 0.0,
-    ) -> DeployOutcome:
-        """Make `manifests` live without taking the model offline, or leave the old release serving.
-
-        `steps` default to one step with every server the manifests render; with no release of
-        this model serving in the cluster, the new one starts whole (no steps, nothing to judge).
-        Where the release's objects are still in the cluster (kept at zero by a later release, or
-        still serving beside it: a rollback), they are scaled up, not created again.
-        Raises ClusterUnreachable before changing anything when the API server does not answer;
-        every later failure is an outcome ("rolled_back" while the old release serves, "failed"
-        with none). The rollout timeout per wave defaults to the Deployments' progress deadline.
-        `answers` checks the new release's served answers through its own Service at each step,
-        before the route gives it that step's share: answers that got worse abort the rollout like
-        a failed analysis (with nothing live before, the new release goes to zero).
-        """
-        timeout_s = timeout_s or _progress_deadline(manifests)
+        timeout_s: float | None = None,
+    ) -> KubernetesRelease:
+        """The rollout primitives for one release's rendered objects; ClusterUnreachable before
+        anything changes when the API server does not answer."""
         self.check_reachable()
-        namespace, own, port, model = _smoke_target(manifests)
-        route, new_deps, label, instance = _release_objects(manifests)
-        found = listing(self.api, namespace, "deployments", instance)
-        others = [d for d in found if _release_of(d) != label]
-        old = [d for d in others if d["spec"].get("replicas", 0) > 0]
-        old_servers = live_servers = max((d["spec"]["replicas"] for d in old), default=0)
-        old_release = _release_of(old[0]) if old else None
-        old_service = self._service_of(namespace, instance, old_release) if old_release else None
-        # a rollback to kept objects: what of them runs already counts
-        kept = [d for d in found if _release_of(d) == label]
-        new_servers = min((d["spec"].get("replicas", 0) for d in kept), default=0) if kept else 0
-        full = max(d["spec"].get("replicas", 1) for d in new_deps)
-        if not old or not steps:
-            steps = [ServerStep(fraction=1.0, old_servers=0, new_servers=full)]
-        full = max(full, steps[-1].new_servers)
-        events: list[tuple[str, dict[str, Any]]] = [
-            (
-                "deploy_started",
-                {
-                    "release_id": release_id,
-                    "namespace": namespace,
-                    "server": self.api.configuration.host,
-                    "objects": [f"{obj['kind']}/{obj['metadata']['name']}" for obj in manifests],
-                    "live_release": old_release,
-                    "live_servers": old_servers,
-                    "kept_servers": new_servers if kept else None,
-                    "steps": [s.model_dump() for s in steps],
-                },
-            )
-        ]
-        started = time.monotonic()
-        record = RolloutRecord(replacing=old_release, live_servers=live_servers, full=full, spare=spare_servers)
-        for dep in new_deps:  # applied with the first wave, or now onto kept objects, before any other change
-            dep["metadata"].setdefault("annotations", {})[ROLLOUT_ANNOTATION] = record.model_dump_json()
-        # the new Deployments once they exist (an undo scales them to zero)
-        applied: list[dict] = list(new_deps) if kept else []
-        traffic = _Traffic(self, route, old_service, own, events)
-        try:
-            if kept:
-                for dep in new_deps:
-                    dep["spec"]["replicas"] = new_servers
-                apply(self.api, new_deps, self.field_manager, timeout_s, self.poll_s)
-            if old and old_service is None:
-                raise RolloutFailed(f"release {old_release} serves but its own Service is gone: nothing to weigh it by")
-            removed = self._remove_releases({_release_of(d) for d in others if d not in old}, namespace, instance)
-            if removed:
-                events.append(("pruned", {"objects": removed}))
-            for number, step in enumerate(steps, 1):
-                step_started = time.monotonic()
-                budget = live_servers + spare_servers  # servers that may run at once
-                checked = False
-                while new_servers < step.new_servers or not checked:
-                    if new_servers and not checked:  # the step's checks, before its share rises
-                        self._check(events, answers, number, namespace, manifests, port, model, new_servers)
-                        checked = True
-                    if new_servers >= step.new_servers:
-                        break
-                    if checked and old:  # the checked new servers take the share they hold
-                        traffic.move(min(step.fraction, new_servers / full), number)
-                    if old:
-                        # old servers stop only where the old share, at the route's weights, no longer
-                        # needs them, and to leave the wave room within live + spare
-                        wave, room = next_wave(
-                            number, step, new_servers, old_servers, traffic.new_share, live_servers, spare_servers
-                        )
-                        old_servers = self._scale_to(old, room, old_servers, timeout_s)
-                    else:
-                        wave = step.new_servers - new_servers
-                    new_servers += wave
-                    self._start(manifests, new_deps, new_servers, applied, timeout_s)
-                traffic.move(step.fraction, number)
-                # the old release keeps every server the budget leaves it while the step is judged
-                # (never fewer than its share needs): at the last step it still serves beside the
-                # new one, and an abort there has that much less to reload
-                keep = kept_while_judged(step, live_servers, budget)
-                old_servers = self._scale_to(old, min(keep, old_servers), old_servers, timeout_s)
-                detail: dict[str, Any] = {
-                    "step": number,
-                    "fraction": step.fraction,
-                    "old_servers": old_servers,
-                    "new_servers": new_servers,
-                    "seconds": round(time.monotonic() - step_started, 1),
-                }
-                if old and judge is not None:
-                    verdict = judge(number, step.fraction, new_servers * len(new_deps))
-                    detail |= {"analysis": verdict.model_dump(), "passed": verdict.passed}
-                    events.append(("rollout_step", detail))
-                    if not verdict.passed:
-                        raise RolloutAborted(
-                            f"rollout of release {release_id} aborted at step {number} "
-                            f"({new_servers} new / {old_servers} old servers): " + "; ".join(verdict.reasons),
-                            [verdict],
-                        )
-                else:
-                    events.append(("rollout_step", detail))
-                log.info(
-                    "release %s, step %d/%d done: %d new and %d old servers",
-                    release_id,
-                    number,
-                    len(steps),
-                    new_servers,
-                    old_servers,
-                )
-            traffic.only_new()  # the old release leaves the route: what serves now needs no controller
-        except Exception as exc:
-            servers = _Servers(live_servers, old_servers, new_servers, full, spare_servers)
-            return self._undo(exc, events, applied, old, old_release, servers, started, timeout_s, traffic)
-        # every analysis passed: only now, and after the keep window, does the old release give back
-        # its last servers; its objects stay, at zero, until the next release's deploy prunes them
-        if old and old_servers and self._keep(scale_down_delay_s, old_servers, traffic, events):
-            old_servers = self._scale_to(old, 0, old_servers, timeout_s)
-        kept_at_zero = [f"Deployment/{d['metadata']['name']}" for d in old] if not old_servers else []
-        events.append(
-            (
-                "rollout_complete",
-                {
-                    "kept_at_zero": kept_at_zero,
-                    "seconds": round(time.monotonic() - started, 1),
-                    "all_traffic_after_s": traffic.all_new_after_s,
-                    "servers": new_servers,
-                },
-            )
-        )
-        log.info("release %s is live in %s on %d servers", release_id, namespace, new_servers)
-        return DeployOutcome(status="live", events=events)
+        return KubernetesRelease(self, release_id, manifests, answers, timeout_s)
 
-    def recover(self, manifests: list[dict], timeout_s: float | None = None) -> DeployOutcome:
-        """Pick up a rollout whose controller died (its task killed between two actions): from what
-        the cluster holds (the route's weights, each release's servers) and the rollout's record on
-        the new release's Deployments. A rollout that had moved all traffic and servers is finished
-        ("live"); any other is undone as an abort would ("rolled_back": the old release gets its
-        servers and traffic back within the spare budget, the new one goes to zero). Idempotent:
-        it starts nothing of the new release, and a second call finds nothing left to do."""
-        timeout_s = timeout_s or _progress_deadline(manifests)
-        self.check_reachable()
-        namespace, own, _port, _model = _smoke_target(manifests)
-        route, _new_deps, label, instance = _release_objects(manifests)
-        current = listing(self.api, namespace, "deployments", {**instance, RELEASE_LABEL: label})
-        events: list[tuple[str, dict[str, Any]]] = []
-        started = time.monotonic()
-        annotated = [d for d in current if ROLLOUT_ANNOTATION in (d["metadata"].get("annotations") or {})]
-        if not annotated:
-            events.append(("recovered", {"state": "nothing of the release was applied", "release_id": label}))
-            return DeployOutcome(status="rolled_back", events=events, error="the rollout had changed nothing")
-        record = RolloutRecord.model_validate_json(annotated[0]["metadata"]["annotations"][ROLLOUT_ANNOTATION])
-        # servers taken: a group the controller had scaled before it died counts (not the fewest)
-        new_servers = max(d["spec"].get("replicas", 0) for d in current)
-        old = (
-            listing(self.api, namespace, "deployments", {**instance, RELEASE_LABEL: record.replacing})
-            if record.replacing
-            else []
-        )
-        old_servers = max((d["spec"].get("replicas", 0) for d in old), default=0)
-        old_service = self._service_of(namespace, instance, record.replacing) if record.replacing else None
-        traffic = _Traffic(self, route, old_service, own, events)
-        traffic.load()
-        state = {
-            "release_id": label,
-            "replacing": record.replacing,
-            "weights": traffic.weights,
-            "old_servers": old_servers,
-            "new_servers": new_servers,
-        }
-        log.warning("recovering the rollout of release %s from %s", label, state)
-        complete = min(d["spec"].get("replicas", 0) for d in current) >= record.full
-        if traffic.weights == {own: WEIGHT_TOTAL} and complete:
-            events.append(("recovered", {"state": "complete", **state}))
-            if old_servers:
-                self._scale_to(old, 0, old_servers, timeout_s)
-            return DeployOutcome(status="live", events=events)
-        events.append(("recovered", {"state": "undone", **state}))
-        died = RolloutFailed(f"the controller of release {label}'s rollout died mid-rollout; undone from {state}")
-        servers = _Servers(record.live_servers, old_servers, new_servers, record.full, record.spare)
-        return self._undo(died, events, current, old, record.replacing, servers, started, timeout_s, traffic)
 
-    def _keep(self, delay_s: float, old_servers: int, traffic: _Traffic, events: list) -> bool:
-        """The keep window after the last step: the old release holds its servers, out of the route,
-        so a rollback meanwhile only moves traffic back. True when it may go to zero now (the route
-        still sends everything to the new release: nobody rolled back meanwhile)."""
-        if delay_s > 0:
-            events.append(("scale_down_delay", {"seconds": delay_s, "old_servers": old_servers}))
-            log.info("keeping %d old servers for %.0f s (rollout.scale_down_delay)", old_servers, delay_s)
-            time.sleep(delay_s)
-        if traffic.current() != {traffic.own: WEIGHT_TOTAL}:
-            events.append(("scale_down_skipped", {"reason": "the route changed during the keep window"}))
-            log.warning("the route changed during the keep window; the old release keeps its servers")
-            return False
-        return True
+class KubernetesRelease:
+    """One release's rollout primitives on a cluster (the controller's Target).
 
-    def _service_of(self, namespace: str, instance: dict[str, str], release: str) -> str | None:
-        """A release's own Service (the one selecting its pods), if it still exists."""
-        services = listing(self.api, namespace, "services", {**instance, RELEASE_LABEL: release})
-        return next((s["metadata"]["name"] for s in services if RELEASE_LABEL in s["spec"].get("selector", {})), None)
+    Traffic reaches a release only through the model's HTTPRoute, whose backends are the releases'
+    own Services with the weights the controller sets: the new release's pods start unexposed
+    (Ready in their own Service, in no route), its smoke test and served answers go through that
+    Service, and only then does the route give it a share. A server is one pod per replica group
+    (each group its own Deployment). Objects go in by server-side apply; replicas change through
+    the scale subresource. The rollout's record is an annotation on the new release's Deployments,
+    applied with them before anything else of the release changes.
+    """
 
-    # -------------------------------------------------------- steps
-
-    def _start(
-        self, manifests: list[dict], new_deps: list[dict], servers: int, applied: list, timeout_s: float
-    ) -> None:
-        """Apply the release's objects with `servers` pods per group (first wave), or scale them."""
-        if not applied:
-            for dep in new_deps:
-                dep["spec"]["replicas"] = servers
-            applied.extend(new_deps)  # from the first PATCH on, there may be something to undo
-            # everything but the route: the release starts unexposed, in its own Service only
-            unexposed = [obj for obj in manifests if obj["kind"] != "HTTPRoute"]
-            apply(self.api, unexposed, self.field_manager, timeout_s, self.poll_s)
-        else:
-            for dep in new_deps:
-                scale(self.api, dep, servers)
-            wait_rollout(self.api, new_deps, timeout_s, self.poll_s)
-
-    def _scale_to(self, deps: list[dict], servers: int, now: int, timeout_s: float) -> int:
-        if deps and servers != now:
-            for dep in deps:
-                scale(self.api, dep, servers)
-            wait_rollout(self.api, deps, timeout_s, self.poll_s)
-            log.info("release %s: %d -> %d servers", _release_of(deps[0]), now, servers)
-        return servers
-
-    def _check(
+    def __init__(
         self,
-        events: list[tuple[str, dict[str, Any]]],
-        answers: Answers | None,
-        step: int,
-        namespace: str,
+        target: KubernetesTarget,
+        release_id: str,
         manifests: list[dict],
-        port: int,
-        model: str,
-        new_servers: int,
-    ) -> None:
-        """A step's checks through the release's own Service: the smoke completion (once), then the
-        serving-path accuracy check, one `rollout_accuracy` event with its table; raises SmokeFailed
-        or AnswersWorse when they fail. Pods rendered before they served /tokenizer_info (a rollback
-        to such a release) cannot have their answers checked this way: the event says so and the
-        rollout goes on, judged by its analysis."""
-        if not any(kind == "smoke_test" for kind, _ in events):
-            events.append(self._smoke(namespace, manifests, port, model))
-        if answers is None:
-            return
-        own = _own_service(manifests)
-        if TOKENIZER_INFO_FLAG not in _engine_argv(next(o for o in manifests if o["kind"] == "Deployment")):
-            reason = f"the release's pods run without {TOKENIZER_INFO_FLAG} (rendered before it): not checked"
-            events.append(("rollout_accuracy", {"step": step, "new_servers": new_servers, "skipped": reason}))
-            log.warning("step %d: served answers %s", step, reason)
-            return
-        checked = answers(step, service_endpoint(self.api, namespace, own, port), model)
-        events.append(
-            (
-                "rollout_accuracy",
-                {
-                    "step": step,
-                    "new_servers": new_servers,
-                    "summary": checked.summary(),
-                    **checked.model_dump(mode="json"),
-                },
-            )
+        answers: Answers | None,
+        timeout_s: float | None,
+    ):
+        self.target, self.api = target, target.api
+        self.release_id, self.manifests, self.answers = release_id, manifests, answers
+        self.timeout_s = timeout_s or _progress_deadline(manifests)
+        self.namespace, self.own, self.port, self.model = _smoke_target(manifests)
+        self.route_obj, self.new_deps, self.label, self.instance = _release_objects(manifests)
+        self.groups = len(self.new_deps)
+        self.events: list[Event] = []
+        self.about = {
+            "namespace": self.namespace,
+            "server": self.api.configuration.host,
+            "objects": [f"{obj['kind']}/{obj['metadata']['name']}" for obj in manifests],
+        }
+        self.applied: list[dict] = []  # the new Deployments once they exist (an undo scales them to zero)
+        self.old: list[dict] = []  # the serving release's Deployments
+        self.stale: set[str] = set()  # releases other than these two, left at zero
+
+    def state(self, recovering: bool = False) -> Fleet:
+        found = listing(self.api, self.namespace, "deployments", self.instance)
+        mine = [d for d in found if _release_of(d) == self.label]
+        others = [d for d in found if _release_of(d) != self.label]
+        annotated = [d for d in mine if ROLLOUT_ANNOTATION in (d["metadata"].get("annotations") or {})]
+        record = (
+            RolloutRecord.model_validate_json(annotated[0]["metadata"]["annotations"][ROLLOUT_ANNOTATION])
+            if annotated
+            else None
         )
-        log.info("step %d: served answers %s: %s", step, "pass" if checked.passed else "FAIL", checked.summary())
-        if not checked.passed:
-            raise AnswersWorse(
-                f"step {step}: serving-path accuracy through Service {namespace}/{own}: " + "; ".join(checked.failures)
-            )
-
-    def _smoke(self, namespace: str, manifests: list[dict], port: int, model: str) -> tuple[str, dict[str, Any]]:
-        """A completion through the release's own Service: it reaches only the new pods."""
-        own = _own_service(manifests)
-        text = smoke(
-            self.api, namespace, own, port, model, self.smoke_timeout_s, retry_delay_s=self.smoke_retry_delay_s
+        if recovering:  # the release the dead rollout replaced, whatever it runs now
+            old_release = record.replacing if record else None
+            self.old = [d for d in others if old_release and _release_of(d) == old_release]
+        else:
+            self.old = [d for d in others if d["spec"].get("replicas", 0) > 0]
+            old_release = _release_of(self.old[0]) if self.old else None
+        self.stale = {_release_of(d) for d in others if d not in self.old}
+        if mine:
+            self.applied = list(self.new_deps)
+        replicas = [d["spec"].get("replicas", 0) for d in mine]
+        return Fleet(
+            release=self.label,
+            backend=self.own,
+            old_release=old_release,
+            old_backend=self._service_of(old_release) if old_release else None,
+            old_servers=max((d["spec"].get("replicas", 0) for d in self.old), default=0),
+            new_servers=min(replicas, default=0),
+            new_started=max(replicas, default=0),
+            full=max(d["spec"].get("replicas", 1) for d in self.new_deps),
+            weights=self.routed(),
+            record=record,
         )
-        return ("smoke_test", {"ok": True, "service": f"{namespace}/{own}:{port}", "text": text[:200]})
 
-    def _remove_releases(self, releases: set[str], namespace: str, instance: dict[str, str]) -> list[str]:
-        """Delete every object of these releases (Deployments, their Services and budgets)."""
-        removed = []
-        for release in sorted(r for r in releases if r):
-            for plural in ("deployments", "services", "poddisruptionbudgets"):
-                for obj in listing(self.api, namespace, plural, {**instance, RELEASE_LABEL: release}):
-                    delete(self.api, obj)
-                    removed.append(f"{obj['kind']}/{obj['metadata']['name']}")
-        return removed
+    def mark(self, record: RolloutRecord) -> None:
+        for dep in self.new_deps:  # applied with the first wave, or now onto kept objects
+            dep["metadata"].setdefault("annotations", {})[ROLLOUT_ANNOTATION] = record.model_dump_json()
+        if self.applied:  # a rollback to kept objects: they keep the servers they run
+            now = kept_servers(self.api, self.new_deps) or 0
+            for dep in self.new_deps:
+                dep["spec"]["replicas"] = now
+            apply(self.api, self.new_deps, self.target.field_manager, self.timeout_s, self.target.poll_s)
 
-    def _undo(
-        self,
-        exc: Exception,
-        events: list,
-        applied: list[dict],
-        old: list[dict],
-        old_release: str | None,
-        servers: _Servers,
-        started: float,
-        timeout_s: float,
-        traffic: _Traffic,
-    ) -> DeployOutcome:
-        """Traffic and servers back to the old release, within the spare budget, then the new one to zero.
+    def prune(self) -> None:
+        removed = self._remove_releases(self.stale)
+        if removed:
+            self.events.append(("pruned", {"objects": removed}))
 
-        The route moves back at once where the old release still runs all its servers, or where
-        the new one answers wrong; otherwise the old release's servers come back in waves of the
-        spare budget, each taking back the share it holds while the new release gives back the
-        servers its remaining share no longer needs."""
-        if not isinstance(exc, ReleaseError):
-            log.error("rollout failed on an unexpected error", exc_info=exc)
-        error = str(exc)
-        seconds = round(time.monotonic() - started, 1)
-        if isinstance(exc, SmokeFailed):
-            events.append(("smoke_test", {"ok": False, "error": error}))
-        kind = "rollout_aborted" if isinstance(exc, RolloutAborted | AnswersWorse) else "rollout_failed"
-        events.append((kind, {"error": error, "seconds": seconds}))
-        if not old:
-            log.error("rollout failed and no earlier release serves: %s", error)
-            if isinstance(exc, AnswersWorse):  # no answers rather than worse ones
-                for dep in applied:
-                    scale(self.api, dep, 0)
-                events.append(("scaled_to_zero", {"objects": [f"Deployment/{d['metadata']['name']}" for d in applied]}))
-            return DeployOutcome(status="failed", events=events, error=error)
-        live, have, new, full, spare = servers
-        log.warning("rollout failed (%s); release %s back to %d servers", error, old_release, live)
-        events.append(("rollback_started", {"to_release": old_release, "reason": error}))
-        aborted = time.monotonic()
-        try:
-            if traffic.exposed:
-                traffic.back(0.0 if isinstance(exc, AnswersWorse) else 1 - have / live, aborted)
-            while True:
-                # the new release keeps only what its share needs, then old servers come back in its room
-                keep_new = _servers_for(traffic.new_share, full) if traffic.exposed else 0
-                if keep_new < new:
-                    new = self._scale_new(applied, keep_new)
-                if have >= live:
-                    break
-                wave = min(max(1, spare), live - have, live + spare - have - new)
-                if wave < 1:
-                    raise RolloutFailed(f"{have} old and {new} new servers leave no room in the spare budget")
-                have = self._scale_to(old, have + wave, have, timeout_s)
-                if traffic.exposed:
-                    traffic.back(max(0.0, 1 - have / live), aborted)
-            if traffic.exposed:
-                traffic.back(0.0, aborted)
-            self._scale_new(applied, 0)
-        except Exception as undo_exc:
-            events.append(("rollback_failed", {"to_release": old_release, "error": str(undo_exc)}))
-            return DeployOutcome(
-                status="failed", events=events, error=f"{error}; back to release {old_release} failed: {undo_exc}"
-            )
-        events.append(
-            (
-                "rollback_complete",
-                {"to_release": old_release, "servers": live, "seconds": round(time.monotonic() - aborted, 1)},
-            )
-        )
-        return DeployOutcome(status="rolled_back", events=events, error=error)
+    def start(self, servers: int) -> None:
+        """Apply the release's objects with `servers` pods per group (first wave), or scale them."""
+        if not self.applied:
+            for dep in self.new_deps:
+                dep["spec"]["replicas"] = servers
+            self.applied = list(self.new_deps)  # from the first PATCH on, there may be something to undo
+            # everything but the route: the release starts unexposed, in its own Service only
+            unexposed = [obj for obj in self.manifests if obj["kind"] != "HTTPRoute"]
+            apply(self.api, unexposed, self.target.field_manager, self.timeout_s, self.target.poll_s)
+        else:
+            for dep in self.new_deps:
+                scale(self.api, dep, servers)
+            wait_rollout(self.api, self.new_deps, self.timeout_s, self.target.poll_s)
 
-    def _scale_new(self, applied: list[dict], servers: int) -> int:
+    def scale_old(self, servers: int) -> None:
+        for dep in self.old:
+            scale(self.api, dep, servers)
+        wait_rollout(self.api, self.old, self.timeout_s, self.target.poll_s)
+
+    def scale_new(self, servers: int) -> None:
         """The new release down to `servers` (its Deployments that exist: a failed first apply may
         have created only some)."""
-        for dep in applied:
+        for dep in self.applied:
             try:
                 scale(self.api, dep, servers)
             except KubernetesError as missing:
                 if missing.status != 404:  # never created: nothing to scale
                     raise
-        return servers
 
+    def check(self, step: int, servers: int) -> None:
+        """A step's checks through the release's own Service: the smoke completion (once), then the
+        serving-path accuracy check, one `rollout_accuracy` event with its table; raises SmokeFailed
+        or AnswersWorse when they fail. Pods rendered before they served /tokenizer_info (a rollback
+        to such a release) cannot have their answers checked this way: the event says so and the
+        rollout goes on, judged by its analysis."""
+        if not any(kind == "smoke_test" for kind, _ in self.events):
+            text = smoke(
+                self.api,
+                self.namespace,
+                self.own,
+                self.port,
+                self.model,
+                self.target.smoke_timeout_s,
+                retry_delay_s=self.target.smoke_retry_delay_s,
+            )
+            self.events.append(
+                ("smoke_test", {"ok": True, "service": f"{self.namespace}/{self.own}:{self.port}", "text": text[:200]})
+            )
+        if self.answers is None:
+            return
+        if TOKENIZER_INFO_FLAG not in _engine_argv(self.new_deps[0]):
+            reason = f"the release's pods run without {TOKENIZER_INFO_FLAG} (rendered before it): not checked"
+            self.events.append(("rollout_accuracy", {"step": step, "new_servers": servers, "skipped": reason}))
+            log.warning("step %d: served answers %s", step, reason)
+            return
+        checked = self.answers(step, service_endpoint(self.api, self.namespace, self.own, self.port), self.model)
+        self.events.append(
+            (
+                "rollout_accuracy",
+                {"step": step, "new_servers": servers, "summary": checked.summary(), **checked.model_dump(mode="json")},
+            )
+        )
+        log.info("step %d: served answers %s: %s", step, "pass" if checked.passed else "FAIL", checked.summary())
+        if not checked.passed:
+            raise AnswersWorse(
+                f"step {step}: serving-path accuracy through Service {self.namespace}/{self.own}: "
+                + "; ".join(checked.failures)
+            )
 
-class _Servers(NamedTuple):
-    """Where a rollout stood when it failed: what its undo starts from."""
+    def route(self, weights: dict[str, int]) -> None:
+        route = copy.deepcopy(self.route_obj)
+        template = route["spec"]["rules"][0]["backendRefs"][0]
+        route["spec"]["rules"][0]["backendRefs"] = [
+            {**template, "name": name, "weight": weight} for name, weight in weights.items()
+        ]
+        _call(
+            self.api,
+            "PATCH",
+            object_path(route),
+            body=route,
+            content_type=APPLY_PATCH,
+            query={"fieldManager": self.target.field_manager, "force": "true"},
+        )
+        log.info(
+            "route %s: %s",
+            route["metadata"]["name"],
+            ", ".join(f"{n} {w / WEIGHT_TOTAL:.2%}" for n, w in weights.items()),
+        )
 
-    live: int  # the old release's servers when the rollout started: what it gets back
-    old: int  # the old release's servers now
-    new: int  # the new release's servers now
-    full: int  # the new release's servers for all the traffic
-    spare: int  # rollout.spare_servers
+    def routed(self) -> dict[str, int]:
+        try:
+            now = _call(self.api, "GET", object_path(self.route_obj))
+        except KubernetesError as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return {b["name"]: b.get("weight", 1) for rule in now["spec"]["rules"] for b in rule.get("backendRefs", [])}
+
+    def settle(self, live: bool) -> None:
+        """Nothing to drop: the route is the truth, and the record stays on the Deployments."""
+
+    def _service_of(self, release: str) -> str | None:
+        """A release's own Service (the one selecting its pods), if it still exists."""
+        services = listing(self.api, self.namespace, "services", {**self.instance, RELEASE_LABEL: release})
+        return next((s["metadata"]["name"] for s in services if RELEASE_LABEL in s["spec"].get("selector", {})), None)
+
+    def _remove_releases(self, releases: set[str]) -> list[str]:
+        """Delete every object of these releases (Deployments, their Services and budgets)."""
+        removed = []
+        for release in sorted(r for r in releases if r):
+            for plural in ("deployments", "services", "poddisruptionbudgets"):
+                for obj in listing(self.api, self.namespace, plural, {**self.instance, RELEASE_LABEL: release}):
+                    delete(self.api, obj)
+                    removed.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        return removed
 
 
 def kept_servers(api, manifests: list[dict]) -> int | None:
@@ -888,139 +627,6 @@ def kept_servers(api, manifests: list[dict]) -> int | None:
                 return None
             raise
     return min(counts) if counts else None
-
-
-class _Traffic:
-    """The model's HTTPRoute as one rollout sets it: the old release's Service and the new one's,
-    weighted in parts of WEIGHT_TOTAL. Until `move` gives the new release a share it is in no route (exposed
-    False); every change is a `traffic` event."""
-
-    def __init__(self, target: KubernetesTarget, route: dict, old: str | None, own: str, events: list):
-        self.target, self.route, self.old, self.own, self.events = target, route, old, own, events
-        self.started = time.monotonic()
-        self.all_new_after_s: float | None = None  # when the new release first took all the traffic
-        self.new_share = 0.0
-        self.exposed = False
-        self.weights: dict[str, int] = {}  # as this rollout last set them
-
-    def move(self, share: float, step: int) -> None:
-        """The new release takes `share` (floored to a percent: never more than its servers hold)."""
-        parts = math.floor(share * WEIGHT_TOTAL + 1e-6)
-        if self.exposed and parts == round(self.new_share * WEIGHT_TOTAL):
-            return
-        self._set(
-            {self.old: WEIGHT_TOTAL - parts, self.own: parts} if self.old else {self.own: WEIGHT_TOTAL}, step=step
-        )
-
-    def back(self, share: float, since: float) -> None:
-        """An abort: the new release keeps `share` (ceiled: the old side takes no more than it holds)."""
-        parts = math.ceil(share * WEIGHT_TOTAL - 1e-6)
-        if parts != round(self.new_share * WEIGHT_TOTAL):
-            self._set(
-                {self.old or "": WEIGHT_TOTAL - parts, self.own: parts}, seconds=round(time.monotonic() - since, 1)
-            )
-
-    def only_new(self) -> None:
-        """Completion: the route names only the new release, as its rendered form does."""
-        self._set({self.own: WEIGHT_TOTAL})
-
-    def current(self) -> dict[str, int]:
-        try:
-            now = _call(self.target.api, "GET", object_path(self.route))
-        except KubernetesError as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return {b["name"]: b.get("weight", 1) for rule in now["spec"]["rules"] for b in rule.get("backendRefs", [])}
-
-    def load(self) -> None:
-        """Take the weights the route has now as this rollout's (a recovery)."""
-        self.weights = self.current()
-        self.new_share = self.weights.get(self.own, 0) / WEIGHT_TOTAL
-        self.exposed = self.new_share > 0
-
-    def _set(self, weights: dict[str, int], **detail: Any) -> None:
-        if weights == self.weights:
-            return
-        route = copy.deepcopy(self.route)
-        template = route["spec"]["rules"][0]["backendRefs"][0]
-        route["spec"]["rules"][0]["backendRefs"] = [
-            {**template, "name": name, "weight": weight} for name, weight in weights.items()
-        ]
-        _call(
-            self.target.api,
-            "PATCH",
-            object_path(route),
-            body=route,
-            content_type=APPLY_PATCH,
-            query={"fieldManager": self.target.field_manager, "force": "true"},
-        )
-        self.weights = weights
-        self.new_share = weights.get(self.own, 0) / WEIGHT_TOTAL
-        self.exposed = self.new_share > 0
-        at_s = round(time.monotonic() - self.started, 1)
-        if self.new_share >= 1 and self.all_new_after_s is None:
-            self.all_new_after_s = at_s
-        self.events.append(("traffic", {"weights": weights, "at_s": at_s, **detail}))
-        log.info(
-            "route %s: %s",
-            route["metadata"]["name"],
-            ", ".join(f"{n} {w / WEIGHT_TOTAL:.2%}" for n, w in weights.items()),
-        )
-
-
-def next_wave(
-    number: int, step: ServerStep, new: int, old: int, new_share: float, live: int, spare: int
-) -> tuple[int, int]:
-    """The controller's next wave within step `number`: (new servers it starts, old servers kept
-    while they start). Old servers stop only where the old release's share (1 - `new_share`, the
-    route's now) no longer needs them, and only to make room within live + spare; RolloutFailed
-    where no new server fits."""
-    budget = live + spare
-    need = _servers_for(1 - new_share, live)
-    wave = min(max(1, spare), step.new_servers - new, budget - new - need)
-    if wave < 1:
-        raise RolloutFailed(
-            f"step {number}: {need} old servers hold the old share while {new} new run; "
-            f"rollout.spare_servers ({spare}) leaves no room to start another"
-        )
-    return wave, max(need, min(old, budget - new - wave))
-
-
-def waves_problems(steps: list[ServerStep], live: int, spare: int) -> list[str]:
-    """Each step's problem as the controller would meet it ('' where its waves fit): the rollout
-    run on paper, with the route's weights as the controller sets them, so `rollout-plan` refuses
-    before anything starts what the controller would refuse halfway."""
-    full = max(1, steps[-1].new_servers)
-    new, old = 0, live
-    problems: list[str] = []
-    for number, step in enumerate(steps, 1):
-        try:
-            while new < step.new_servers:
-                share = math.floor(min(step.fraction, new / full) * WEIGHT_TOTAL + 1e-6) / WEIGHT_TOTAL
-                wave, old = next_wave(number, step, new, old, share, live, spare)
-                new += wave
-        except RolloutFailed as exc:
-            return problems + [str(exc)] + [""] * (len(steps) - number)
-        old = min(old, kept_while_judged(step, live, live + spare))
-        problems.append("")
-    return problems
-
-
-def kept_while_judged(step: ServerStep, live_servers: int, budget: int) -> int:
-    """Old servers a step keeps while it is judged: every one the budget leaves beside the step's
-    new servers, never fewer than its share needs (nor more than the live fleet). `rollout-plan`
-    prints the same figure."""
-    return min(
-        live_servers,
-        max(step.old_servers, _servers_for(1 - step.fraction, live_servers), budget - step.new_servers),
-    )
-
-
-def _servers_for(share: float, live_servers: int) -> int:
-    """Old servers that hold `share` of what the live fleet held (a weight's rounding, one part in
-    WEIGHT_TOTAL, does not ask for another server)."""
-    return max(0, math.ceil(share * live_servers - 1e-3))
 
 
 def _release_objects(manifests: list[dict]) -> tuple[dict, list[dict], str, dict[str, str]]:

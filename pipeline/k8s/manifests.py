@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
+from pipeline.core.rollout import WEIGHT_TOTAL
 from pipeline.core.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
 from pipeline.k8s import autoscaler, crds
 from pipeline.stages import serving
@@ -39,9 +40,6 @@ MODELS_MOUNT = "/models"
 FIELD_PREFIX = "model-release"
 RELEASE_LABEL = f"{FIELD_PREFIX}/release-id"
 GATEWAY_API = "gateway.networking.k8s.io/v1"
-# route weights are parts of this (Gateway API allows 0 to 1,000,000): fine enough that a share
-# set from servers is a share those servers hold
-WEIGHT_TOTAL = 10_000
 # a streamed answer of a long context may run for minutes; Gateway implementations' own default
 # request timeouts (Envoy's is 15 s) would cut it
 ROUTE_REQUEST_TIMEOUT = "600s"

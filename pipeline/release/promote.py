@@ -8,18 +8,22 @@ step of a rollout, and every rollback, is an event in the release's audit trail.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.core import paths, storage
-from pipeline.core.errors import ReleaseError, RolloutAborted
+from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
+from pipeline.core.rollout import RolloutOutcome, ServerStep
 from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
-from pipeline.release import analysis, local_target, rollout_plan, step_review
+from pipeline.release import analysis, controller, local_target, rollout_plan, step_review
 from pipeline.release.analysis import StepAnalysis
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import served_accuracy, serving
@@ -155,10 +159,7 @@ def promote(
     )
     review = reviewer(reg, rel, loaded) if step_reviews else None
     try:
-        if rel.target == "local":
-            _deploy_local(reg, rel, loaded, previous, actor, review)
-        else:
-            _deploy_kubernetes(reg, rel, loaded, previous, actor, k8s_client, review)
+        _deploy(reg, rel, loaded, previous, actor, k8s_client, review)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # the task terminated (SIGTERM, ^C): the target may be mid-rollout
             reg.record(rel.id, "controller_interrupted", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
@@ -185,23 +186,12 @@ def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
     loaded = release_spec(rel)
     previous = reg.live(rel.name, rel.target)
     reg.record(rel.id, "recovery_started", actor, {"target": rel.target})
-    live = False
-    if rel.target == "local":
-        with local_target.switching(rel.name):
-            local_target.recover(loaded.spec)
-            now = local_target.current(rel.name)
-        live = now is not None and now.release_id == rel.id and local_target.is_healthy(now)
-        data = {"endpoint": local_target.endpoint(loaded.spec), "deployment": now.model_dump()} if live and now else {}
-    else:
-        objs = rel.data.get("manifests")
-        outcome = None
-        if objs:
-            client = k8s_client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
-            outcome = k8s_deploy.KubernetesTarget(client).recover(objs)
-            for kind, detail in outcome.events:
-                reg.record(rel.id, kind, actor, detail)
+    with _opened(reg, rel, loaded, previous, actor, k8s_client, "recover") as opened:
+        outcome = controller.recover(opened.target) if opened.target is not None else None
+        if outcome is not None:
+            _record_events(reg, rel.id, outcome, actor)
         live = outcome is not None and outcome.status == "live"
-        data = {"endpoint": f"service/{objs_service(objs or [])}.{loaded.spec.promotion.namespace}"} if live else {}
+        data = opened.live_data() if live else {}
     restored = previous is not None and previous.id != rel.id and not live
     if live:
         reg.record(rel.id, "deploy_finished", actor, {"recovered": True}, status="live", data=data)
@@ -257,114 +247,24 @@ def _step_dir(rel: Release, step: int) -> Path:
     return home() / "releases" / str(rel.id) / "rollout-accuracy" / f"step-{step}"
 
 
-def rollout_answers(
-    reg: Registry, rel: Release, loaded: LoadedSpec, model_dir: Path, actor: str
-) -> served_accuracy.Answers | None:
-    """The smoke test of each local rollout step: the gate's tasks at the new release's engine,
-    held to the gate's in-process scores; each check is a `rollout_accuracy` event."""
+def step_answers(rel: Release, loaded: LoadedSpec, model_dir: Path | None = None) -> served_accuracy.Answers | None:
+    """The served-answers check of each rollout step, at the new release's servers before the step
+    moves traffic: the gate's tasks, held to the gate's in-process scores. `model_dir`: the
+    tokenizer the local engines load; None asks the engine's own (/tokenizer_info, Kubernetes)."""
     check = _rollout_check(rel, loaded)
     if check is None:
         return None
     gate, smaller = check
 
     def answers(step: int, endpoint: str | Endpoint, served_name: str) -> ServedAccuracy:
-        checked = served_accuracy.check(endpoint, model_dir, served_name, *gate, smaller, _step_dir(rel, step))
-        reg.record(
-            rel.id,
-            "rollout_accuracy",
-            actor,
-            {"step": step, "summary": checked.summary(), **checked.model_dump(mode="json")},
-        )
-        return checked
+        return served_accuracy.check(endpoint, model_dir, served_name, *gate, smaller, _step_dir(rel, step))
 
     return answers
-
-
-def kubernetes_answers(rel: Release, loaded: LoadedSpec) -> served_accuracy.Answers | None:
-    """The same check on each Kubernetes rollout step, through the release's own Service (the API
-    server's service proxy, the engine's own tokenizer); the controller records each as a
-    `rollout_accuracy` event."""
-    check = _rollout_check(rel, loaded)
-    if check is None:
-        return None
-    gate, smaller = check
-
-    def answers(step: int, endpoint: str | Endpoint, served_name: str) -> ServedAccuracy:
-        return served_accuracy.check(endpoint, None, served_name, *gate, smaller, _step_dir(rel, step))
-
-    return answers
-
-
-def _local_rollout(
-    reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, review: step_review.Reviewer | None = None
-) -> tuple[local_target.Deployment, str, list[StepAnalysis]]:
-    """The release's serving copy, rolled out over the live local release (a promotion or a rollback)."""
-    model_dir = serving_dir(loaded, rel.data)
-    return local_target.deploy(
-        loaded.spec,
-        loaded.hardware,
-        loaded.layout(rel.data["layout"]),
-        model_dir,
-        rel.id,
-        answers=rollout_answers(reg, rel, loaded, model_dir, actor),
-        review=review,
-    )
-
-
-def _deploy_local(
-    reg: Registry,
-    rel: Release,
-    loaded: LoadedSpec,
-    previous: Release | None,
-    actor: str,
-    review: step_review.Reviewer | None = None,
-) -> None:
-    try:
-        dep, text, steps = _local_rollout(reg, rel, loaded, actor, review)
-    except ReleaseError as exc:
-        if isinstance(exc, RolloutAborted):
-            _record_steps(reg, rel.id, exc.steps, actor)
-            detail = {"reason": str(exc), "steps": [s.model_dump() for s in exc.steps]}
-            reg.record(rel.id, "rollout_aborted", actor, detail)
-        now = local_target.current(rel.name)
-        restored = (
-            previous is not None and now is not None and now.release_id == previous.id and local_target.is_healthy(now)
-        )
-        status = "rolled_back" if restored else "failed"
-        reg.record(
-            rel.id,
-            "deploy_failed",
-            actor,
-            {"error": str(exc)[:2000], "previous_serving": previous.id if restored and previous else None},
-            status=status,
-        )
-        raise DeployFailed(
-            f"release {rel.id}: local rollout failed; "
-            + (f"release {previous.id} still serving" if restored and previous else "nothing serving")
-            + f"\n{exc}"
-        ) from None
-    _record_steps(reg, rel.id, steps, actor)
-    url = local_target.endpoint(loaded.spec)
-    reg.record(rel.id, "smoke_test", actor, {"ok": True, "url": url, "prompt": local_target.SMOKE_PROMPT, "text": text})
-    reg.record(
-        rel.id,
-        "deploy_finished",
-        actor,
-        {"endpoint": url, "ports": dep.ports, "load_seconds": dep.load_seconds},
-        status="live",
-        data={"endpoint": url, "deployment": dep.model_dump()},
-    )
-
-
-def _record_steps(reg: Registry, release_id: int, steps: list[StepAnalysis], actor: str) -> None:
-    """One audit event per rollout step: its traffic share, verdict and every PromQL query's answer."""
-    for step in steps:
-        reg.record(release_id, "rollout_step", actor, step.model_dump())
 
 
 def prometheus_judge(
     loaded: LoadedSpec, new_id: str, old_id: str | None, review: step_review.Reviewer | None = None
-) -> k8s_deploy.Judge:
+) -> controller.Judge:
     """Each Kubernetes step judged like a local one, by the cluster's Prometheus: its pod scrape
     labels every engine's series with `release` (the pod's model-release/release-id); then, with
     `review`, put to a person while the step holds its servers."""
@@ -384,11 +284,8 @@ def prometheus_judge(
     return judge
 
 
-def server_steps(plan: rollout_plan.RolloutPlan) -> list[k8s_deploy.ServerStep]:
-    return [
-        k8s_deploy.ServerStep(fraction=s.fraction, old_servers=s.old_servers, new_servers=s.new_servers)
-        for s in plan.steps
-    ]
+def server_steps(plan: rollout_plan.RolloutPlan) -> list[ServerStep]:
+    return [ServerStep(fraction=s.fraction, old_servers=s.old_servers, new_servers=s.new_servers) for s in plan.steps]
 
 
 def feasible_plan(loaded: LoadedSpec, rel: Release, live: Release | None) -> rollout_plan.RolloutPlan:
@@ -402,63 +299,143 @@ def feasible_plan(loaded: LoadedSpec, rel: Release, live: Release | None) -> rol
     return plan
 
 
-def _kubernetes_rollout(
-    loaded: LoadedSpec,
-    rel: Release,
-    live: Release | None,
-    objs: list[dict],
-    client: Any,
-    plan: rollout_plan.RolloutPlan,
-    review: step_review.Reviewer | None = None,
-) -> k8s_deploy.DeployOutcome:
-    """`objs` rolled out over the live release in the planned steps of servers, each judged live."""
-    client = client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
-    return k8s_deploy.KubernetesTarget(client).deploy(
-        str(rel.id),
-        objs,
-        server_steps(plan),
-        prometheus_judge(loaded, str(rel.id), str(live.id) if live else None, review),
-        spare_servers=plan.spare_servers,
-        answers=kubernetes_answers(rel, loaded),
-        scale_down_delay_s=duration_seconds(loaded.spec.rollout.scale_down_delay),
-    )
+def objs_service(objs: list[dict]) -> str:
+    return next((o["metadata"]["name"] for o in objs if o["kind"] == "Service"), "?")
 
 
-def _kubernetes_restore(
-    loaded: LoadedSpec, rel: Release, live: Release | None, client: Any
-) -> tuple[k8s_deploy.DeployOutcome, str]:
-    """A rollback on Kubernetes: where the release's objects are still in the cluster (kept by the
-    release that replaced it), they scale up beside the live one, are checked, and take the traffic
-    back in waves of the spare budget, without analysis steps (that release passed them when it
-    went live); where they were pruned, the release is rolled out again in steps. Returns the
-    outcome and which path was taken."""
-    client = client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
-    objs = rel.data["manifests"]
-    if k8s_deploy.kept_servers(client, objs) is None:
-        return _kubernetes_rollout(loaded, rel, live, objs, client, feasible_plan(loaded, rel, live)), "re-rollout"
-    outcome = k8s_deploy.KubernetesTarget(client).deploy(
-        str(rel.id),
-        objs,
-        spare_servers=loaded.spec.rollout.spare_servers,
-        answers=kubernetes_answers(rel, loaded),
-    )
-    return outcome, "kept objects"
+# ---------------------------------------------------------------- the targets, opened for the controller
+
+Purpose = Literal["promote", "rollback", "recover", "verify"]
 
 
-def _deploy_kubernetes(
+@dataclass
+class Opened:
+    """A release on its target, ready for the controller: the target's primitives, the steps and
+    judge the rollout runs (None: one step, nothing judged), and how the live release is recorded."""
+
+    target: Any  # a controller.Target: local_target.LocalRelease or k8s_deploy.KubernetesRelease
+    steps: list[ServerStep] | None
+    judge: controller.Judge | None
+    spare: int
+    scale_down_delay_s: float
+    live_data: Callable[[], dict[str, Any]]  # the release's data once live (its endpoint, its engines)
+    smoke: Callable[[], tuple[str, str]]  # (url, completion text) through the live address
+
+
+@contextlib.contextmanager
+def _opened_local(
     reg: Registry,
     rel: Release,
     loaded: LoadedSpec,
-    previous: Release | None,
+    live: Release | None,
     actor: str,
     client: Any,
+    purpose: Purpose,
+    review: step_review.Reviewer | None,
+) -> Iterator[Opened]:
+    spec = loaded.spec
+    with local_target.switching(rel.name):
+        if purpose in ("promote", "rollback"):
+            local_target.recover(spec)  # another rollout whose controller died: undone before this one
+            model_dir = serving_dir(loaded, rel.data)
+            target = local_target.LocalRelease(
+                spec,
+                rel.id,
+                loaded.hardware,
+                loaded.layout(rel.data["layout"]),
+                model_dir,
+                step_answers(rel, loaded, model_dir),
+            )
+        else:
+            target = local_target.LocalRelease(spec, rel.id)
+        kept = purpose == "rollback" and target.state().new_servers > 0  # its engines still run: no steps
+
+        def live_data() -> dict[str, Any]:
+            dep = local_target.current(rel.name)
+            return {"endpoint": local_target.endpoint(spec), "deployment": dep.model_dump() if dep else None}
+
+        def smoke() -> tuple[str, str]:
+            dep = local_target.current(rel.name)
+            if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
+                raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
+            return local_target.endpoint(spec), local_target.smoke(local_target.endpoint(spec))
+
+        yield Opened(
+            target=target,
+            steps=None if kept else local_target.steps(spec),
+            judge=None if kept else target.judge(review),
+            spare=1,  # one machine: both releases run on it at once
+            scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
+            live_data=live_data,
+            smoke=smoke,
+        )
+
+
+@contextlib.contextmanager
+def _opened_kubernetes(
+    reg: Registry,
+    rel: Release,
+    loaded: LoadedSpec,
+    live: Release | None,
+    actor: str,
+    client: Any,
+    purpose: Purpose,
+    review: step_review.Reviewer | None,
+) -> Iterator[Opened]:
+    spec = loaded.spec
+    namespace = spec.promotion.namespace
+    plan = feasible_plan(loaded, rel, live) if purpose == "promote" else None  # refused before anything renders
+    objs = _rendered(reg, rel, loaded, actor, plan.new_servers) if plan else rel.data.get("manifests") or []
+    client = client or k8s_deploy.api_client(spec.promotion.kubernetes_conn_id)
+    cluster = k8s_deploy.KubernetesTarget(client)
+    endpoint = f"service/{objs_service(objs)}.{namespace}"
+
+    def smoke() -> tuple[str, str]:
+        text = k8s_deploy.smoke(client, namespace, objs_service(objs), spec.serving.port, spec.name)
+        return rel.data.get("endpoint", endpoint), text
+
+    if purpose == "verify" or (purpose == "recover" and not objs):  # nothing to roll out or recover
+        yield Opened(None, None, None, 0, 0.0, lambda: {"endpoint": endpoint}, smoke)
+        return
+    if not objs:
+        raise ReleaseError(f"release {rel.id}: no rendered manifests on record; nothing to {purpose}")
+    target = cluster.release(str(rel.id), objs, step_answers(rel, loaded) if purpose != "recover" else None)
+    if purpose == "rollback" and k8s_deploy.kept_servers(client, objs) is None:  # pruned: rolled out again
+        plan = feasible_plan(loaded, rel, live)
+    judge = prometheus_judge(loaded, str(rel.id), str(live.id) if live else None, review) if plan else None
+    yield Opened(
+        target=target,
+        steps=server_steps(plan) if plan else None,
+        judge=judge,
+        spare=plan.spare_servers if plan else spec.rollout.spare_servers,
+        scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
+        live_data=lambda: {"endpoint": endpoint},
+        smoke=smoke,
+    )
+
+
+_TARGETS = {"local": _opened_local, "kubernetes": _opened_kubernetes}
+
+
+def _opened(
+    reg: Registry,
+    rel: Release,
+    loaded: LoadedSpec,
+    live: Release | None,
+    actor: str,
+    client: Any,
+    purpose: Purpose,
     review: step_review.Reviewer | None = None,
-) -> None:
+) -> contextlib.AbstractContextManager[Opened]:
+    """The release's target, opened for `purpose` (the local one holds its switch lock meanwhile)."""
+    return _TARGETS[rel.target](reg, rel, loaded, live, actor, client, purpose, review)
+
+
+def _rendered(reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, servers: int) -> list[dict]:
+    """The release's Kubernetes objects for `servers` servers, schema-validated and kept on record."""
     artifact = manifests.Artifact(
         s3_uri=rel.data.get("s3_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
     )
-    plan = feasible_plan(loaded, rel, previous)  # refused here, before anything is rendered or applied
-    servers = plan.new_servers
     objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact, manifests.RenderOptions(servers=servers))
     problems = manifests.validate(objs)
     if problems:
@@ -466,7 +443,6 @@ def _deploy_kubernetes(
             rel.id, "deploy_failed", actor, {"error": "manifests invalid", "problems": problems}, status="failed"
         )
         raise DeployFailed(f"release {rel.id}: rendered manifests fail schema validation:\n  " + "\n  ".join(problems))
-
     kept = home() / "releases" / str(rel.id) / "manifests.yaml"  # the exact objects applied, for humans and audits
     atomic_write(kept, manifests.to_yaml(objs))
     reg.record(
@@ -476,27 +452,48 @@ def _deploy_kubernetes(
         {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objs], "file": str(kept), "servers": servers},
         data={"manifests": objs, "manifests_file": str(kept)},
     )
-    outcome = _kubernetes_rollout(loaded, rel, previous, objs, client, plan, review)
+    return objs
+
+
+def _run(opened: Opened) -> RolloutOutcome:
+    return controller.rollout(opened.target, opened.steps, opened.judge, opened.spare, opened.scale_down_delay_s)
+
+
+def _record_events(reg: Registry, release_id: int, outcome: RolloutOutcome, actor: str) -> None:
     for kind, detail in outcome.events:
-        reg.record(rel.id, kind, actor, detail)
+        reg.record(release_id, kind, actor, detail)
+
+
+def _deploy(
+    reg: Registry,
+    rel: Release,
+    loaded: LoadedSpec,
+    previous: Release | None,
+    actor: str,
+    client: Any,
+    review: step_review.Reviewer | None = None,
+) -> None:
+    """The release rolled out over the live one by the controller, on the spec's target; every
+    event it made goes on the release's trail."""
+    with _opened(reg, rel, loaded, previous, actor, client, "promote", review) as opened:
+        outcome = _run(opened)
+        _record_events(reg, rel.id, outcome, actor)
+        data = opened.live_data() if outcome.status == "live" else {}
     if outcome.status != "live":
-        reg.record(rel.id, "deploy_failed", actor, {"error": outcome.error}, status=outcome.status)
-        raise DeployFailed(
-            f"release {rel.id}: rollout to namespace {loaded.spec.promotion.namespace} failed "
-            f"({outcome.status}): {outcome.error}"
+        restored = outcome.status == "rolled_back"
+        reg.record(
+            rel.id,
+            "deploy_failed",
+            actor,
+            {"error": (outcome.error or "")[:2000], "previous_serving": previous.id if restored and previous else None},
+            status=outcome.status,
         )
-    reg.record(
-        rel.id,
-        "deploy_finished",
-        actor,
-        {"namespace": loaded.spec.promotion.namespace},
-        status="live",
-        data={"endpoint": f"service/{objs_service(objs)}.{loaded.spec.promotion.namespace}"},
-    )
-
-
-def objs_service(objs: list[dict]) -> str:
-    return next((o["metadata"]["name"] for o in objs if o["kind"] == "Service"), "?")
+        raise DeployFailed(
+            f"release {rel.id}: rollout to {rel.target} failed ({outcome.status}; "
+            + (f"release {previous.id} still serving" if restored and previous else "nothing serving")
+            + f"): {outcome.error}"
+        )
+    reg.record(rel.id, "deploy_finished", actor, {"target": rel.target, **data}, status="live", data=data)
 
 
 def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> dict[str, Any]:
@@ -505,21 +502,13 @@ def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: 
     if rel.status != "live":
         raise ReleaseError(f"release {rel.id} is {rel.status}, not live; nothing to verify")
     loaded = release_spec(rel)
-    if rel.target == "local":
-        dep = local_target.current(rel.name)
-        if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
-            # evidence, not a verdict: a retry may pass, and a re-benchmark or a human decides the rest
-            reg.record(rel.id, "verify_failed", actor, {"error": "local engines not running or not healthy"})
-            raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
-        text = local_target.smoke(local_target.endpoint(loaded.spec))
-        url = local_target.endpoint(loaded.spec)
-    else:
-        client = k8s_client or k8s_deploy.api_client(loaded.spec.promotion.kubernetes_conn_id)
-        service = objs_service(rel.data.get("manifests", []))
-        text = k8s_deploy.smoke(
-            client, loaded.spec.promotion.namespace, service, loaded.spec.serving.port, loaded.spec.name
-        )
-        url = rel.data.get("endpoint", "")
+    try:
+        with _opened(reg, rel, loaded, rel, actor, k8s_client, "verify") as opened:
+            url, text = opened.smoke()
+    except ReleaseError as exc:
+        # evidence, not a verdict: a retry may pass, and a re-benchmark or a human decides the rest
+        reg.record(rel.id, "verify_failed", actor, {"error": str(exc)[:2000]})
+        raise
     reg.record(rel.id, "verified", actor, {"url": url, "text": text})
     return {"release_id": rel.id, "endpoint": url, "text": text}
 
@@ -530,7 +519,10 @@ def rollback(
     """Put an earlier release back: `to`, or the newest one that served before the live one.
 
     No new approval is needed (that release passed its gates when it went live); who rolled
-    back and why is recorded on both releases.
+    back and why is recorded on both releases. Where the release's servers are still on the
+    target (kept through the keep window, or its objects kept at zero on Kubernetes) they come
+    back and take the traffic without analysis steps ("kept"); otherwise it is rolled out again,
+    in steps ("re-rollout"). The record says which, and when all traffic was back.
     """
     live = reg.live(name, target)
     if to is None:
@@ -547,31 +539,17 @@ def rollback(
         raise ReleaseError(f"release {rel.id} never went live; only a release that served can be restored")
     loaded = release_spec(rel)
     before = rel.status
-    detail: dict[str, Any]
-    data: dict[str, Any]
     reg.record(
         rel.id, "rollback_started", actor, {"reason": reason, "from": live.id if live else None}, status="deploying"
     )
     try:
-        if target == "local":
-            dep, text, steps = _local_rollout(reg, rel, loaded, actor)
-            _record_steps(reg, rel.id, steps, actor)
-            detail = {"endpoint": local_target.endpoint(loaded.spec), "smoke_text": text}
-            data = {"deployment": dep.model_dump()}
-        else:
-            outcome, path = _kubernetes_restore(loaded, rel, live, k8s_client)
-            for kind, event in outcome.events:
-                reg.record(rel.id, kind, actor, event)
+        with _opened(reg, rel, loaded, live, actor, k8s_client, "rollback") as opened:
+            path = "re-rollout" if opened.steps else "kept objects"
+            outcome = _run(opened)
+            _record_events(reg, rel.id, outcome, actor)
             if outcome.status != "live":
                 raise DeployFailed(f"rollback to release {rel.id} ({path}) failed: {outcome.error}")
-            complete = dict(outcome.events).get("rollout_complete", {})
-            detail = {
-                "path": path,
-                "all_traffic_after_s": complete.get("all_traffic_after_s"),
-                "seconds": complete.get("seconds"),
-                "events": [k for k, _ in outcome.events],
-            }
-            data = {}
+            data = opened.live_data()
     except BaseException as exc:
         reg.record(
             rel.id,
@@ -581,6 +559,14 @@ def rollback(
             status=before,
         )  # back to what it was: a failed rollback changes nothing on record
         raise
+    complete = dict(outcome.events).get("rollout_complete", {})
+    detail = {
+        "path": path,
+        "all_traffic_after_s": complete.get("all_traffic_after_s"),
+        "seconds": complete.get("seconds"),
+        "events": [k for k, _ in outcome.events],
+        **data,
+    }
     reg.record(rel.id, "rollback_finished", actor, {"reason": reason, **detail}, status="live", data=data)
     if live and live.id != rel.id:
         reg.record(live.id, "rolled_back", actor, {"reason": reason, "restored": rel.id}, status="rolled_back")

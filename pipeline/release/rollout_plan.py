@@ -18,8 +18,9 @@ import math
 from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
+from pipeline.core.rollout import ServerStep
 from pipeline.core.spec import LoadedSpec, duration_seconds
-from pipeline.k8s import deploy as k8s_deploy
+from pipeline.release import controller
 from pipeline.release.registry import Release
 
 
@@ -157,8 +158,8 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
         # as pipeline.k8s.deploy judges a step: the old release keeps what the budget leaves it; an
         # abort gives it back every server it had, loading those it gave away (locally it never stops)
         kept = (
-            k8s_deploy.kept_while_judged(
-                k8s_deploy.ServerStep(fraction=fraction, old_servers=old, new_servers=new), live_servers, budget
+            controller.kept_while_judged(
+                ServerStep(fraction=fraction, old_servers=old, new_servers=new), live_servers, budget
             )
             if kubernetes and live
             else live_servers
@@ -189,11 +190,8 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
     if kubernetes and live and rollout.spare_servers and all(s.ok for s in steps):
         # the controller's own waves, on paper: the route moves onto new servers only as they hold
         # their share, and old servers stop only where theirs no longer needs them
-        on_paper = k8s_deploy.waves_problems(
-            [
-                k8s_deploy.ServerStep(fraction=s.fraction, old_servers=s.old_servers, new_servers=s.new_servers)
-                for s in steps
-            ],
+        on_paper = controller.waves_problems(
+            [ServerStep(fraction=s.fraction, old_servers=s.old_servers, new_servers=s.new_servers) for s in steps],
             live_servers,
             rollout.spare_servers,
         )
