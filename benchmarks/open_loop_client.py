@@ -15,8 +15,9 @@ whatever the server does (open loop). Per request it records the send lag agains
 TTFT (send to the first token's chunk), the end-to-end latency and the tokens streamed; TPOT is
 (latency - TTFT) / (tokens - 1). The result is one JSON object with vLLM's `--save-detailed` key
 names (duration, completed, failed, request_throughput, p50/p90/p99 TTFT and TPOT ms, ttfts,
-latencies, output_lens, start_times, queue_times = the send lags) plus the client's own CPU seconds
-(`client_cpu_s`, the send/receive phase only), so either client's output reads the same way.
+latencies, output_lens (the server's usage count), start_times, queue_times = the send lags) plus the
+client's own CPU seconds (`client_cpu_s`, the send/receive phase only), so either client's output
+reads the same way.
 
 `--burn-ms` spends that much CPU in the client's event loop on every streamed chunk: a client made
 heavy on purpose, to check that its lag shows it (tests/test_measurement.py).
@@ -72,7 +73,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict, due: float, 
             if response.status != 200:
                 out["error"] = f"HTTP {response.status}: {(await response.text())[:200]}"
                 return
-            buffer = b""
+            buffer, usage_tokens = b"", 0
             async for chunk in response.content.iter_any():
                 buffer += chunk
                 *events, buffer = buffer.split(b"\n\n")
@@ -83,18 +84,22 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict, due: float, 
                         data = line[5:].strip()
                         if data == b"[DONE]":
                             continue
-                        choices = json.loads(data).get("choices") or []
-                        if choices and choices[0].get("text"):
+                        event_data = json.loads(data)
+                        choices = event_data.get("choices") or []
+                        if choices and choices[0].get("text"):  # a token that decodes to no text yet waits
                             now = time.perf_counter()
                             if out["ttft"] is None:
                                 out["ttft"] = now - start
                             out["tokens"] += 1
+                        if (event_data.get("usage") or {}).get("completion_tokens"):
+                            usage_tokens = int(event_data["usage"]["completion_tokens"])
                 if burn_ms:
                     burn(burn_ms)
             if out["ttft"] is None:
                 out["error"] = "no token streamed"
             else:
                 out["latency"] = time.perf_counter() - start
+                out["tokens"] = usage_tokens or out["tokens"]  # the server's count where it gives one
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:200]
 
@@ -109,6 +114,7 @@ async def run(args: argparse.Namespace) -> dict:
             "max_tokens": args.output_len,
             "ignore_eos": True,
             "stream": True,
+            "stream_options": {"include_usage": True},
             "temperature": 0.0,
         }
         for _ in range(n)
