@@ -150,3 +150,18 @@ def test_the_production_plan_brackets_the_spec_layouts_and_names_what_the_margin
     assert all(m.low <= v <= m.high for s in m.swings for v in (s.at_low, s.at_high))
     assert all(s.flips == ((s.at_low > 0) != (m.central > 0) or (s.at_high > 0) != (m.central > 0)) for s in m.swings)
     assert "It turns on" in planner.comparisons(result)[-1]
+
+
+def test_a_profiled_plans_margin_comes_from_the_two_intervals():
+    def predicted(name: str, rate: float, low: float, high: float) -> planner.Prediction:
+        return planner.Prediction(
+            layout=Layout(name=name), in_spec=True, devices=1, rate_per_replica=rate, rate_per_server=rate,
+            rate_per_device=rate, p90_ttft_ms=None, p90_tpot_ms=None, binding_slo="-", bound="-", time_shares={},
+            mean_step_ms=None, tokens_per_step=None, fixed_step_ms=0.0, engine_notes=[], simulations=1,
+            rate_low=low, rate_high=high,
+        )  # fmt: skip
+
+    m = uncertainty.margin_of_intervals(predicted("a", 120, 100, 150), predicted("b", 100, 80, 125))
+    # 120/100 - 1 = +20%; worst 100/125 - 1 = -20%, best 150/80 - 1 = +87.5%: undetermined
+    assert (m.central, m.low, m.high) == pytest.approx((0.2, -0.2, 0.875))
+    assert not m.determined and "fit's error" in m.describe() and "undetermined" in m.describe()

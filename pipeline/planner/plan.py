@@ -216,11 +216,12 @@ def plan(
         for prediction in (p for p in predictions if id(p) in near):
             uncertainty.bracket(prediction, spec, hw, input_len, output_len, figures, profile, predict)
         own_best = [p for p in predictions if p.in_spec and p.rate_per_server > 0]
-        if profile is None and len(own_best) > 1:
-            margins = [
-                uncertainty.margin(own_best[0], other, spec, hw, input_len, output_len, figures, predict)
-                for other in own_best[1:]
-            ]
+        margins = [
+            uncertainty.margin(own_best[0], other, spec, hw, input_len, output_len, figures, predict)
+            if profile is None
+            else uncertainty.margin_of_intervals(own_best[0], other)
+            for other in own_best[1:]
+        ]
     return Plan(
         spec=spec.name,
         hardware=hw.name,

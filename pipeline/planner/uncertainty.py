@@ -78,7 +78,12 @@ class Margin(BaseModel):
         verdict = "" if self.determined else "; the ranking is undetermined within the figures' ranges"
         return (
             f"{self.better} over {self.worse}: {self.central:+.0%} req/s per server, interval {self.low:+.0%} to"
-            f" {self.high:+.0%}{verdict}. It turns on (margin at each figure's low..high end): {turns or 'nothing'}"
+            f" {self.high:+.0%}{verdict}. "
+            + (
+                f"It turns on (margin at each figure's low..high end): {turns}"
+                if turns
+                else "It turns on the fit's error on each rate (no ranged figures on a profiled plan)"
+            )
         )
 
 
@@ -216,6 +221,22 @@ def margin(
     high = central + sum(max(0.0, s.at_low - central, s.at_high - central) for s in swings)
     return Margin(
         better=better.layout.name, worse=worse.layout.name, central=central, low=low, high=high, swings=swings
+    )
+
+
+def margin_of_intervals(better: Prediction, worse: Prediction) -> Margin:
+    """A profiled plan's margin: the two rates' intervals taken as independent (a bound; one fit's error
+    moves both layouts alike, so the true spread is narrower)."""
+    a, b = better.rate_per_server, worse.rate_per_server
+    a_low, a_high = (better.rate_low or a), (better.rate_high or a)
+    b_low, b_high = (worse.rate_low or b), (worse.rate_high or b)
+    return Margin(
+        better=better.layout.name,
+        worse=worse.layout.name,
+        central=a / b - 1,
+        low=a_low / b_high - 1,
+        high=a_high / b_low - 1,
+        swings=[],
     )
 
 
