@@ -14,7 +14,9 @@ pods. Deleting a Deployment deletes what it owns. Pods become ready per scenario
 they belong to:
 
 - "ready": the first read after a change shows the rollout in progress (new pods not ready), the
-  next one done;
+  next one done; or, given `load_s`, each pod turns Ready once `load_s` has passed on the fake's
+  `clock` since it was created (what a kubelet's startup probe does for an engine that loads its
+  weights), whoever looks: a read, a request through the Gateway or the service proxy;
 - "never_ready": the new pods never become ready;
 - "smoke_fails": ready, but the service proxy answers completions with HTTP 500.
 
@@ -36,6 +38,11 @@ now, then one of that Service's ready pods (no ready pod: 503). Each such reques
 `Check` in `checks`; each applied HTTPRoute is a `RouteChange` in `route_changes`, with the ready
 servers of every release at that moment. All three share one sequence (`seq`), so a test can
 order them: which release a request reached, and whether its checks had passed before.
+
+The Gateway's controller reports on every applied HTTPRoute in its status, as Gateway API
+implementations do: a parent whose `Accepted` condition is True (False for the next
+`refuse_routes` routes applied: the listener refuses them) and whose `ResolvedRefs` is False
+where a backend Service does not exist, each with the route's generation observed.
 """
 
 from __future__ import annotations
@@ -47,7 +54,9 @@ import random
 import re
 import socket
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -97,8 +106,14 @@ class RouteChange:
 class FakeCluster:
     """Start with `with FakeCluster() as fake:`; `fake.client()` is a real kubernetes ApiClient."""
 
-    def __init__(self, scenario: str = "ready"):
+    def __init__(
+        self, scenario: str = "ready", load_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ):
         self.scenario = scenario
+        self.load_s, self.clock = load_s, clock
+        self.born: dict[str, float] = {}  # pod name -> when it was created, on `clock`
+        self.became_ready: dict[str, float] = {}  # pod name -> when it turned Ready, on `clock`
+        self.refuse_routes = 0  # the Gateway refuses this many of the next applied routes
         self.scenarios: dict[str, str] = {}  # release-id label value -> scenario, overriding the default
         self.backends: dict[str, str] = {}  # release-id label value -> the engine its pods stand for
         self.objects: dict[tuple[str, str, str, str], dict] = {}
@@ -213,6 +228,7 @@ class FakeCluster:
             self.objects[key] = obj
             self.reads[key] = 0
             if obj.get("kind") == "HTTPRoute":
+                obj["status"] = self._route_status(obj)
                 weights = {b["name"]: b.get("weight", 1) for r in obj["spec"]["rules"] for b in r["backendRefs"]}
                 self.route_changes.append(RouteChange(self._next(), weights, self.ready_servers_locked()))
             if obj.get("kind") == "Deployment":
@@ -291,6 +307,7 @@ class FakeCluster:
                     "name": rs_meta["name"],
                     "uid": rs_meta["uid"],
                 }
+                self.born[pod_name] = self.clock()
                 self.objects[("v1", "pods", ns, pod_name)] = {
                     "apiVersion": "v1",
                     "kind": "Pod",
@@ -298,9 +315,10 @@ class FakeCluster:
                     "spec": copy.deepcopy(template["spec"]),
                     "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]},
                 }
-            if ready_now and rs_key == current:
+            if ready_now and rs_key == current and self.load_s is None:
                 for _, pod in self._owned(ns, "pods", rs_meta["uid"]):
-                    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+                    self._set_ready(pod)
+        self._kubelet()
         pods = [
             pod
             for _, rs in self._owned(ns, "replicasets", meta["uid"])
@@ -332,6 +350,54 @@ class FakeCluster:
         self.seq += 1
         return self.seq
 
+    def _set_ready(self, pod: dict) -> None:
+        if not _ready(pod):
+            pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            self.became_ready[pod["metadata"]["name"]] = self.clock()
+
+    def _kubelet(self) -> None:
+        """With a load time: every pod whose engine has loaded by now turns Ready (lock held)."""
+        if self.load_s is None:
+            return
+        now = self.clock()
+        for (_, plural, _, name), pod in list(self.objects.items()):
+            if plural != "pods" or _ready(pod) or now - self.born.get(name, now) < self.load_s:
+                continue
+            if self.scenario_for(pod["metadata"].get("labels")) != "never_ready":
+                self._set_ready(pod)
+        self._note_ready()
+
+    def _route_status(self, route: dict) -> dict:
+        """What a Gateway controller reports on an applied route (lock held)."""
+        ns, generation = route["metadata"]["namespace"], route["metadata"]["generation"]
+        missing = [
+            b["name"]
+            for r in route["spec"]["rules"]
+            for b in r["backendRefs"]
+            if ("v1", "services", ns, b["name"]) not in self.objects
+        ]
+        accepted = {"type": "Accepted", "observedGeneration": generation}
+        refused = self.refuse_routes > 0
+        self.refuse_routes -= refused
+        accepted |= (
+            {"status": "False", "reason": "NotAllowedByListeners", "message": "no listener allows this route"}
+            if refused
+            else {"status": "True", "reason": "Accepted", "message": ""}
+        )
+        resolved = {"type": "ResolvedRefs", "observedGeneration": generation}
+        resolved |= (
+            {"status": "False", "reason": "BackendNotFound", "message": f"Service {', '.join(missing)} not found"}
+            if missing
+            else {"status": "True", "reason": "ResolvedRefs", "message": ""}
+        )
+        parents = route["spec"].get("parentRefs", [])
+        return {
+            "parents": [
+                {"parentRef": parent, "controllerName": "fake.example/gateway", "conditions": [accepted, resolved]}
+                for parent in parents
+            ]
+        }
+
     def _ready_pods_of(self, namespace: str, service: str) -> list[dict]:
         svc = self.objects.get(("v1", "services", namespace, service))
         if svc is None:
@@ -347,6 +413,7 @@ class FakeCluster:
     def send(self, namespace: str, route: str) -> Hit:
         """One request to the model's address through the Gateway (see the module's docstring)."""
         with self.lock:
+            self._kubelet()
             obj = self.objects.get(("gateway.networking.k8s.io/v1", "httproutes", namespace, route))
             backends = [
                 (b["name"], b.get("weight", 1))
@@ -396,6 +463,7 @@ class FakeCluster:
             return 500, {"object": "error", "message": "EngineCore died", "code": 500}
         served, releases = set(), set()
         with self.lock:
+            self._kubelet()
             for (_, plural, ns, _), obj in self.objects.items():
                 labels = obj["metadata"].get("labels", {})
                 if (plural, ns) == ("pods", namespace) and _ready(obj) and _selects(selector, labels):

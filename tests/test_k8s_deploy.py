@@ -50,10 +50,32 @@ def releases():
     }
 
 
+# a pod's engine loads for 5 minutes on the fake's clock, which runs 3,000 times faster than the wall's
+LOAD_S, FAST_CLOCK = 300.0, 3000.0
+
+
 @pytest.fixture
-def fake():
-    with FakeCluster() as cluster:
+def fake(request):
+    """The fake API server; parametrized "load-time", its pods turn Ready once an engine's load time
+    has passed on an injectable clock (the kubelet's startup probe), not on the second read."""
+    if getattr(request, "param", "second-read") == "load-time":
+        cluster = FakeCluster(load_s=LOAD_S, clock=lambda: time.monotonic() * FAST_CLOCK)
+    else:
+        cluster = FakeCluster()
+    with cluster:
         yield cluster
+
+
+def assert_loaded(fake):
+    """With a load time: no pod was Ready before its engine had loaded."""
+    if fake.load_s is None:
+        return
+    assert fake.became_ready, "no pod ever became Ready"
+    for pod, ready in fake.became_ready.items():
+        assert ready - fake.born[pod] >= LOAD_S, pod
+
+
+LOAD_TIME = pytest.mark.parametrize("fake", ["second-read", "load-time"], indirect=True)
 
 
 def deploy(
@@ -192,6 +214,7 @@ def test_applying_the_same_objects_again_changes_no_generation(fake, releases):
     assert fake.get("deployments", NS, R1[0])["spec"]["replicas"] == 2
 
 
+@LOAD_TIME
 def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_the_last_analysis(fake, releases):
     live(fake, releases["1"], "1")
     judged = []
@@ -228,6 +251,7 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
     assert [c.weights.get(r2, 0) for c in fake.route_changes] == [0, 1000, 3333, 5000, 6666, 10_000, 10_000]
     assert fake.route_changes[-1].weights == {r2: 10_000}  # the old release left the route: no controller needed
     assert_safe(fake)
+    assert_loaded(fake)
     assert {h.release for h in fake.hits} == {"1", "2"}
     # never more than the live fleet + the spare server, and never fewer than the fleet serving
     assert all(sum(h.values()) <= 4 for h in fake.history), fake.history
@@ -260,6 +284,7 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
 
 
 @pytest.mark.parametrize("failing, old_kept, first_back", [(1, 3, 0), (2, 2, 3334), (3, 1, 6667)])
+@LOAD_TIME
 def test_a_failed_analysis_moves_traffic_back_as_the_old_release_holds_it_then_scales_the_new_to_zero(
     fake, releases, failing, old_kept, first_back
 ):
@@ -290,6 +315,7 @@ def test_a_failed_analysis_moves_traffic_back_as_the_old_release_holds_it_then_s
     # then back by the share each returning old server holds, as they come: one wave of the spare budget each
     assert [w[r2] for w in back] == sorted({first_back, *[10_000 - 3333 * n for n in range(old_kept, 3)], 0})[::-1]
     assert_safe(fake)
+    assert_loaded(fake)
     # within the budget throughout: the new release gave back servers as the old one's came back
     assert all(sum(h.values()) <= 4 for h in fake.history), fake.history
     assert all(sum(h.values()) >= 3 for h in fake.ready_history), fake.ready_history
@@ -306,6 +332,7 @@ def pods_of(fake, release: str) -> set[str]:
     }
 
 
+@LOAD_TIME
 def test_a_rollback_within_the_keep_window_moves_traffic_back_and_loads_nothing(fake, releases):
     """Release 2 goes live with a spare budget that keeps every old server through its last step,
     and a keep window: a rollback to release 1 within it only moves the route back; the release-2
@@ -349,6 +376,7 @@ def test_a_rollback_within_the_keep_window_moves_traffic_back_and_loads_nothing(
     assert done["2"].status == "live" and "scale_down_skipped" in names(done["2"])
     assert fake.servers() == {"1": 3, "2": 0}
     assert_safe(fake)
+    assert_loaded(fake)
     moved_back = fake.route_changes[-2].seq
     assert {h.release for h in fake.hits if h.seq > moved_back} == {"1"}
 
@@ -449,6 +477,22 @@ def test_a_controller_killed_at_any_change_leaves_a_safe_state_that_recovery_res
             outcomes.append(outcome.status)
     # killed before its last change the rollout is undone; after the route and servers had all moved, finished
     assert outcomes[0] == "rolled_back" and outcomes[-1] == "live" and total >= 15, (total, outcomes)
+
+
+def test_a_route_its_gateway_refuses_fails_the_step_and_the_route_is_set_back(fake, releases):
+    """The controller counts a route change only once the Gateway reports it accepted (the route's
+    status, at its generation): a refused one fails the rollout, and the undo sets the route again
+    (the refused weights may be what it holds) before the new release leaves."""
+    live(fake, releases["1"], "1")
+    fake.refuse_routes = 1
+    with clients(fake):
+        outcome = deploy(KubernetesTarget(fake.client(), **FAST), "2", copy.deepcopy(releases["2"]), STEPS, timeout_s=5)
+    assert outcome.status == "rolled_back"
+    assert "refused by its Gateway: Accepted NotAllowedByListeners: no listener allows this route" in outcome.error
+    r1, r2 = SERVICE
+    assert fake.route_changes[-1].weights == {r1: 10_000, r2: 0}  # set again after the refusal
+    assert fake.servers() == {"1": 3, "2": 0}
+    assert_safe(fake)
 
 
 def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases):

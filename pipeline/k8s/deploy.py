@@ -385,12 +385,14 @@ class KubernetesTarget:
         poll_s: float = 5.0,
         smoke_timeout_s: float = 120.0,
         smoke_retry_delay_s: float = 2.0,
+        route_timeout_s: float = 60.0,
     ):
         self.api = api
         self.field_manager = field_manager
         self.poll_s = poll_s
         self.smoke_timeout_s = smoke_timeout_s
         self.smoke_retry_delay_s = smoke_retry_delay_s
+        self.route_timeout_s = route_timeout_s
 
     @classmethod
     def from_connection(cls, conn_id: str | None = None, **kwargs: Any) -> KubernetesTarget:
@@ -573,7 +575,7 @@ class KubernetesRelease:
         route["spec"]["rules"][0]["backendRefs"] = [
             {**template, "name": name, "weight": weight} for name, weight in weights.items()
         ]
-        _call(
+        applied = _call(
             self.api,
             "PATCH",
             object_path(route),
@@ -581,11 +583,46 @@ class KubernetesRelease:
             content_type=APPLY_PATCH,
             query={"fieldManager": self.target.field_manager, "force": "true"},
         )
+        self._wait_accepted(applied["metadata"].get("generation", 1))
         log.info(
             "route %s: %s",
             route["metadata"]["name"],
             ", ".join(f"{n} {w / WEIGHT_TOTAL:.2%}" for n, w in weights.items()),
         )
+
+    def _wait_accepted(self, generation: int) -> None:
+        """The route counts as set once its Gateway says so: every parent in its status has observed
+        this generation with Accepted and ResolvedRefs True (Gateway API's route status). A route the
+        Gateway refuses, or one no Gateway controller reports on within `route_timeout_s`, fails the
+        step (the controller then undoes it): weights the Gateway does not serve move no traffic."""
+        path = object_path(self.route_obj)
+        deadline = time.monotonic() + self.target.route_timeout_s
+        while True:
+            parents = (_call(self.api, "GET", path).get("status") or {}).get("parents") or []
+            current = [
+                {c["type"]: c for c in p.get("conditions", []) if c.get("observedGeneration", 0) >= generation}
+                for p in parents
+            ]
+            refused = [
+                f"{c['type']} {c.get('reason', '')}: {c.get('message', '')}".strip()
+                for conditions in current
+                for c in conditions.values()
+                if c["type"] in ("Accepted", "ResolvedRefs") and c.get("status") == "False"
+            ]
+            if refused:
+                raise RolloutFailed(
+                    f"HTTPRoute {path.rsplit('/', 1)[-1]} refused by its Gateway: " + "; ".join(refused)
+                )
+            if current and all(
+                c.get(kind, {}).get("status") == "True" for c in current for kind in ("Accepted", "ResolvedRefs")
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RolloutFailed(
+                    f"HTTPRoute {path.rsplit('/', 1)[-1]}: no Gateway reported it accepted (generation {generation}) "
+                    f"within {self.target.route_timeout_s:.0f} s; check promotion.gateway names a Gateway that exists"
+                )
+            time.sleep(self.target.poll_s)
 
     def routed(self) -> dict[str, int]:
         try:

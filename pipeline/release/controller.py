@@ -406,7 +406,15 @@ class _Traffic:
     def _set(self, weights: dict[str, int], **detail: Any) -> None:
         if weights == self.weights:
             return
-        self.target.route(weights)
+        try:
+            self.target.route(weights)
+        except Exception:
+            # the route may hold these weights now (applied, then refused by its Gateway or not confirmed):
+            # an undo sets it again rather than trusting the weights it set before
+            self.weights = {}
+            self.new_share = max(self.new_share, weights.get(self.own, 0) / WEIGHT_TOTAL)
+            self.exposed = True
+            raise
         self.weights = weights
         self.new_share = weights.get(self.own, 0) / WEIGHT_TOTAL
         self.exposed = self.new_share > 0
