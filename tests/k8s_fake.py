@@ -43,6 +43,11 @@ The Gateway's controller reports on every applied HTTPRoute in its status, as Ga
 implementations do: a parent whose `Accepted` condition is True (False for the next
 `refuse_routes` routes applied: the listener refuses them) and whose `ResolvedRefs` is False
 where a backend Service does not exist, each with the route's generation observed.
+
+KEDA, as far as pausing goes: a ScaledObject with `autoscaling.keda.sh/paused-replicas` (applied,
+or set by a JSON merge patch) reports Paused with that count in its status and has its target
+Deployment scaled to it; a scale of a Deployment whose scaler is not paused at that very count
+(KEDA would put its own back) is kept in `scaled_unpaused`.
 """
 
 from __future__ import annotations
@@ -114,6 +119,9 @@ class FakeCluster:
         self.born: dict[str, float] = {}  # pod name -> when it was created, on `clock`
         self.became_ready: dict[str, float] = {}  # pod name -> when it turned Ready, on `clock`
         self.refuse_routes = 0  # the Gateway refuses this many of the next applied routes
+        self.scaler_changes: list[tuple[int, str, int | None]] = []  # (seq, ScaledObject, paused count or None)
+        # (Deployment, replicas set, its scaler's paused count then): a scale its KEDA scaler would undo
+        self.scaled_unpaused: list[tuple[str, int, str | None]] = []
         self.scenarios: dict[str, str] = {}  # release-id label value -> scenario, overriding the default
         self.backends: dict[str, str] = {}  # release-id label value -> the engine its pods stand for
         self.objects: dict[tuple[str, str, str, str], dict] = {}
@@ -234,7 +242,48 @@ class FakeCluster:
             if obj.get("kind") == "Deployment":
                 self.history.append(self.servers())
                 self._reconcile(key)
+            if obj.get("kind") == "ScaledObject":
+                self._keda(obj)
             return code, copy.deepcopy(obj)
+
+    def merge_scaler(self, key: tuple, patch: dict) -> tuple[int, dict]:
+        """A JSON merge patch of a ScaledObject's annotations (what the controller pauses it with)."""
+        with self.lock:
+            obj = self.objects.get(key)
+            if obj is None:
+                return 404, _status(404, f'scaledobjects.keda.sh "{key[3]}" not found')
+            annotations = obj["metadata"].setdefault("annotations", {})
+            for name, value in (patch.get("metadata", {}).get("annotations") or {}).items():
+                if value is None:
+                    annotations.pop(name, None)
+                else:
+                    annotations[name] = value
+            self._keda(obj)
+            return 200, copy.deepcopy(obj)
+
+    def _keda(self, scaler: dict) -> None:
+        """What KEDA's operator does with a paused-replicas annotation (lock held): its Paused
+        condition and count in the status, and the target Deployment scaled to that count. An
+        unpaused scaler is left alone here (no metrics drive it in this fake)."""
+        paused = (scaler["metadata"].get("annotations") or {}).get("autoscaling.keda.sh/paused-replicas")
+        status = scaler.setdefault("status", {})
+        if paused is None:
+            status["conditions"] = [{"type": "Paused", "status": "False"}]
+            status.pop("pausedReplicaCount", None)
+            self.scaler_changes.append((self._next(), scaler["metadata"]["name"], None))
+            return
+        replicas = int(paused)
+        status["conditions"] = [{"type": "Paused", "status": "True"}]
+        status["pausedReplicaCount"] = replicas
+        self.scaler_changes.append((self._next(), scaler["metadata"]["name"], replicas))
+        target = ("apps/v1", "deployments", scaler["metadata"]["namespace"], scaler["spec"]["scaleTargetRef"]["name"])
+        deployment = self.objects.get(target)
+        if deployment is not None and deployment["spec"].get("replicas") != replicas:
+            deployment["spec"]["replicas"] = replicas
+            deployment["metadata"]["generation"] += 1
+            self.reads[target] = 0
+            self.history.append(self.servers())
+            self._reconcile(target)
 
     def scale(self, key: tuple, patch: dict) -> tuple[int, dict]:
         with self.lock:
@@ -244,6 +293,11 @@ class FakeCluster:
             replicas = patch.get("spec", {}).get("replicas")
             if not isinstance(replicas, int) or replicas < 0:
                 return 422, _status(422, f"spec.replicas: Invalid value: {replicas!r}")
+            for scaler in self._objects("scaledobjects"):  # KEDA would put its own count back
+                if scaler["spec"]["scaleTargetRef"]["name"] == key[3]:
+                    paused = (scaler["metadata"].get("annotations") or {}).get("autoscaling.keda.sh/paused-replicas")
+                    if paused != str(replicas):
+                        self.scaled_unpaused.append((key[3], replicas, paused))
             if obj["spec"].get("replicas") != replicas:
                 obj["spec"]["replicas"] = replicas
                 obj["metadata"]["generation"] += 1
@@ -593,6 +647,11 @@ def _handler(fake: FakeCluster):
                 return self._send(*fake.scale(key, json.loads(raw)))
             if match["sub"]:
                 return self._send(404, _status(404, f"no route {path}"))
+            if (
+                self.headers.get("Content-Type") == "application/merge-patch+json"
+                and match["plural"] == "scaledobjects"
+            ):
+                return self._send(*fake.merge_scaler(key, json.loads(raw)))
             if self.headers.get("Content-Type") != "application/apply-patch+yaml":
                 return self._send(415, _status(415, "this fake only takes server-side apply"))
             if not query.get("fieldManager"):

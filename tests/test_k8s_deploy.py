@@ -495,6 +495,54 @@ def test_a_route_its_gateway_refuses_fails_the_step_and_the_route_is_set_back(fa
     assert_safe(fake)
 
 
+def test_the_controller_owns_the_counts_while_the_scalers_are_paused(fake):
+    """With KEDA scalers (capacity.autoscale): every count the controller sets, on either release,
+    is one its scalers are paused at first (KEDA would otherwise put its own back); the serving
+    release's scalers are paused before the rollout changes anything; the release that serves at
+    the end, after a good rollout or an abort, has its scalers back."""
+    loaded = load_spec(PROD_SPEC)
+    options = manifests.RenderOptions(servers=3, autoscale_rate=18.0)
+
+    def render(release: str, layout: str) -> list[dict]:
+        artifact = manifests.Artifact(nfs_path=f"/mnt/models/r{release}", manifest_hash=release * 64)
+        return manifests.render(loaded, layout, release, artifact, options)
+
+    cluster = KubernetesTarget(fake.client(), **FAST)
+    scalers = {
+        r: [o["metadata"]["name"] for o in render(r, layout) if o["kind"] == "ScaledObject"]
+        for r, layout in (("1", "tp8-ep8"), ("2", "tp4-ep4-x2"), ("3", "tp4-ep4-x2"))
+    }
+    assert len(scalers["2"]) == 2  # one per replica group
+
+    def paused(release: str) -> set:
+        return {
+            (fake.get("scaledobjects", NS, n) or {})
+            .get("metadata", {})
+            .get("annotations", {})
+            .get("autoscaling.keda.sh/paused-replicas")
+            for n in scalers[release]
+        }
+
+    assert deploy(cluster, "1", render("1", "tp8-ep8"), timeout_s=5).status == "live"
+    assert paused("1") == {None}  # live, whole: its scaler drives it
+    fake.scaler_changes.clear()
+    with clients(fake):
+        good = deploy(cluster, "2", render("2", "tp4-ep4-x2"), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5)
+    assert good.status == "live", good.error
+    assert fake.scaled_unpaused == []
+    first = fake.scaler_changes[0]
+    assert first[1] in scalers["1"] and first[2] == 3  # the live release held at its 3 servers, first of all
+    assert paused("2") == {None} and paused("1") == {"0"}  # the new one scales itself; the old one held at 0
+    assert fake.servers() == {"1": 0, "2": 3}
+
+    with clients(fake):
+        bad = deploy(cluster, "3", render("3", "tp4-ep4-x2"), STEPS, lambda s, f, p: verdict(s, f, s < 2), timeout_s=5)
+    assert bad.status == "rolled_back"
+    assert fake.scaled_unpaused == []
+    assert paused("2") == {None} and paused("3") == {"0"}  # the release serving again has its scalers back
+    assert fake.servers() == {"2": 3, "3": 0}
+
+
 def test_leftovers_of_an_aborted_release_are_removed_by_the_next(fake, releases):
     live(fake, releases["1"], "1")
     deploy(

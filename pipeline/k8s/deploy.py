@@ -25,6 +25,7 @@ from typing import Any
 from pipeline.core import platform
 from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutFailed, SmokeFailed
 from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutRecord
+from pipeline.k8s import autoscaler
 from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG
 from pipeline.stages.evaluate import Endpoint
 from pipeline.stages.served_accuracy import Answers
@@ -44,6 +45,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Secret": "secrets",
     "HTTPRoute": "httproutes",
+    "ScaledObject": "scaledobjects",
 }
 LOG_EVERY_S = 30.0
 
@@ -336,19 +338,22 @@ def scale(api, deployment: dict, replicas: int) -> None:
     deployment.setdefault("spec", {})["replicas"] = replicas
 
 
+LISTED = {  # plural -> (group/version, kind) of what a deploy lists
+    "deployments": ("apps/v1", "Deployment"),
+    "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
+    "services": ("v1", "Service"),
+    "scaledobjects": (autoscaler.KEDA_API, "ScaledObject"),
+}
+
+
 def listing(api, namespace: str, plural: str, selector: dict[str, str]) -> list[dict]:
-    group = (
-        "/apis/apps/v1"
-        if plural == "deployments"
-        else "/apis/policy/v1"
-        if plural == "poddisruptionbudgets"
-        else "/api/v1"
-    )
+    group_version, kind = LISTED[plural]
+    root = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
     query = {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())}
-    items = _call(api, "GET", f"{group}/namespaces/{namespace}/{plural}", query=query).get("items", [])
+    items = _call(api, "GET", f"{root}/namespaces/{namespace}/{plural}", query=query).get("items", [])
     for item in items:  # a List's items carry no kind / apiVersion
-        item.setdefault("kind", {"deployments": "Deployment", "services": "Service"}.get(plural, "PodDisruptionBudget"))
-        item.setdefault("apiVersion", group.removeprefix("/apis/").removeprefix("/api/"))
+        item.setdefault("kind", kind)
+        item.setdefault("apiVersion", group_version)
         item["metadata"].setdefault("namespace", namespace)
     return items
 
@@ -450,7 +455,10 @@ class KubernetesRelease:
             "objects": [f"{obj['kind']}/{obj['metadata']['name']}" for obj in manifests],
         }
         self.applied: list[dict] = []  # the new Deployments once they exist (an undo scales them to zero)
+        self.scalers = [obj for obj in manifests if obj["kind"] == "ScaledObject"]  # KEDA's, one per group
         self.old: list[dict] = []  # the serving release's Deployments
+        self.old_scalers: list[dict] = []
+        self.old_count = 0  # the serving release's servers when the state was read
         self.stale: set[str] = set()  # releases other than these two, left at zero
 
     def state(self, recovering: bool = False) -> Fleet:
@@ -470,15 +478,18 @@ class KubernetesRelease:
             self.old = [d for d in others if d["spec"].get("replicas", 0) > 0]
             old_release = _release_of(self.old[0]) if self.old else None
         self.stale = {_release_of(d) for d in others if d not in self.old}
+        old_label = {**self.instance, RELEASE_LABEL: old_release} if old_release else None
+        self.old_scalers = listing(self.api, self.namespace, "scaledobjects", old_label) if old_label else []
         if mine:
             self.applied = list(self.new_deps)
         replicas = [d["spec"].get("replicas", 0) for d in mine]
+        self.old_count = max((d["spec"].get("replicas", 0) for d in self.old), default=0)
         return Fleet(
             release=self.label,
             backend=self.own,
             old_release=old_release,
             old_backend=self._service_of(old_release) if old_release else None,
-            old_servers=max((d["spec"].get("replicas", 0) for d in self.old), default=0),
+            old_servers=self.old_count,
             new_servers=min(replicas, default=0),
             new_started=max(replicas, default=0),
             full=max(d["spec"].get("replicas", 1) for d in self.new_deps),
@@ -487,6 +498,7 @@ class KubernetesRelease:
         )
 
     def mark(self, record: RolloutRecord) -> None:
+        self._hold(self.old_scalers, self.old_count)  # the serving release's count is the controller's now
         for dep in self.new_deps:  # applied with the first wave, or now onto kept objects
             dep["metadata"].setdefault("annotations", {})[ROLLOUT_ANNOTATION] = record.model_dump_json()
         if self.applied:  # a rollback to kept objects: they keep the servers they run
@@ -505,16 +517,20 @@ class KubernetesRelease:
         if not self.applied:
             for dep in self.new_deps:
                 dep["spec"]["replicas"] = servers
+            for scaler in self.scalers:  # born paused at the controller's count: KEDA never scales them first
+                scaler["metadata"].setdefault("annotations", {})[autoscaler.PAUSED_REPLICAS] = str(servers)
             self.applied = list(self.new_deps)  # from the first PATCH on, there may be something to undo
             # everything but the route: the release starts unexposed, in its own Service only
             unexposed = [obj for obj in self.manifests if obj["kind"] != "HTTPRoute"]
             apply(self.api, unexposed, self.target.field_manager, self.timeout_s, self.target.poll_s)
         else:
+            self._hold(self.scalers, servers)
             for dep in self.new_deps:
                 scale(self.api, dep, servers)
             wait_rollout(self.api, self.new_deps, self.timeout_s, self.target.poll_s)
 
     def scale_old(self, servers: int) -> None:
+        self._hold(self.old_scalers, servers)
         for dep in self.old:
             scale(self.api, dep, servers)
         wait_rollout(self.api, self.old, self.timeout_s, self.target.poll_s)
@@ -522,6 +538,8 @@ class KubernetesRelease:
     def scale_new(self, servers: int) -> None:
         """The new release down to `servers` (its Deployments that exist: a failed first apply may
         have created only some)."""
+        if self.applied:
+            self._hold(self.scalers, servers)
         for dep in self.applied:
             try:
                 scale(self.api, dep, servers)
@@ -634,7 +652,31 @@ class KubernetesRelease:
         return {b["name"]: b.get("weight", 1) for rule in now["spec"]["rules"] for b in rule.get("backendRefs", [])}
 
     def settle(self, live: bool) -> None:
-        """Nothing to drop: the route is the truth, and the record stays on the Deployments."""
+        """The scalers of the release that serves now (the new one when live, else the old one) get
+        its counts back: KEDA scales it from here on. Nothing else to drop: the route is the truth,
+        and the record stays on the Deployments."""
+        scalers = self.scalers if live else self.old_scalers  # the side that serves now
+        if scalers:
+            for patch in autoscaler.resume(scalers):
+                _call(self.api, "PATCH", patch.path, body=patch.body, content_type=MERGE_PATCH)
+            self.events.append(("autoscaler_resumed", {"scaled_objects": [_name(s) for s in scalers]}))
+
+    def _hold(self, scalers: list[dict], servers: int) -> None:
+        """Before the controller sets a release's count: its scalers paused at that count, and KEDA
+        acknowledging it (their status), so no scaler puts back a count of its own meanwhile."""
+        if not scalers:
+            return
+        for patch in autoscaler.pause(scalers, servers):
+            _call(self.api, "PATCH", patch.path, body=patch.body, content_type=MERGE_PATCH)
+        deadline = time.monotonic() + self.target.route_timeout_s
+        for scaler in scalers:
+            while not autoscaler.is_paused(_call(self.api, "GET", object_path(scaler)), servers):
+                if time.monotonic() > deadline:
+                    raise RolloutFailed(
+                        f"ScaledObject {_name(scaler)}: KEDA did not confirm the pause at {servers} servers within "
+                        f"{self.target.route_timeout_s:.0f} s; is the KEDA operator running?"
+                    )
+                time.sleep(self.target.poll_s)
 
     def _service_of(self, release: str) -> str | None:
         """A release's own Service (the one selecting its pods), if it still exists."""
@@ -645,11 +687,15 @@ class KubernetesRelease:
         """Delete every object of these releases (Deployments, their Services and budgets)."""
         removed = []
         for release in sorted(r for r in releases if r):
-            for plural in ("deployments", "services", "poddisruptionbudgets"):
+            for plural in ("scaledobjects", "deployments", "services", "poddisruptionbudgets"):
                 for obj in listing(self.api, self.namespace, plural, {**self.instance, RELEASE_LABEL: release}):
                     delete(self.api, obj)
                     removed.append(f"{obj['kind']}/{obj['metadata']['name']}")
         return removed
+
+
+def _name(obj: dict) -> str:
+    return obj["metadata"]["name"]
 
 
 def kept_servers(api, manifests: list[dict]) -> int | None:

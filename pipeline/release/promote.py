@@ -436,7 +436,11 @@ def _rendered(reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, serve
     artifact = manifests.Artifact(
         s3_uri=rel.data.get("s3_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
     )
-    objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact, manifests.RenderOptions(servers=servers))
+    # with capacity.autoscale, the release's KEDA scalers too, sized from its measured rate per server
+    capacity = loaded.spec.capacity
+    rate = rel.facts.rate_per_server if capacity and capacity.autoscale else None
+    options = manifests.RenderOptions(servers=servers, autoscale_rate=rate)
+    objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact, options)
     problems = manifests.validate(objs)
     if problems:
         reg.record(
