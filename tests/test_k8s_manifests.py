@@ -127,6 +127,23 @@ def test_probes_give_the_large_model_its_load_time_and_the_tiny_one_a_short_wait
     assert manifests.validate(tiny_objs) == []
 
 
+def test_a_measured_load_time_sets_the_startup_probe_and_the_progress_deadline(prod):
+    """A release that measured its load (9 minutes for the slowest replica) waits 2 x 540 + 120 s,
+    not the 42 minutes its 235 GB would be given unmeasured."""
+    sized = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT)
+    measured = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT, manifests.RenderOptions(load_seconds=540))
+    waits = []
+    for objs in (sized, measured):
+        deployment = of_kind(objs, "Deployment")[0]
+        startup = container(deployment)["startupProbe"]
+        waits.append(
+            (startup["failureThreshold"] * startup["periodSeconds"], deployment["spec"]["progressDeadlineSeconds"])
+        )
+    assert waits[1][0] == 1200 and waits[0][0] >= 40 * 60  # 2 x 540 + 120, in whole probe periods
+    assert waits[1][1] - waits[1][0] == waits[0][1] - waits[0][0] > 0  # the deadline adds the same pull and fetch time
+    assert manifests.validate(measured) == []
+
+
 def test_nfs_weights_are_a_read_only_claim_on_the_share(prod):
     objs = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT, RenderOptions(volume_name="models-share"))
     [claim] = of_kind(objs, "PersistentVolumeClaim")

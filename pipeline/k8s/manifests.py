@@ -49,6 +49,7 @@ TOKENIZER_INFO_FLAG = "--enable-tokenizer-info-endpoint"
 # conservative ~100 MB/s from NFS; ~240 GB of FP8 weights get ~42 minutes, the tiny model 3.
 STARTUP_BASE_S = 180
 STARTUP_S_PER_GB = 10
+LOAD_FACTOR, LOAD_MARGIN_S = 2.0, 120  # a measured load time's margin: x2, +2 minutes
 PROBE_PERIOD_S = 10
 # Before the probe starts: image pull (ROCm images are tens of GB) and the S3 fetch.
 PULL_AND_FETCH_S = 1800
@@ -74,6 +75,12 @@ class RenderOptions(BaseModel):
         None, description="image with the model-release CLI for the S3 init container; default: the engine image"
     )
     servers: int = Field(1, ge=0, description="pods per replica group, one per server (the rollout scales them)")
+    load_seconds: float | None = Field(
+        None,
+        ge=0,
+        description="the release's measured load time (slowest replica, process start to healthy, on this "
+        "hardware): the startup probe and progress deadline follow it, with a margin; None: from the weights' size",
+    )
     autoscale_rate: float | None = Field(
         None,
         gt=0,
@@ -138,7 +145,7 @@ def render(
     labels = {**instance_labels(spec), **_release_labels(layout, release_id, artifact)}
     annotations = _annotations(release_id, artifact)
     deployments = [
-        _deployment(spec, hw, layout, weights, group, own, labels, annotations, options.servers)
+        _deployment(spec, hw, layout, weights, group, own, labels, annotations, options)
         for group in range(layout.replicas)
     ]
     meta = {"namespace": spec.promotion.namespace, "labels": labels, "annotations": annotations}
@@ -254,9 +261,15 @@ def weights_gb(spec: ReleaseSpec) -> float:
     return spec.model.architecture.params_b * BYTES_PER_PARAM[spec.quantization.scheme]
 
 
-def startup_seconds(spec: ReleaseSpec) -> int:
-    """How long the startup probe waits for /health, from the size of the weights."""
-    budget = STARTUP_BASE_S + STARTUP_S_PER_GB * weights_gb(spec)
+def startup_seconds(spec: ReleaseSpec, load_seconds: float | None = None) -> int:
+    """How long the startup probe waits for /health. From the release's measured load time where
+    there is one (its slowest replica, process start to healthy, on the target's hardware): twice
+    that plus LOAD_MARGIN_S, for a cold page cache, a busier share and a slower node than the
+    measuring one; else from the size of the weights (STARTUP_BASE_S + STARTUP_S_PER_GB per GB)."""
+    if load_seconds is not None:
+        budget = LOAD_FACTOR * load_seconds + LOAD_MARGIN_S
+    else:
+        budget = STARTUP_BASE_S + STARTUP_S_PER_GB * weights_gb(spec)
     return PROBE_PERIOD_S * math.ceil(budget / PROBE_PERIOD_S)
 
 
@@ -353,7 +366,7 @@ def _deployment(
     own: str,
     labels: dict[str, str],
     annotations: dict[str, str],
-    servers: int,
+    options: RenderOptions,
 ) -> dict:
     group_label = {f"{FIELD_PREFIX}/replica-group": str(group)}
     # a Deployment of its own per release, so its (immutable) selector may name the release
@@ -369,11 +382,11 @@ def _deployment(
             "annotations": annotations,
         },
         "spec": {
-            "replicas": servers,
+            "replicas": options.servers,
             # a pod of this release that must restart (node drain, crash) never needs a spare
             # server's GPUs: one goes before its replacement starts; releases never share a Deployment
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "progressDeadlineSeconds": startup_seconds(spec) + PULL_AND_FETCH_S,
+            "progressDeadlineSeconds": startup_seconds(spec, options.load_seconds) + PULL_AND_FETCH_S,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
             "template": {
@@ -381,13 +394,15 @@ def _deployment(
                     "labels": {**labels, **group_label},
                     "annotations": pod_annotations,
                 },
-                "spec": _pod_spec(spec, hw, layout, weights),
+                "spec": _pod_spec(spec, hw, layout, weights, options.load_seconds),
             },
         },
     }
 
 
-def _pod_spec(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _Weights) -> dict:
+def _pod_spec(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _Weights, load_seconds: float | None = None
+) -> dict:
     argv, env = _engine(spec, hw, layout, weights.model_path)
     assert hw.device_resource is not None  # spec validation: a Kubernetes target needs it
     devices: dict[str, Any] = {hw.device_resource: layout.devices_per_replica}
@@ -402,7 +417,7 @@ def _pod_spec(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _
             {"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
-        **_probes(spec),
+        **_probes(spec, load_seconds),
     }
     pod: dict[str, Any] = {
         "containers": [container],
@@ -419,7 +434,7 @@ def _pod_spec(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _
     return pod
 
 
-def _probes(spec: ReleaseSpec) -> dict[str, dict]:
+def _probes(spec: ReleaseSpec, load_seconds: float | None = None) -> dict[str, dict]:
     """Startup covers the model load; after it, readiness takes a pod out of the Service quickly
     and liveness restarts a hung engine only after minutes."""
     health = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
@@ -427,7 +442,7 @@ def _probes(spec: ReleaseSpec) -> dict[str, dict]:
         "startupProbe": {
             **health,
             "periodSeconds": PROBE_PERIOD_S,
-            "failureThreshold": startup_seconds(spec) // PROBE_PERIOD_S,
+            "failureThreshold": startup_seconds(spec, load_seconds) // PROBE_PERIOD_S,
         },
         "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**health, "periodSeconds": 30, "failureThreshold": 5},

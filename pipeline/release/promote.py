@@ -439,7 +439,9 @@ def _rendered(reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, serve
     # with capacity.autoscale, the release's KEDA scalers too, sized from its measured rate per server
     capacity = loaded.spec.capacity
     rate = rel.facts.rate_per_server if capacity and capacity.autoscale else None
-    options = manifests.RenderOptions(servers=servers, autoscale_rate=rate)
+    # the startup probe and progress deadline from the release's own load time, measured on this hardware
+    load = max(rel.facts.load_seconds or [], default=None)
+    options = manifests.RenderOptions(servers=servers, autoscale_rate=rate, load_seconds=load)
     objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact, options)
     problems = manifests.validate(objs)
     if problems:
