@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
 from pipeline.stages import affinity_guard, benchmark, serving
+from pipeline.stages.benchmark import orchestration
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.processes import engine_processes
 from tests.simserver import true_max_rate
@@ -827,9 +828,9 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
             passed=False, endpoint=url, limit=20, tasks=[], failures=["tiny_add: recovery 0.10 < 0.95"], seconds=2.0
         )
 
-    monkeypatch.setattr(benchmark, "running_layout", running)
+    monkeypatch.setattr(orchestration, "running_layout", running)
     monkeypatch.setattr(
-        benchmark, "slo_search", lambda *args, **kwargs: benchmark.SearchOutcome(probes=[], max_slo_rate=held)
+        orchestration, "slo_search", lambda *args, **kwargs: benchmark.SearchOutcome(probes=[], max_slo_rate=held)
     )
     monkeypatch.setattr(served_accuracy, "check", check)
     gate = EvalResult.model_construct()

@@ -1,0 +1,181 @@
+"""One layout, for real: its engines started and isolated, a `Prober` (vLLM's client with the CPU
+accounting and the engine's histograms around it), the search against it, the served-answers check."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import ReleaseError
+from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+from pipeline.stages import engine_metrics, interference, served_accuracy, serving
+from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, parse_result
+from pipeline.stages.benchmark.records import LayoutResult, Probe
+from pipeline.stages.benchmark.search import slo_search
+from pipeline.stages.benchmark.selection import finish
+from pipeline.stages.evaluate import EvalResult
+
+log = logging.getLogger(__name__)
+
+
+class Prober:
+    """One probe against a running layout: vLLM's client at a rate, with the CPU accounting and
+    the engine's histograms around it. What the search calls, and what a fixed-rate check calls."""
+
+    def __init__(self, spec: ReleaseSpec, engine: Any, model_dir: Path, out_dir: Path, bench: BenchClient):
+        self.spec, self.engine, self.model_dir, self.out_dir = spec, engine, model_dir, out_dir
+        self.bench = bench
+        self.client = bench.base
+        self.numbers = itertools.count(1)
+        self.done: list[Probe] = []  # every probe, kept when the engine dies mid-search
+
+    def __call__(self, rate: float, n: int, seed: int, client_args: Sequence[str] = ()) -> Probe:
+        """client_args: extra flags for vLLM's client (a benchmark's --max-concurrency, say)."""
+        if not self.engine.alive():
+            raise self.engine.exit_error("during the benchmark")
+        name = f"probe-{next(self.numbers):02d}.json"
+        cmd = bench_command(
+            self.client,
+            self.engine.url,
+            str(self.model_dir),
+            self.spec.workload,
+            self.spec.slo,
+            rate,
+            n,
+            seed,
+            self.out_dir,
+            name,
+        ) + list(client_args)
+        before = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
+        self.bench.ensure()  # its one-time start-up (the vLLM import) stays outside the probe's window
+        window = interference.Window(engine_groups=set(self.engine.groups), client_group=self.bench.group)
+        path, client_s = self.bench.serve(cmd[len(self.client) :], self.out_dir, name)
+        seen = window.close(client_s)
+        after = engine_metrics.merge([engine_metrics.scrape(u) for u in self.engine.replica_urls])
+        probe = parse_result(path, rate, n, self.spec.slo, self.spec.workload)
+        probe.client_cpu_ms_per_request = round(client_s * 1000 / max(n, 1), 3)
+        probe.interference = seen
+        probe.engine = engine_metrics.view(before, after)
+        self.done.append(probe)
+        return probe
+
+
+@contextmanager
+def running_layout(
+    spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, model_dir: Path, out_dir: Path, base_port: int | None = None
+) -> Iterator[tuple[Any, Prober]]:
+    """The layout's engines, started and healthy, with every other process kept off their cores
+    for as long as they are measured; always torn down. Yields (engine, prober)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = base_port or serving.free_port()
+    commands = serving.build_commands(spec, hw, layout, str(model_dir), port)
+    if hw.kind == "cpu":
+        # pick free ports for every replica
+        for cmd in commands:
+            new = serving.free_port()
+            cmd.argv[cmd.argv.index("--port") + 1] = str(new)
+            cmd.port = new
+    plan = serving.placement(hw, layout)
+    engine = serving.LocalEngine(commands, out_dir / "logs", placement=plan)
+    bench = bench_client(hw, commands[0].env, plan.frontend_cores)
+    # the client's vLLM import runs while the engines load, on the engine cores: they stay idle
+    # until each replica is up (it loads on the frontend cores), so neither waits for the other
+    bench.launch(sorted(set(plan.all_engine_cores) - set(plan.frontend_cores)))
+    try:
+        with engine, serving.isolated(engine.groups, plan.other_cores):  # nothing else on the compute cores
+            log.info("placement: %s", "; ".join(f"{k}: {v}" for k, v in plan.describe().items()))
+            yield engine, Prober(spec, engine, model_dir, out_dir, bench)
+    finally:
+        bench.close()
+
+
+def benchmark_layout(
+    spec: ReleaseSpec,
+    hw: HardwareProfile,
+    layout: Layout,
+    model_dir: Path,
+    out_dir: Path,
+    base_port: int | None = None,
+    max_probes: int = 16,
+    prior: float | None = None,
+    predicted: float | None = None,
+    accuracy: tuple[EvalResult, EvalResult] | None = None,
+    answers_without_slo: bool = False,
+) -> LayoutResult:
+    """Start the layout's engines, run the search against their one endpoint, always tear down.
+
+    Each probe records who else used the CPU meanwhile and the engine's own histograms.
+    `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
+    the check at that rate). `predicted`: the planner's rate for this layout, kept beside the
+    measurement; the search starts from it when no other prior is given. `accuracy`: the gate's
+    (baseline, candidate) in-process results; with them, a layout that holds the SLO is then
+    scored by lm-eval at its endpoint (`served_accuracy`) and fails when it answers worse;
+    `answers_without_slo`: scored also when it holds the SLO at no rate (a re-benchmark's verdict
+    names both faults; a release's layout without a rate has failed already, the check would be time lost).
+    """
+    started = time.monotonic()
+    result = LayoutResult(
+        layout=layout.name,
+        tp=layout.tp,
+        dp=layout.dp,
+        ep=layout.ep,
+        pp=layout.pp,
+        replicas=layout.replicas,
+        devices=layout.devices,
+        status="ok",
+        placement=serving.placement(hw, layout).describe(),
+        predicted_max_slo_rate=predicted if predicted else None,
+    )
+    prior = prior or result.predicted_max_slo_rate
+    prober: Prober | None = None
+    try:
+        with running_layout(spec, hw, layout, model_dir, out_dir, base_port) as (engine, prober):
+            result.load_seconds = engine.load_seconds
+            outcome = slo_search(prober, spec.workload, spec.slo, max_probes, prior=prior)
+            result.probes = outcome.probes
+            result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate
+            result.bound_only, result.extrapolated, result.stop_reason, result.burst_rps = (
+                outcome.bound_only,
+                outcome.extrapolated,
+                outcome.stop_reason,
+                outcome.burst_rps,
+            )
+            result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
+            result.unsteady, result.client_bound = outcome.unsteady, outcome.client_bound
+            result.client_bound_rates = outcome.client_bound_rates
+            result.unclean_rates = outcome.unclean_rates
+            if (
+                accuracy
+                and spec.evaluation.served.enabled
+                and (outcome.max_slo_rate is not None or answers_without_slo)
+            ):
+                checked = served_accuracy.check(
+                    engine.url, model_dir, serving.SERVED_NAME, *accuracy, spec.evaluation, out_dir / "served-accuracy"
+                )
+                result.served_accuracy = checked
+                log.info(
+                    "layout %s: serving-path accuracy %s in %.0f s: %s",
+                    layout.name,
+                    "passed" if checked.passed else "FAILED",
+                    checked.seconds,
+                    checked.summary(),
+                )
+                if not checked.passed:
+                    result.status = "failed"
+                    result.error = "serving-path accuracy: " + "; ".join(checked.failures)
+    except (ReleaseError, subprocess.TimeoutExpired) as exc:
+        result.probes = result.probes or (prober.done if prober else [])
+        result.status = "cancelled" if isinstance(exc, serving.EngineStopped) else "failed"
+        result.error = str(exc)
+        log.error("layout %s failed: %s", layout.name, exc)
+    result.seconds = round(time.monotonic() - started, 1)
+    finish(result, hw)
+    if result.bound_only and result.status == "ok":
+        log.warning("layout %s: %s", layout.name, result.stop_reason)
+    return result

@@ -1,0 +1,158 @@
+"""The benchmark's records: a probe, one SLO search's outcome, a layout's result, the selection.
+
+Typed so that the search's whole state feeds the report, the plot, the gate and the tests alike;
+they cross XCom, pod results and benchmark.json as themselves (inf as the string "Infinity")."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.stages.engine_metrics import EngineView
+from pipeline.stages.interference import Interference
+from pipeline.stages.served_accuracy import ServedAccuracy
+
+
+class Probe(BaseModel):
+    """One `vllm bench serve` run at one offered rate."""
+
+    # the saturation probe's rate is inf; JSON (XCom, files) carries it as the string "Infinity"
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    rate: float = Field(description="offered Poisson rate, req/s (inf for the saturation probe)")
+    num_prompts: int
+    achieved_rate: float = Field(description="completed requests / duration")
+    completed: int
+    failed: int
+    failed_fraction: float
+    duration_s: float
+    output_tok_s: float
+    goodput: float | None = None
+    p50_ttft_ms: float
+    p90_ttft_ms: float
+    p99_ttft_ms: float
+    p50_tpot_ms: float
+    p90_tpot_ms: float
+    p99_tpot_ms: float
+    p90_itl_ms: float
+    p90_e2el_ms: float
+    p90_ttft_ci_ms: tuple[float, float] | None = Field(None, description="95% order-statistic interval of the p90")
+    p90_tpot_ci_ms: tuple[float, float] | None = None
+    passed: bool = False
+    conclusive: bool = Field(True, description="false when a limit still fell inside a p90 interval")
+    reasons: list[str] = Field(default_factory=list)
+    result_file: str = ""
+    interference: Interference | None = Field(None, description="CPU use of the engine, the client and others")
+    engine: EngineView | None = Field(None, description="the engine's own histograms for this probe (/metrics)")
+    clean: bool = Field(True, description="other processes stayed under the interference limit")
+    superseded: bool = Field(
+        False, description="run again at the same rate (inconclusive, unclean, or unsteady at the answer); not counted"
+    )
+    client_lag_p90_ms: float | None = Field(
+        None,
+        description="p90 of how late the client sent each request against its schedule (vLLM's client: its "
+        "queue_times, from the schedule's release of a request to its send)",
+    )
+    client_lag_end_ms: float | None = Field(
+        None, description="how far the client's last send fell behind the schedule's end, at least (span less n / rate)"
+    )
+    client_cpu_ms_per_request: float | None = Field(
+        None, description="the client's CPU time per request (its whole process, start-up included)"
+    )
+    client_bound: bool = Field(
+        False,
+        description="the client sent late by more than workload.max_client_lag of the p90 TTFT limit: the "
+        "latencies may be the client's as much as the engine's",
+    )
+    client_note: str = Field("", description="why the probe is client-bound (its lags against the limit)")
+
+
+class LayoutResult(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    layout: str
+    tp: int
+    dp: int
+    ep: int
+    pp: int
+    replicas: int
+    devices: int
+    status: str = Field(
+        description="ok; failed (engine did not start, died, client errors); cancelled (an engine was stopped "
+        "from outside by SIGTERM/SIGINT: a shutdown or a cancelled task)"
+    )
+    error: str | None = None
+    load_seconds: list[float] = Field(default_factory=list, description="per replica, process start to healthy")
+    capacity_rps: float | None = None
+    max_slo_rate: float | None = Field(None, description="req/s at the layout's endpoint (all its replicas)")
+    per_server: float | None = None
+    per_device: float | None = None
+    bound_only: bool = Field(
+        False,
+        description="the answer is a lower bound (no probe above it failed, or the probe budget ran out before "
+        "it was narrowed), not a narrowed value; with no answer, the search ran out of probes while the SLO failed",
+    )
+    extrapolated: bool = Field(
+        False,
+        description="a lower bound that the line through the two highest passes puts within half the resolution "
+        "below the SLO's edge (no probe above it failed): as near the edge as a narrowed answer by the search's "
+        "own model, which calibration trusts and the report does not",
+    )
+    stop_reason: str = ""
+    burst_rps: float | None = Field(None, description="throughput of the opening burst (the search's scale only)")
+    deciding_p90_ttft_ms: list[float] = Field(default_factory=list, description="p90 TTFT of each run at the answer")
+    spread: float | None = Field(None, description="max/min - 1 of the runs at the answer")
+    unsteady: bool = Field(
+        False,
+        description="the runs at the answer differ by more than workload.max_spread even with probes twice as "
+        "long: the answer holds in its worst run, but the edge is not known that well",
+    )
+    client_bound: bool = Field(
+        False, description="a run at the answer, or the fail that capped it, was client-bound (Probe.client_bound)"
+    )
+    client_bound_rates: list[float] = Field(default_factory=list, description="rates with a client-bound run")
+    unclean_rates: list[float] = Field(default_factory=list, description="rates never measured without interference")
+    placement: dict[str, str] = Field(default_factory=dict, description="what ran on which cores (cpu profile)")
+    predicted_max_slo_rate: float | None = Field(
+        None,
+        description="the planner's max SLO rate at this endpoint, written before the measurement; the search's prior",
+    )
+    prediction_error: float | None = Field(None, description="measured / predicted - 1")
+    planner_rate: float | None = Field(None, description="the planner's own rate, before calibration")
+    calibration_key: str | None = Field(None, description="hardware | engine image | layout shape")
+    calibration: str | None = Field(None, description="how the prediction was calibrated (None: it was not)")
+    served_accuracy: ServedAccuracy | None = Field(
+        None, description="lm-eval at this layout's endpoint after its search; a failure fails the layout"
+    )
+    probes: list[Probe] = Field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Selection(BaseModel):
+    best: str | None
+    passed: bool
+    reason: str
+    layouts: list[LayoutResult]
+
+
+class SearchOutcome(BaseModel):
+    """What one SLO search found, and the evidence for it."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    probes: list[Probe]
+    burst_rps: float | None = Field(None, description="throughput of the opening burst: the scale, never a bracket")
+    capacity: float | None = Field(None, description="highest throughput any probe achieved, req/s")
+    max_slo_rate: float | None = None
+    bound_only: bool = Field(False, description="the answer is a lower bound (see LayoutResult.bound_only)")
+    extrapolated: bool = Field(False, description="a lower bound closed by the passes' line (LayoutResult's)")
+    stop_reason: str = ""
+    deciding_p90_ttft_ms: list[float] = Field(
+        default_factory=list, description="p90 TTFT of every counted run at the answer"
+    )
+    spread: float | None = Field(None, description="max/min - 1 of those p90s: how well repeats agree")
+    unsteady: bool = Field(False, description="see LayoutResult.unsteady")
+    client_bound: bool = Field(False, description="see LayoutResult.client_bound")
+    client_bound_rates: list[float] = Field(default_factory=list, description="rates with a client-bound run")
+    unclean_rates: list[float] = Field(
+        default_factory=list, description="rates where interference stayed above the limit on every try"
+    )
