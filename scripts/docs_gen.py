@@ -2,7 +2,7 @@
 
 - docs/reference/spec.md   the release spec and hardware profile fields, from the pydantic models
                            in pipeline/core/spec.py (field, type, default, constraints, description);
-- docs/reference/cli.md    every `model-release` command and option, from `pipeline.cli.build_parser`;
+- docs/reference/cli.md    every `model-release` command and option, from `pipeline.cli.parser`;
 - docs/measurements.md     the latest record of each name under benchmarks/results/ (pipeline/core/measurements.py);
 - README.md's demo block   the latest `make demo` record (between the demo-results markers).
 
@@ -243,10 +243,10 @@ def _commands(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.Argume
 
 def cli_reference() -> str:
     with _documenting_environment():
-        parser = cli.build_parser()
+        parser = cli.parser()
         usages = {sub.prog: sub.format_usage() for sub, _ in _commands(parser)}
     out = [
-        _banner("the argparse parser in pipeline/cli.py (build_parser)"),
+        _banner("the argparse parser in pipeline/cli/ (parser)"),
         "# CLI reference: `model-release`\n\n",
         f"{parser.description}\n\n",
         "Installed in the project's venv: `.venv/bin/model-release` (`make demo` and `make test` create it). "

@@ -241,7 +241,7 @@ def _walked(case: Case, known: set[str]) -> set[str]:
 
 
 def test_every_door_is_walked_or_exempt():
-    known = doors(cli.build_parser())
+    known = doors(cli.parser())
     walked = set().union(*(_walked(case, known) for case in CASES))
     walked_ok = {d for case in CASES if case.code == 0 for d in _walked(case, known)}
     assert sorted(known - walked - set(EXEMPT)) == [], "doors neither walked nor exempt: add a case or a reason"
@@ -353,8 +353,8 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch):
     def bug(args):
         raise KeyError("a bug")
 
-    parser = cli.build_parser()
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser = cli.parser()
+    monkeypatch.setattr(cli, "parser", lambda: parser)
     parser.set_defaults()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

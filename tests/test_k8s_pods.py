@@ -63,7 +63,7 @@ XCOMS = {
     },
     "fetch": {"path": f"/var/lib/model-release/serving-cache/{HASH[:16]}", "manifest_hash": HASH},
 }
-# Sub-commands the pods run that pipeline/cli.py does not have yet (issue #10 hands them over).
+# Sub-commands the pods run that pipeline/cli/ does not have yet (issue #10 hands them over).
 
 
 @pytest.fixture(scope="module")
@@ -310,7 +310,7 @@ def test_pods_pass_the_upstream_results_along(rendered):
 @pytest.mark.parametrize("task_id", HEAVY)
 def test_cli_accepts_each_pod_command(rendered, task_id):
     argv = cli_argv(rendered[task_id])
-    cli.build_parser().parse_args(argv)  # argparse exits on an unknown command or option
+    cli.parser().parse_args(argv)  # argparse exits on an unknown command or option
     specs = [arg for arg in argv if arg.startswith(pods.POD_PROJECT)]
     assert all((PROJECT_ROOT / spec.removeprefix(pods.POD_PROJECT + "/")).is_file() for spec in specs)
 
@@ -416,7 +416,7 @@ def test_the_plan_is_stored_before_the_pods_and_only_the_top_k_layouts_get_one(s
     for name, args in zip(names, arguments, strict=True):
         pod = benchmark_pod(loaded, args)
         assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True) == K8S_VERSION
-        parsed = cli.build_parser().parse_args(cli_argv(pod))
+        parsed = cli.parser().parse_args(cli_argv(pod))
         assert (parsed.layout, parsed.model, parsed.predictions) == (name, XCOMS["fetch"]["path"], stored)
         # what the pod's search starts from: its own layout's prediction, read back from storage
         prior = pod_steps.layout_prediction(parsed.predictions, name, loaded)
@@ -597,7 +597,7 @@ def test_rebenchmark_pod_runs_the_release_own_layout_and_artifact_on_a_whole_nod
     assert pod["spec"]["nodeSelector"] == {"doks.digitalocean.com/gpu-model": "mi325x"}
     assert env_of(pod)["VLLM_ROCM_USE_AITER"] == "1"
     argv = cli_argv(pod)
-    args = cli.build_parser().parse_args(argv)
+    args = cli.parser().parse_args(argv)
     assert (args.release, args.layout, args.s3_uri, args.manifest_hash, args.promoted_rate, args.run_id) == (
         rel.id,
         "tp4-ep4-x2",
@@ -639,9 +639,9 @@ def test_rebenchmark_pod_holds_the_fresh_answers_to_the_gate_results_the_release
     reg.record(rel.id, "accuracy_gate", "gate", {"passed": True}, data={"evaluation": gate})
 
     checked, plain = pod_steps.remeasure_arguments([rel.id, unchecked.id], RUN_ID)
-    args = cli.build_parser().parse_args(script_argv(checked))
+    args = cli.parser().parse_args(script_argv(checked))
     assert args.evaluation == pod_steps.evaluation_uri(pods.base_uri(loaded), RUN_ID, rel.id)
-    assert cli.build_parser().parse_args(script_argv(plain)).evaluation is None
+    assert cli.parser().parse_args(script_argv(plain)).evaluation is None
 
     handed = {}
 
