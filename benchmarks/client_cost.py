@@ -69,7 +69,7 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     stub = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "simserver.py"), "--port", str(port), "--mu", "1e6", "--tpot-ms", "0"],
+        [sys.executable, str(ROOT / "testkit" / "simserver.py"), "--port", str(port), "--mu", "1e6", "--tpot-ms", "0"],
         preexec_fn=pinned(stub_cores),
     )
     vllm = benchmark.bench_client(loaded.hardware, serving.cpu_engine_env(), client_cores)

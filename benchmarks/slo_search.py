@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.core import measurements
 from pipeline.core.spec import SloSpec, WorkloadSpec
 from pipeline.stages import benchmark, serving, tiny_model
-from tests.simserver import true_max_rate
+from testkit.simserver import true_max_rate
 
 
 def main() -> None:
@@ -64,7 +64,7 @@ def main() -> None:
     server = subprocess.Popen(
         [
             sys.executable,
-            str(ROOT / "tests" / "simserver.py"),
+            str(ROOT / "testkit" / "simserver.py"),
             "--port",
             str(port),
             "--mu",
@@ -151,7 +151,7 @@ def main() -> None:
 
 def in_process(args: argparse.Namespace, workload: WorkloadSpec, slo: SloSpec, truth: float) -> None:
     """Mean runs and |error| per start over many seeds, against the model's own p90s."""
-    from tests.test_benchmark import mm1_run
+    from testkit.probes import mm1_run
 
     logging.disable(logging.WARNING)
     # the prior --prior-off either way (the planner issue's target), and 10% either way: the first step from a

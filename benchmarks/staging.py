@@ -26,7 +26,7 @@ from pipeline.core import artifacts, measurements, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
 from pipeline.core.spec import S3Target, StagingSpec
-from tests.s3server import FaultProxy, MotoServer
+from testkit.s3server import FaultProxy, MotoServer
 
 MB = 1024 * 1024
 

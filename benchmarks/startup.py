@@ -24,11 +24,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core import measurements
+from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import load_spec
 from pipeline.stages import benchmark, dequant, serving, tiny_model
 from pipeline.stages.quantize import quantize
 from pipeline.stages.sources import materialize
-from tests.conftest import TINY_SPEC
+
+TINY_SPEC = PROJECT_ROOT / "configs" / "releases" / "tiny-qwen3-moe-cpu.yaml"
 
 
 def probe_startup(probes: int, work: Path) -> tuple[float, float]:

@@ -3,7 +3,7 @@
 # contract (import-linter), mypy. Run first by `make test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PATHS=(pipeline dags plugins tests benchmarks scripts)
+PATHS=(pipeline dags plugins tests testkit benchmarks scripts)
 echo "check: ruff"; .venv/bin/ruff check "${PATHS[@]}"
 echo "check: ruff format"; .venv/bin/ruff format --check "${PATHS[@]}"
 echo "check: import layers"; .venv/bin/lint-imports

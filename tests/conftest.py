@@ -198,7 +198,7 @@ def spec_file(tmp_path):
 @pytest.fixture(scope="module")
 def s3():
     """A real S3-protocol server (moto, over HTTP) for one test module."""
-    from tests.s3server import MotoServer
+    from testkit.s3server import MotoServer
 
     server = MotoServer()
     yield server

@@ -17,9 +17,10 @@ import pytest
 from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
 from pipeline.stages import affinity_guard, benchmark, serving
 from pipeline.stages.benchmark import orchestration
+from testkit.probes import fixed_probe, mm1_run
+from testkit.simserver import true_max_rate
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.processes import engine_processes
-from tests.simserver import true_max_rate
 
 # measures CPU use or latency: never beside the tiny model's training (conftest)
 pytestmark = pytest.mark.quiet
@@ -130,44 +131,6 @@ def test_quantile_interval_covers_the_true_p90():
         lo, hi = benchmark.quantile_ci([rng.expovariate(1.0) for _ in range(200)])
         covered += lo <= true_p90 <= hi
     assert covered / 200 >= 0.9
-
-
-def fixed_probe(rate: float, n: int, p90: float, slo: SloSpec, achieved: float | None = None) -> benchmark.Probe:
-    """A judged probe whose p90 TTFT is `p90` ms (TPOT 5 ms), as a stand-in engine would give."""
-    achieved = rate if achieved is None else achieved
-    probe = benchmark.Probe(
-        rate=rate,
-        num_prompts=n,
-        achieved_rate=achieved,
-        completed=n,
-        failed=0,
-        failed_fraction=0.0,
-        duration_s=n / max(achieved, 1e-9),
-        output_tok_s=0.0,
-        p50_ttft_ms=p90 / 3,
-        p90_ttft_ms=p90,
-        p99_ttft_ms=p90 * 2,
-        p50_tpot_ms=5,
-        p90_tpot_ms=5,
-        p99_tpot_ms=5,
-        p90_itl_ms=5,
-        p90_e2el_ms=p90,
-    )
-    benchmark.judge(probe, slo)
-    return probe
-
-
-def mm1_run(mu: float, slo: SloSpec, noise: float = 0.0, seed: int = 0):
-    """A probe from the M/M/1 model itself (p90 TTFT = ln 10 / (mu - rate)), with optional noise."""
-    rng = random.Random(seed)
-
-    def run(rate: float, n: int, _seed: int) -> benchmark.Probe:
-        achieved = min(rate, mu * 0.98) if not math.isinf(rate) else mu
-        p90 = math.log(10) / max(mu - rate, 1e-3) * 1000 if rate < mu else 1e6
-        p90 *= 1 + rng.uniform(-noise, noise)
-        return fixed_probe(rate, n, p90, slo, achieved)
-
-    return run
 
 
 def capped(outcome: benchmark.SearchOutcome) -> bool:

@@ -13,7 +13,7 @@ from pipeline.airflow import pools
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import airflow, airflow_env, ensure_db
-from tests.s3server import MotoServer
+from testkit.s3server import MotoServer
 
 DAGBAG_SCRIPT = """
 import json

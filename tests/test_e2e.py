@@ -27,9 +27,9 @@ from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.release import local_target, step_review
 from pipeline.release.registry import Registry
+from testkit.s3server import MotoServer, free_port
 from tests.conftest import TINY_SPEC
 from tests.processes import engine_processes
-from tests.s3server import MotoServer, free_port
 from tests.test_step_review import STEP_DAG
 
 pytestmark = pytest.mark.slow

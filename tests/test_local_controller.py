@@ -22,8 +22,8 @@ from pipeline.core.rollout import WEIGHT_TOTAL
 from pipeline.core.spec import load_spec
 from pipeline.release import analysis, controller, local_target
 from pipeline.stages import serving
+from testkit.s3server import free_port
 from tests.conftest import TINY_SPEC
-from tests.s3server import free_port
 
 ENGINE = r"""
 import http.server, json, sys

@@ -151,7 +151,7 @@ vllm:e2e_request_latency_seconds_sum{engine="0",model_name="model"} %(s)s
 @pytest.fixture
 def metrics_server():
     """A real HTTP server whose /metrics text changes between two scrapes."""
-    from tests import http_stub
+    from testkit import http_stub
 
     pages = [METRICS % dict(a=0, b=0, c=0, s=0, q=0), METRICS % dict(a=50, b=80, c=100, s=1.5, q=0.2)]
 
@@ -290,7 +290,7 @@ def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_r
     server = subprocess.Popen(
         [
             sys.executable,
-            os.path.join(root, "tests", "simserver.py"),
+            os.path.join(root, "testkit", "simserver.py"),
             "--port",
             str(port),
             "--mu",

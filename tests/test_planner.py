@@ -497,7 +497,7 @@ def test_a_profiling_run_times_each_shape_with_vllms_client(tiny_model_dir, tmp_
     spec, hw, single = loaded.spec, loaded.hardware, loaded.layout("single")
     port = serving.free_port()
     sim_server = subprocess.Popen(
-        [sys.executable, str(paths.PROJECT_ROOT / "tests" / "simserver.py"), "--port", str(port), "--mu", "60",
+        [sys.executable, str(paths.PROJECT_ROOT / "testkit" / "simserver.py"), "--port", str(port), "--mu", "60",
          "--tpot-ms", "5"]
     )  # fmt: skip
     bench = benchmark.bench_client(hw, {})
@@ -707,7 +707,7 @@ def test_the_host_check_loads_the_profiled_layout_at_its_simulated_max_and_judge
     there is nothing to check."""
     from pipeline.planner import profile as profiling
     from pipeline.stages import serving
-    from tests.test_benchmark import fixed_probe
+    from testkit.probes import fixed_probe
 
     spec = load_spec(TINY_SPEC).spec
     sent: list[tuple[float, int, int]] = []
@@ -753,7 +753,7 @@ def test_the_split_is_refitted_on_the_host_checks_tpot_and_checked_again_where_t
     that fell behind refits nothing (it measured a queue)."""
     from pipeline.planner import profile as profiling
     from pipeline.stages import serving
-    from tests.test_benchmark import fixed_probe
+    from testkit.probes import fixed_probe
 
     loaded = load_spec(TINY_SPEC)
     spec, hw, single = loaded.spec, loaded.hardware, loaded.layout("single")
@@ -829,7 +829,7 @@ def test_a_profiling_run_measures_a_fallen_behind_steady_load_again_and_keeps_wh
 
     from pipeline.planner import profile as profiling
     from pipeline.stages import benchmark, serving
-    from tests.test_benchmark import fixed_probe
+    from testkit.probes import fixed_probe
 
     loaded = load_spec(TINY_SPEC)
     spec, hw, single = loaded.spec, loaded.hardware, loaded.layout("single")

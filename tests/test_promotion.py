@@ -15,9 +15,9 @@ from pipeline.core.spec import load_spec
 from pipeline.release import local_target, promote, report
 from pipeline.release.registry import Registry, audit_trail
 from pipeline.stages import evaluate
+from testkit.s3server import free_port
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.load import LoadClient
-from tests.s3server import free_port
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -423,7 +423,7 @@ def test_a_release_whose_answers_got_worse_never_takes_traffic(live, tiny_spec, 
     that answers through a mismatched tokenizer is the re-benchmark test's slowed engine, and a real
     rollout's checks passing step by step the local-target test above."""
     from pipeline.stages.served_accuracy import ServedAccuracy
-    from tests import http_stub
+    from testkit import http_stub
 
     # answers like vLLM's /v1/completions, nothing more
     server = http_stub.serve(lambda: json.dumps({"choices": [{"text": " 17"}]}).encode(), "application/json")

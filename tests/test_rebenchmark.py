@@ -16,8 +16,8 @@ from pipeline.entry import flow
 from pipeline.release import rebenchmark, report
 from pipeline.release.registry import Registry
 from pipeline.stages import benchmark
+from testkit.s3server import free_port
 from tests.conftest import TINY_SPEC
-from tests.s3server import free_port
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -187,7 +187,7 @@ def test_an_answer_no_fail_caps_is_at_least_that_in_the_verdict_trend_alert_and_
     line closes the search from below, no probe above the answer fails, and the answer is a lower bound
     wherever it is shown. The same queue searched from above is capped by a fail: a plain figure."""
     from pipeline.release import alerts
-    from tests.simserver import true_max_rate
+    from testkit.simserver import true_max_rate
     from tests.test_benchmark import capped, mm1_run
 
     reg = Registry()

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from pipeline.core.spec import RolloutSpec, SloSpec, load_spec
 from pipeline.release import analysis, local_prometheus, local_target
-from tests import http_stub
+from testkit import http_stub
 from tests.conftest import TINY_SPEC
 
 # Not marked quiet (conftest): the latencies are the exporters' own numbers, not measured, and the
@@ -189,8 +189,8 @@ def test_the_front_log_counts_what_the_new_engines_failed_even_where_a_retry_sav
 
     from pipeline.release.analysis import StepAnalysis
     from pipeline.stages import serving
+    from testkit.s3server import free_port
     from tests.k8s_fake import dead_url
-    from tests.s3server import free_port
 
     good = http_stub.serve(lambda: b"{}", "application/json")
     bad = http_stub.serve(lambda: b"{}", "application/json", status=500)

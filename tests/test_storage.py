@@ -11,7 +11,7 @@ import pytest
 from pipeline.core import artifacts, storage
 from pipeline.core.errors import ArtifactError, ReleaseError
 from pipeline.core.spec import NfsTarget, S3Target, StagingSpec
-from tests.s3server import FaultProxy, MotoServer
+from testkit.s3server import FaultProxy, MotoServer
 
 MB = 1024 * 1024
 

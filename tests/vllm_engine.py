@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.stages import serving
+from testkit.s3server import free_port
 from tests.conftest import SERVE_PYTHON
-from tests.s3server import free_port
 
 
 @contextmanager

@@ -6,7 +6,7 @@ mu - lam, so p90 TTFT = ln(10) / (mu - lam). Decode streams `max_tokens` tokens 
 `tpot_ms`, concurrently, so TPOT always holds. The true highest rate that keeps p90 TTFT
 under a limit L is therefore mu - ln(10)/L, which is what a search should find.
 
-Run: python tests/simserver.py --port 8123 --mu 60 --tpot-ms 5
+Run: python testkit/simserver.py --port 8123 --mu 60 --tpot-ms 5
 """
 
 from __future__ import annotations

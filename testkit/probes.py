@@ -1,0 +1,49 @@
+"""Judged stand-in probes: what the SLO search sees from an engine, without one. The search's tests
+and benchmarks/slo_search.py run it against the M/M/1 queue, whose true answer is known
+(`simserver.true_max_rate`)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from pipeline.core.spec import SloSpec
+from pipeline.stages import benchmark
+
+
+def fixed_probe(rate: float, n: int, p90: float, slo: SloSpec, achieved: float | None = None) -> benchmark.Probe:
+    """A judged probe whose p90 TTFT is `p90` ms (TPOT 5 ms), as a stand-in engine would give."""
+    achieved = rate if achieved is None else achieved
+    probe = benchmark.Probe(
+        rate=rate,
+        num_prompts=n,
+        achieved_rate=achieved,
+        completed=n,
+        failed=0,
+        failed_fraction=0.0,
+        duration_s=n / max(achieved, 1e-9),
+        output_tok_s=0.0,
+        p50_ttft_ms=p90 / 3,
+        p90_ttft_ms=p90,
+        p99_ttft_ms=p90 * 2,
+        p50_tpot_ms=5,
+        p90_tpot_ms=5,
+        p99_tpot_ms=5,
+        p90_itl_ms=5,
+        p90_e2el_ms=p90,
+    )
+    benchmark.judge(probe, slo)
+    return probe
+
+
+def mm1_run(mu: float, slo: SloSpec, noise: float = 0.0, seed: int = 0):
+    """A probe from the M/M/1 model itself (p90 TTFT = ln 10 / (mu - rate)), with optional noise."""
+    rng = random.Random(seed)
+
+    def run(rate: float, n: int, _seed: int) -> benchmark.Probe:
+        achieved = min(rate, mu * 0.98) if not math.isinf(rate) else mu
+        p90 = math.log(10) / max(mu - rate, 1e-3) * 1000 if rate < mu else 1e6
+        p90 *= 1 + rng.uniform(-noise, noise)
+        return fixed_probe(rate, n, p90, slo, achieved)
+
+    return run
