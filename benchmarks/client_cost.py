@@ -4,7 +4,7 @@ bench client as the SLO search runs it (forked by `vllm_cli.py bench-server`, ar
 
     .venv/bin/python benchmarks/client_cost.py [--rates 100 200 300] [--seconds 8]
 
-The stub is tests/simserver.py with no work (service rate 1e6 req/s, 0 ms between tokens), on core
+The stub is testkit/simserver.py with no work (service rate 1e6 req/s, 0 ms between tokens), on core
 0; each client runs on core 1 (the frontend core the search's client shares with the API server on
 the tiny spec's `single`). Per rate each client runs twice, for 1/4 of `--seconds` and for all of
 it: the CPU per request is the difference of the two runs' CPU over the difference of their
@@ -137,7 +137,7 @@ def main() -> int:
     path = measurements.record(
         "client_cost",
         {
-            "stub": "tests/simserver.py --mu 1e6 --tpot-ms 0",
+            "stub": "testkit/simserver.py --mu 1e6 --tpot-ms 0",
             "stub_cores": stub_cores,
             "client_cores": client_cores,
             "input_len": workload.input_len,

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/slo_search.py [--mu 60] [--ttft-ms 200] [--prompts 300] [--show-probes]
     .venv/bin/python benchmarks/slo_search.py --in-process 200 [--noise 0.1]
 
-The server (tests/simserver.py) is an M/M/1 prefill queue: p90 TTFT = ln(10)/(mu - rate), so
+The server (testkit/simserver.py) is an M/M/1 prefill queue: p90 TTFT = ln(10)/(mu - rate), so
 the true highest rate within the SLO is mu - ln(10)/limit. Load comes from the real
 `vllm bench serve` (from .venv-serve) for both methods. Prints, for the search and for a
 sweep at the same resolution: runs used, seconds of load, wall seconds, the rate found and
