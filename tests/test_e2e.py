@@ -52,6 +52,21 @@ def quick(data):
     data["serving"]["port"] = free_port()
 
 
+def shifted_tokenizer(model_dir: Path, out: Path) -> Path:
+    """The tiny model's tokenizer with every digit mapped to the next one's token id ("12+34=" reads
+    "23+45=" to the model, whose "68" prints "57"): the wrong tokenizer for one layout, an engine that
+    serves as fast as ever and answers wrong."""
+    tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    ids = [vocab[d] for d in "0123456789"]
+    for i, digit in enumerate("0123456789"):
+        vocab[digit] = ids[(i + 1) % 10]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (out / "tokenizer_config.json").write_text((model_dir / "tokenizer_config.json").read_text())
+    return out
+
+
 def next_release(stack, live_layout: str) -> Path:
     """Run 2's spec: the same model and name, which names no layouts in its run. Its own layout is the
     live release's, and the planner generates two it ranks far below it (one sequence, prompts chunked 4
@@ -74,6 +89,9 @@ def stack(tmp_path_factory, tiny_model_dir):
     spec_path.parent.mkdir()
     data = yaml.safe_load(TINY_SPEC.read_text())
     quick(data)
+    # two-replicas serves through a wrong tokenizer: it holds the SLO, then fails its served answers
+    wrong = shifted_tokenizer(tiny_model_dir, tmp / "shifted-tokenizer")
+    next(lay for lay in data["layouts"] if lay["name"] == "two-replicas")["engine_args"]["tokenizer"] = str(wrong)
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     s3 = MotoServer()
     registry_url = f"sqlite:///{tmp / 'registry.db'}"
@@ -138,7 +156,9 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     # run 1 measures both layouts (one replica, and two behind nginx) through the DAG's mapped task
     run_id, request = release_run(stack, True, "numbers look good", ["single", "two-replicas"])
     first = reg.by_run(run_id)
-    best = check_benchmark_outputs(first.data["benchmark_files"], ["single", "two-replicas"])
+    best = check_benchmark_outputs(first.data["benchmark_files"], ["single", "two-replicas"], broken={"two-replicas"})
+    # the layout that held its SLO through a wrong tokenizer failed on its answers: the other one is chosen
+    assert best == "single" and first.data["layout"] == "single"
     assert "Promote" in request["subject"] and best in request["subject"]
     assert "/model-releases/releases/" in request["body"] and "p90 TTFT" in request["body"]
     assert [u["id"] for u in request["assigned_users"]] == ["reviewer"]
@@ -154,7 +174,8 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     assert "published before the measurement" in Path(first.data["report"]).read_text()
     # the registry keeps each layout's serving-path accuracy; the report shows it beside the rate
     assert [a["layout"] for a in first.data["served_accuracy"]] == ["single", "two-replicas"]
-    assert all(a["passed"] and a["seconds"] > 0 for a in first.data["served_accuracy"])
+    assert [a["passed"] for a in first.data["served_accuracy"]] == [True, False]
+    assert all(a["seconds"] > 0 for a in first.data["served_accuracy"])
     assert "served accuracy" in Path(first.data["report"]).read_text()
     assert completion(url)  # the staged FP8 artifact (BF16 copy on this CPU) answers on the spec's port
     report = Path(first.data["report"])
@@ -241,12 +262,18 @@ def test_each_rollout_step_is_a_task_a_reviewer_answers_and_no_answer_is_the_ver
     assert aborted["steps"][1]["reasons"] == ["aborted by reviewer reviewer: p90 TPOT creeping up"]
 
 
-def check_benchmark_outputs(files: dict[str, str], layouts: list[str]) -> str:
+def check_benchmark_outputs(files: dict[str, str], layouts: list[str], broken: set[str] = frozenset()) -> str:
     """What a release run's benchmark step published: every layout measured for real, the JSON, CSV
-    and chart the report reads. Returns the selected layout."""
+    and chart the report reads; a `broken` layout (a wrong tokenizer) held its SLO and failed on its
+    served answers. Returns the selected layout."""
     data = json.loads(Path(files["json"]).read_text())
     assert [layout["layout"] for layout in data["layouts"]] == layouts
     for r in data["layouts"]:
+        if r["layout"] in broken:
+            assert r["status"] == "failed" and r["error"].startswith("serving-path accuracy: tiny_add"), r["error"]
+            assert r["max_slo_rate"] is not None and not r["served_accuracy"]["passed"]
+            assert data["selection"]["best"] != r["layout"]
+            continue
         assert r["status"] == "ok", r["error"]
         assert r["load_seconds"] and len(r["load_seconds"]) == r["replicas"]
         assert r["capacity_rps"] and r["capacity_rps"] > 0
