@@ -299,6 +299,11 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
     (run / "benchmark" / "benchmark.json").write_text(json.dumps(bench))
     page = report.write(reg, reg.get(rel.id), load_spec(spec), run).read_text()
     assert "the step-time model (step times fitted by profile 3)" in page and "from the datasheet figures" not in page
+    # the planner's interval, published per server before the measurement, beside the predicted rate
+    prediction = {"layout": "single", "predicted_per_server": 10.0, "predicted_low": 6.0, "predicted_high": 12.0}
+    (run / "benchmark" / "predictions.json").write_text(json.dumps({"layouts": [prediction]}))
+    page = report.write(reg, reg.get(rel.id), load_spec(spec), run).read_text()
+    assert "5 <span class='muted'>[3–6]</span>" in page and "[low–high]: the planner's interval" in page
 
 
 # ---------------------------------------------------------------- the local target, for real

@@ -163,7 +163,7 @@ def _section_performance(
             f"<tr><td>{_e(lay['layout'])}{mark}</td><td>{lay['tp']}/{lay['ep']} x {lay['replicas']}</td>"
             f"<td>{_e(lay['status'])}</td><td>{_num(lay.get('capacity_rps'))}</td>"
             f"<td>{_rate(lay.get('max_slo_rate'), lay.get('bound_only'))}{_marks(lay)}</td>"
-            f"<td>{_num(lay.get('predicted_max_slo_rate'))}</td>"
+            f"<td>{_num(lay.get('predicted_max_slo_rate'))}{_interval(lay.get('predicted_interval'))}</td>"
             f"<td>{'—' if lay.get('prediction_error') is None else format(lay['prediction_error'], '+.0%')}</td>"
             f"<td>{_num(lay.get('per_server'))}</td><td>{_num(lay.get('per_device'))}</td>"
             f"<td>{_num(probe.get('p90_ttft_ms'), '.0f')}</td><td>{_num(probe.get('p90_tpot_ms'), '.1f')}</td>"
@@ -194,7 +194,10 @@ def _section_performance(
             "the measurement and where its search started: the step-time model ("
             f"{_e(step_times([lay.get('calibration_key') for lay in bench['layouts']]))}), "
             "times the median measured / planner ratio of earlier releases on the same "
-            f"hardware, engine and layout shape where there are any; error = measured / predicted - 1.{how}</p>"
+            "hardware, engine and layout shape where there are any; error = measured / predicted - 1. "
+            "[low–high]: the planner's interval (from its assumed figures' ranges on a datasheet plan, from its "
+            "fit's residuals on a profiled one): layouts whose intervals overlap the best one's cannot be ranked "
+            f"below it, and top_k measured them too.{how}</p>"
         )
     if png and png.exists():
         encoded = base64.b64encode(png.read_bytes()).decode()
@@ -493,10 +496,30 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
     )
 
 
+def _interval(ends: list[float] | None) -> str:
+    return f" <span class='muted'>[{ends[0]:.3g}–{ends[1]:.3g}]</span>" if ends else ""
+
+
+def with_intervals(bench: dict[str, Any], predictions: dict[str, Any]) -> dict[str, Any]:
+    """Each measured layout's predicted rate with the planner's interval around it (predictions.json,
+    published before the measurement, holds it per server: scaled here to the rate the row shows)."""
+    by_layout = {p["layout"]: p for p in predictions.get("layouts", [])}
+    for lay in bench.get("layouts", []):
+        p = by_layout.get(lay["layout"])
+        rate = lay.get("predicted_max_slo_rate")
+        if p and rate and p.get("predicted_low") is not None and p.get("predicted_high") is not None:
+            scale = rate / p["predicted_per_server"]
+            lay["predicted_interval"] = [p["predicted_low"] * scale, p["predicted_high"] * scale]
+    return bench
+
+
 def write(reg: Registry, rel: Release, loaded: LoadedSpec, run_dir: Path) -> Path:
     """Render into `run_dir/report.html`, atomically (a reviewer never opens half a page)."""
     bench_json = run_dir / "benchmark" / "benchmark.json"
     bench = json.loads(bench_json.read_text()) if bench_json.exists() else None
+    predictions = run_dir / "benchmark" / "predictions.json"
+    if bench and predictions.exists():
+        bench = with_intervals(bench, json.loads(predictions.read_text()))
     png = run_dir / "benchmark" / "latency_vs_rate.png"
     path = atomic_write(run_dir / "report.html", render(reg, rel, loaded, bench, png))
     return path
