@@ -896,3 +896,31 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
         for proc in (narrow, wide):
             proc.kill()
             proc.wait()
+
+
+def test_the_sse_data_space_fix_is_the_regex_it_replaces_on_every_chunk_shape():
+    """vllm_cli.data_space (string checks, then the regex only where a later event starts in the chunk)
+    gives exactly what the regex it replaced gave, on the chunk shapes a proxy produces and on random
+    strings of the characters that matter."""
+    import random
+    import re
+
+    from pipeline.stages.vllm_cli import data_space
+
+    def regex(buffer: str) -> str:
+        return re.sub(r"(^|\n)data:(?=\S)", r"\1data: ", buffer)
+
+    shapes = [
+        "",
+        "data:",
+        "data: ",
+        'data:{"a":1}',
+        'data: {"a":1}\n\ndata:{"b":2}',
+        "data:\n",
+        "data:\t{}",
+        "x\ndata:1",
+    ]
+    rng = random.Random(0)
+    alphabet = ["data:", "data: ", "\n", " ", "\t", "\x1c", "{", "}", "a", "\n\n", "[DONE]"]
+    shapes += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(3000)]
+    assert [data_space(s) for s in shapes] == [regex(s) for s in shapes]

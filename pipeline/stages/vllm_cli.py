@@ -44,6 +44,21 @@ def _vllm_version(distribution_name: str) -> str:
 metadata.version = _vllm_version
 
 
+_LATER_DATA = re.compile(r"\ndata:(?=\S)")
+
+
+def data_space(buffer: str) -> str:
+    """Every `data:` line of `buffer` with the space vLLM's parser expects (`data: `), where the
+    field's optional space is missing and a value follows (the regex `(^|\\n)data:(?=\\S)` did it). Plain string
+    checks first: nearly every chunk is one event that starts `data: ` and needs nothing, and that
+    regex on every chunk was about a fifth of the client's per-request work (py-spy, 300 req/s)."""
+    if buffer.startswith("data:") and len(buffer) > 5 and not buffer[5].isspace():
+        buffer = "data: " + buffer[5:]
+    if "\ndata:" in buffer:  # several events in one chunk: rare
+        buffer = _LATER_DATA.sub("\ndata: ", buffer)
+    return buffer
+
+
 def _sse_events_as_specified() -> None:
     from vllm.benchmarks.lib import endpoint_request_func
 
@@ -55,8 +70,7 @@ def _sse_events_as_specified() -> None:
     def add_chunk_fixed(self, chunk_bytes: bytes) -> list[str]:
         if not hasattr(self, "_decoder") or not isinstance(getattr(self, "buffer", None), str):
             return add_chunk(self, chunk_bytes)  # another version's handler: leave it as it is
-        self.buffer += self._decoder.decode(chunk_bytes)
-        self.buffer = re.sub(r"(^|\n)data:(?=\S)", r"\1data: ", self.buffer)
+        self.buffer = data_space(self.buffer + self._decoder.decode(chunk_bytes))
         return add_chunk(self, b"")
 
     handler.add_chunk = add_chunk_fixed
