@@ -186,6 +186,7 @@ class StepModel:
         self.sequence_s = perf.sequence_overhead_us * 1e-6
         self.request_overhead_s = perf.request_overhead_ms / 1e3  # added to every TTFT by the simulation
         self.admission_s = perf.admission_ms / 1e3  # added to the step that admits a request, by the simulation
+        self._by_tokens: dict[int, tuple[float, list[float]]] = {}  # seconds()'s per-token-count parts
 
     def experts_touched(self, tokens: int) -> float:
         """Expected distinct experts a batch routes to (uniform top-k routing): their weights are read."""
@@ -200,7 +201,11 @@ class StepModel:
 
     def _terms(self, batch: Batch) -> list[tuple[str, float, float, float, float]]:
         """(part, flops, bytes, flop/s, byte/s) of one step on one device, every layer counted."""
-        arch, t, n = self.arch, batch.tokens, self.arch.num_layers
+        return self._token_terms(batch.tokens) + self._batch_terms(batch)
+
+    def _token_terms(self, t: int) -> list[tuple[str, float, float, float, float]]:
+        """The parts that depend on the step's new tokens alone (the projections and the experts)."""
+        arch, n = self.arch, self.arch.num_layers
         if arch.is_moe:
             load = self.expert_load(t)
             rows = load.rows  # tokens per *active* expert: what one expert's GEMM carries
@@ -210,7 +215,6 @@ class StepModel:
             rows = t
             mlp_flops = 2 * t * self.expert_params / self.layout.tp
             mlp_bytes = self.expert_params * self.weight_bytes / self.layout.tp
-        head_params = arch.vocab_size * arch.hidden_size / self.layout.tp
         return [
             (
                 "attention projections + router",
@@ -226,6 +230,13 @@ class StepModel:
                 self.peak * gemm_efficiency(rows, self.half_rows),
                 self.bandwidth,
             ),
+        ]
+
+    def _batch_terms(self, batch: Batch) -> list[tuple[str, float, float, float, float]]:
+        """The parts that depend on the whole batch (attention over its contexts, the sampled logits)."""
+        arch, t, n = self.arch, batch.tokens, self.arch.num_layers
+        head_params = arch.vocab_size * arch.hidden_size / self.layout.tp
+        return [
             (
                 "attention",
                 n * 4 * self.heads * arch.head_dim * batch.pairs,
@@ -259,9 +270,20 @@ class StepModel:
         return self.all_reduce_seconds(tokens) + self.dispatch_seconds(tokens)
 
     def seconds(self, batch: Batch) -> float:
-        """The step's time; the simulation calls this once per step, so it builds no records."""
-        total = self.perf.step_overhead_ms / 1e3 + self.sequence_s * batch.sampled + self.link_seconds(batch.tokens)
-        for _, flops, nbytes, flops_per_s, bytes_per_s in self._terms(batch):
+        """The step's time; the simulation calls this once per step (millions of times in a plan with
+        intervals), so it builds no records, and what depends on the step's token count alone (the
+        link, the projections, the experts) is computed once per count; summed in the same order."""
+        by_tokens = self._by_tokens.get(batch.tokens)
+        if by_tokens is None:
+            by_tokens = self._by_tokens[batch.tokens] = (
+                self.link_seconds(batch.tokens),
+                [max(f / fps, b / bps) for _, f, b, fps, bps in self._token_terms(batch.tokens)],
+            )
+        link, token_parts = by_tokens
+        total = self.perf.step_overhead_ms / 1e3 + self.sequence_s * batch.sampled + link
+        for part in token_parts:
+            total += part
+        for _, flops, nbytes, flops_per_s, bytes_per_s in self._batch_terms(batch):
             total += max(flops / flops_per_s, nbytes / bytes_per_s)
         return total
 
