@@ -459,6 +459,7 @@ class KubernetesRelease:
         self.old: list[dict] = []  # the serving release's Deployments
         self.old_scalers: list[dict] = []
         self.old_count = 0  # the serving release's servers when the state was read
+        self.kept_count = 0  # the new release's servers in every group when the state was read
         self.stale: set[str] = set()  # releases other than these two, left at zero
 
     def state(self, recovering: bool = False) -> Fleet:
@@ -483,6 +484,8 @@ class KubernetesRelease:
         if mine:
             self.applied = list(self.new_deps)
         replicas = [d["spec"].get("replicas", 0) for d in mine]
+        # what kept objects run in every group (0 where a group is gone): a rollback to them keeps that
+        self.kept_count = min(replicas) if mine and len(mine) == len(self.new_deps) else 0
         self.old_count = max((d["spec"].get("replicas", 0) for d in self.old), default=0)
         return Fleet(
             release=self.label,
@@ -502,9 +505,8 @@ class KubernetesRelease:
         for dep in self.new_deps:  # applied with the first wave, or now onto kept objects
             dep["metadata"].setdefault("annotations", {})[ROLLOUT_ANNOTATION] = record.model_dump_json()
         if self.applied:  # a rollback to kept objects: they keep the servers they run
-            now = kept_servers(self.api, self.new_deps) or 0
             for dep in self.new_deps:
-                dep["spec"]["replicas"] = now
+                dep["spec"]["replicas"] = self.kept_count
             apply(self.api, self.new_deps, self.target.field_manager, self.timeout_s, self.target.poll_s)
 
     def prune(self) -> None:

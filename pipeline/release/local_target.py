@@ -434,7 +434,9 @@ class LocalRelease:
             self.old = mine.old if mine else None
             self.new = mine.deployment if mine else None
             self.record = mine.record if mine else None
-        else:
+            old_ok = self.old is not None and is_healthy(self.old)
+            new_ok = self.new is not None and is_healthy(self.new)
+        else:  # both found healthy just now, or left out
             serving_now = live if live is not None and is_healthy(live) else None
             if live is not None and serving_now is None:
                 log.warning("live release %d is not healthy (engines gone?): it cannot be kept", live.release_id)
@@ -446,13 +448,14 @@ class LocalRelease:
                 self.new = kept  # its engines still run in the keep window: a rollback only moves the front
             else:
                 self.new = None
+            old_ok, new_ok = self.old is not None, self.new is not None
         return Fleet(
             release=str(self.release_id),
             backend=str(self.release_id),
             old_release=str(self.old.release_id) if self.old else None,
             old_backend=str(self.old.release_id) if self.old else None,
-            old_servers=int(self.old is not None and is_healthy(self.old)),
-            new_servers=int(self.new is not None and is_healthy(self.new)),
+            old_servers=int(old_ok),
+            new_servers=int(new_ok),
             new_started=int(self.new is not None),
             full=1,
             weights=_weights(_front_release(self.spec)),
