@@ -265,6 +265,24 @@ def _front_release(spec: ReleaseSpec) -> str | None:
         return None
 
 
+def _accepting_workers(master: int) -> set[int]:
+    """nginx's worker processes under `master` that may still accept connections. After a reload an
+    old worker finishes its requests but accepts none once its title reads "shutting down" (nginx
+    sets it as it closes its listening sockets), or once it has exited."""
+    workers = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            state, parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            title = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(parent) == master and state != "Z" and b"shutting down" not in title:
+            workers.add(int(proc.name))
+    return workers
+
+
 def _point_front(spec: ReleaseSpec, weights: dict[int, int], marker: str, shares: bool = False) -> None:
     """Start nginx on the spec's port, or reload it with new backends (old connections finish).
 
@@ -281,7 +299,9 @@ def _point_front(spec: ReleaseSpec, weights: dict[int, int], marker: str, shares
     if check.returncode:
         raise LocalDeployFailed(f"front config {conf} rejected by nginx -t: {check.stderr.strip()[-500:]}")
     pid = _front_pid(spec.name)
+    old_workers: set[int] = set()
     if pid is not None:
+        old_workers = _accepting_workers(pid)
         os.kill(pid, signal.SIGHUP)
     else:
         with open(conf.parent / "nginx.log", "ab") as out:
@@ -295,7 +315,9 @@ def _point_front(spec: ReleaseSpec, weights: dict[int, int], marker: str, shares
         (conf.parent / "front.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if _front_release(spec) == marker:
+        # the new worker answers `marker` while an old one may still accept a connection (and send it
+        # to a backend the caller stops next: a 502): switched once the old ones accept no more
+        if _front_release(spec) == marker and not old_workers & _accepting_workers(pid or 0):
             return
         time.sleep(0.3)
     raise LocalDeployFailed(
