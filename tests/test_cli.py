@@ -147,6 +147,12 @@ CASES = [
         0,
         r"persistentVolumeClaim[\s\S]*kind: ScaledObject",
     ),
+    Case(  # the startup probe from a measured load time: (2 x 600 s + 120 s) / 10 s, not the size's 253
+        "manifests-load-seconds",
+        "manifests {prod} --layout tp8-ep8 --nfs-path /mnt/models/x --load-seconds 600",
+        0,
+        r"failureThreshold: 132\n",
+    ),
     Case(
         "manifests-unknown-layout",
         "manifests {prod} --layout nope",

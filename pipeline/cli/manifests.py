@@ -40,7 +40,11 @@ def _manifests(args: argparse.Namespace) -> int:
         )
     artifact = manifests.Artifact(s3_uri=s3_uri, nfs_path=nfs_path, manifest_hash=args.manifest_hash)
     objs = manifests.render(
-        loaded, args.layout, args.release_id, artifact, manifests.RenderOptions(autoscale_rate=args.autoscale_rate)
+        loaded,
+        args.layout,
+        args.release_id,
+        artifact,
+        manifests.RenderOptions(autoscale_rate=args.autoscale_rate, load_seconds=args.load_seconds),
     )
     problems = manifests.validate(objs)
     if problems:
@@ -72,5 +76,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--autoscale-rate",
         type=positive_float,
         help="the release's max SLO req/s per server: also its KEDA ScaledObjects (spec capacity.autoscale), paused",
+    )
+    p.add_argument(
+        "--load-seconds",
+        type=positive_float,
+        help="the release's measured weights load time (slowest replica): sets the startup probe and the "
+        "progress deadline from it instead of from the checkpoint's size",
     )
     p.set_defaults(func=_manifests)
