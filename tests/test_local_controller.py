@@ -179,3 +179,43 @@ def test_a_local_rollout_killed_after_any_action_leaves_a_safe_state_that_recove
     # undone until everything had moved; finished once the route named release 2 alone
     assert [s for _, s in outcomes].count("live") >= 1 and outcomes[0][1] == "rolled_back", outcomes
     assert outcomes[-1][1] == "live", outcomes
+
+
+def test_a_release_whose_engine_cannot_start_leaves_the_live_one_serving_untouched(spec, monkeypatch):
+    """Its engine exits before it is healthy (vLLM refusing its arguments, say): the target's own
+    health wait sees it, the controller undoes the rollout before any traffic moved, and the live
+    release serves on, its engines never stopped. (A real vLLM refusing bad arguments: test_benchmark.)"""
+    name, url = spec.spec.name, local_target.endpoint(spec.spec)
+    assert rollout(spec, 1).status == "live"
+    live = local_target.current(name)
+
+    def exits_at_once(spec, hw, layout, model_dir, release_id, timeout, beside=None):
+        log_dir = local_target.state_dir(spec.name) / f"release-{release_id}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / "engine-0.log", "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys; sys.exit('error: max_num_seqs must be >= 1')", "vllm-standin"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        (log_dir / "engine-0.pid").write_text(str(proc.pid))
+        dep = local_target.Deployment(
+            release_id=release_id,
+            layout=layout.name,
+            model_dir=str(model_dir),
+            pgids=[proc.pid],
+            ports=[free_port()],
+            log_dir=str(log_dir),
+        )
+        local_target._wait_healthy(dep, timeout)  # the target's own wait: it must see the exit
+        return dep
+
+    monkeypatch.setattr(local_target, "_start_engines", exits_at_once)
+    failed = rollout(spec, 2)
+    assert failed.status != "live" and "engine replica 0 exited before it was healthy" in failed.error, failed
+    assert "max_num_seqs must be >= 1" in failed.error  # the engine log's tail comes with it
+    now = local_target.current(name)
+    assert now is not None and now.release_id == 1 and now.pgids == live.pgids
+    assert answers(url, 8) == {"1"} and engines_running(name, 1)
+    assert not [k for k, _ in failed.events if k == "traffic"]  # the route never moved

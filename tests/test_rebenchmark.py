@@ -265,76 +265,90 @@ def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path
     assert len(mailbox.messages) == 1 and "re-benchmark FAILED" in mail_text(mailbox.messages[0])
 
 
-@pytest.mark.slow
-def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file, s3, tmp_path, mailbox, fp8_artifact):
+def test_a_healthy_rebenchmark_records_its_trend_point_and_alerts_nobody(
+    spec_file, s3, tmp_path, mailbox, small_artifact, monkeypatch
+):
+    """The layout holds the promoted figure and answers as the gate did (the measurement stands in;
+    a real engine re-benchmarked: the test below, and the e2e's benchmark of the same layout)."""
+    from pipeline.stages.served_accuracy import ServedAccuracy
+
     reg = Registry()
-    # promoted at a rate this engine holds easily (it holds well over 100 req/s with the engine on a
-    # core of its own): the healthy re-benchmark must say ok, and its probes climb from there to a
-    # figure a starved engine (~45-55 req/s here) cannot come within the tolerance + resolution (35%)
-    # of: 10, 12.5, 19.5, 48, 190 when the latencies are flat, 10, 12.5, 19.5, 27.6, 67.4 when a noisy
-    # p90 at 19.5 puts the line's edge near (CI, 2026-12-04: 5 probes ended at a 47.7 lower bound
-    # that the starved engine matched, before the step widened past a far edge). The product's
-    # default budget of 8 gives that path room to pass 100. Promoting at 1 req/s left the healthy
-    # figure at 19 req/s, below what even one sequence at a time holds.
-    spec = quick_spec(spec_file, s3, lambda d: d["rebenchmark"].update({"max_probes": 8}))
+    spec = quick_spec(spec_file, s3)
+    rel = live_release(reg, spec, small_artifact, 10.0)
+
+    def holds(spec, hw, layout, model, out_dir, **kwargs):
+        return benchmark.LayoutResult(
+            layout=layout.name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=12.0,
+            probes=[probe(10.0, True), probe(12.0, True)],
+            served_accuracy=ServedAccuracy(passed=True, endpoint="http://127.0.0.1:9", limit=20, tasks=[], seconds=1),
+        )  # fmt: skip
+
+    monkeypatch.setattr(benchmark, "benchmark_layout", holds)
+    monkeypatch.setattr(rebenchmark.promote, "serving_dir", lambda loaded, staged: tmp_path)  # verified, not loaded
+    healthy = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "healthy")
+    assert healthy.status == "ok", healthy
+    assert healthy.measured["served_accuracy_passed"] is True and healthy.measured["slo_holds_at_promoted_rate"]
+    assert reg.get(rel.id).status == "live"
+    points = [e for e in reg.events(rel.id) if e.kind == "trend_point"]
+    assert len(points) == 1 and points[0].detail["max_slo_rate"] == 12.0
+    assert points[0].detail["engine"].startswith("vllm-cpu")
+    assert mailbox.messages == []
+    assert [p["verdict"] for p in report.trend(reg, rel.id)] == ["promoted", "ok"]
+
+
+@pytest.mark.slow
+def test_a_rebenchmark_below_the_promoted_figure_with_wrong_answers_degrades_and_alerts(
+    spec_file, s3, tmp_path, mailbox, fp8_artifact
+):
+    """A real engine, re-benchmarked after an upgrade that brought a tokenizer that does not match the
+    model: its answers get worse, and it holds less than the release was promoted at. The promoted
+    figure is 900 req/s, more than any CPU engine of the tiny model holds (the e2e's `single` passed
+    at most ~300 with the whole machine), so the drop is certain on any machine without a healthy
+    run to measure it against first (until 2026-12-05 this test re-benchmarked twice, a healthy
+    engine then a starved one: 160 s; the healthy verdict is the stand-in test above)."""
     from pipeline.core import artifacts
     from pipeline.stages import evaluate
     from tests.test_benchmark import mismatched_tokenizer
 
+    spec = quick_spec(spec_file, s3)
+
+    reg = Registry()
     loaded = load_spec(spec)
     gate_side = evaluate.evaluate(
         fp8_artifact, artifacts.verify(fp8_artifact).content_hash(), loaded.spec.evaluation, use_cache=True
     ).model_dump()
-    rel = live_release(reg, spec, fp8_artifact, 10.0, evaluation={"baseline": gate_side, "candidate": gate_side})
-    healthy = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "healthy")
-    assert healthy.status == "ok", healthy
-    # the served answers were checked against the gate's in-process scores on the same items
-    assert healthy.measured["served_accuracy_passed"] is True
-    assert set(healthy.measured["served_accuracy"]) == {"tiny_add", "tiny_copy", "tiny_add_mc", "tiny_add3_mc"}
-    assert reg.get(rel.id).status == "live"
-    points = [e for e in reg.events(rel.id) if e.kind == "trend_point"]
-    assert (
-        len(points) == 1
-        and points[0].detail["max_slo_rate"] >= 40
-        and points[0].detail["engine"].startswith("vllm-cpu")
-    )
-    assert mailbox.messages == []
-
-    # now the release is on record at what the healthy engine measured; a starved engine
-    # (one sequence at a time, no batching) must lose that rate, and an engine upgrade that brought a
-    # tokenizer that does not match the model must show in the answers
-    measured = healthy.measured["max_slo_rate"]
-    reg.record(rel.id, "promotion_figures", "test", data={"max_slo_rate": measured, "rate_per_server": measured})
+    measured = 900.0
+    rel = live_release(reg, spec, fp8_artifact, measured, evaluation={"baseline": gate_side, "candidate": gate_side})
     wrong = str(mismatched_tokenizer(fp8_artifact, tmp_path / "tokenizer"))
-    slowed = load_spec(
+    upgraded = load_spec(
         quick_spec(
             spec_file,
             s3,
-            lambda d: d["layouts"][0]["engine_args"].update({"max-num-seqs": 1, "tokenizer": wrong}),
-            name="slowed.yaml",
+            lambda d: d["layouts"][0]["engine_args"].update({"tokenizer": wrong}),
+            name="upgraded.yaml",
         )
     )
-    verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "slowed", loaded=slowed)
+    verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "upgraded", loaded=upgraded)
     assert verdict.status == "degraded", verdict
     assert verdict.measured["served_accuracy_passed"] is False
     assert any(r.startswith("serving-path accuracy: ") and "tiny_add:" in r for r in verdict.reasons), verdict
     # the layout's own result, as a release's benchmark reads it: lm-eval at the engine's endpoint scored the
     # gate's first 20 items, 2-digit sums answered wrong through the mismatched tokenizer, so the layout
     # failed on its answers, naming the task and its recovery, and a slower layout that passed is selected
-    written = json.loads((tmp_path / "slowed" / "benchmark.json").read_text())
+    written = json.loads((tmp_path / "upgraded" / "benchmark.json").read_text())
     bad = benchmark.LayoutResult.model_validate(written["layouts"][0])
     assert bad.status == "failed" and bad.served_accuracy and not bad.served_accuracy.passed
     assert bad.error.startswith("serving-path accuracy: ") and "tiny_add:" in bad.error and "recovery" in bad.error
     add = next(t for t in bad.served_accuracy.tasks if t.task == "tiny_add")
     assert not add.passed and add.in_process is not None and add.candidate < add.in_process
-    assert add.samples_candidate == slowed.spec.evaluation.served.limit == 20
+    assert add.samples_candidate == upgraded.spec.evaluation.served.limit == 20
     assert 0 < bad.served_accuracy.seconds < bad.seconds
     good = loaded.spec.layouts[0].name
     slower = bad.model_copy(
         update={"layout": good, "status": "ok", "error": "", "served_accuracy": None, "max_slo_rate": 1.0,
                 "per_server": 1.0, "per_device": 1.0}
     )  # fmt: skip
-    # (the starved search may have found no rate at all: every figure the selection reads is set here)
+    # (the search may have found no rate at all: every figure the selection reads is set here)
     failed_fast = bad.model_copy(
         update={"layout": "wrong-tokenizer", "max_slo_rate": 50.0, "per_server": 50.0, "per_device": 50.0}
     )
@@ -347,7 +361,7 @@ def test_rebenchmark_records_trend_and_a_slowdown_degrades_and_alerts(spec_file,
     assert "DEGRADED" in mail and f"expected {measured:.3g} req/s" in mail and "oncall@example.com" in mail
     assert "serving-path accuracy" in mail
     trend = report.trend(reg, rel.id)
-    assert [p["verdict"] for p in trend] == ["promoted", "ok", "degraded"]
+    assert [p["verdict"] for p in trend] == ["promoted", "degraded"]
     assert report.plot_trend(reg, rel.id, tmp_path / "trend.png").stat().st_size > 5000
 
 
