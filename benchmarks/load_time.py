@@ -26,6 +26,8 @@ vLLM stamps its log to the second, so each line is stamped as it lands in the lo
 50 ms); /health is polled at the same pace. Phases: start -> "Starting to load model"; weight load
 -> "Loading weights took"; warm-up "Warming up model" .. "Warming up done"; to first healthy. Prints
 medians per source and state and the ratio fetched / local (of fetch + to healthy), and records them.
+Each start also records who else used the CPU meanwhile (`interference.Window`: other processes'
+cores, steal), since the machine is shared.
 The engine logs stay under MODEL_RELEASE_HOME's `bench-load-time/logs/`.
 """
 
@@ -51,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.core import artifacts, measurements, storage
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.core.spec import S3Target, StagingSpec, load_spec
-from pipeline.stages import dequant, serving, tiny_model
+from pipeline.stages import dequant, interference, serving, tiny_model
 from pipeline.stages.quantize import quantize
 from pipeline.stages.sources import materialize
 from testkit.s3server import MotoServer
@@ -173,15 +175,25 @@ def start_engine(model: Path, logs: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     clock = LogClock(logs / "engine-0.log", f"http://127.0.0.1:{cmd.port}", t0)
     clock.start()
+    window = interference.Window(engine_groups=set())  # who else used the CPU meanwhile
     try:
         with serving.LocalEngine([cmd], logs) as engine:
             while clock.healthy_at is None and clock.is_alive():
                 time.sleep(0.05)
             load_seconds = engine.load_seconds[0]
+            window.engine_groups = set(engine.groups)
+            seen = window.close()
     finally:
         clock.done.set()
         clock.join()
-    return {**split(clock), "local_engine_load_seconds": load_seconds}
+    return {
+        **split(clock),
+        "local_engine_load_seconds": load_seconds,
+        "engine_cores": seen.engine,
+        "other_cores": seen.other,
+        "steal_cores": seen.steal,
+        "top_other": ", ".join(f"{name} {cores}" for name, cores in seen.top_other[:2]),
+    }
 
 
 # ---------------------------------------------------------------- models and sources
@@ -290,14 +302,14 @@ def measure(label: str, model: Path, runs: int, server: MotoServer, work: Path) 
                 print(
                     f"  run {i} {source:8} {state}: fetch {row['fetch_s']} s, healthy {row['to_healthy_s']} s "
                     f"(load at {row['start_to_load_s']}, weights {row['weights_s']}, warm-up {row['warmup_s']}), "
-                    f"resident before {row['resident_before']}",
+                    f"resident before {row['resident_before']}, other CPU {row['other_cores']} cores",
                     flush=True,
                 )
     medians = []
     for source in ("local", "fetched"):
         for state in STATES:
             group = [r for r in rows if r["source"] == source and r["state"] == state]
-            extra = ("vllm_weights_s", "vllm_init_engine_s", "resident_before")
+            extra = ("vllm_weights_s", "vllm_init_engine_s", "resident_before", "other_cores")
             medians.append(
                 {"model": label, "source": source, "state": state, "runs": len(group)}
                 | {k: median(group, k) for k in (*PHASES, *extra)}
@@ -323,10 +335,10 @@ def measure(label: str, model: Path, runs: int, server: MotoServer, work: Path) 
 
 def table(medians: list[dict[str, Any]]) -> str:
     head = f"{'model':16} {'source':8} {'state':5} " + " ".join(f"{p.removesuffix('_s'):>13}" for p in PHASES)
-    lines = [head]
+    lines = [head + f" {'other CPU':>10}"]
     for m in medians:
         cells = " ".join(f"{'—' if m[p] is None else m[p]:>13}" for p in PHASES)
-        lines.append(f"{m['model']:16} {m['source']:8} {m['state']:5} {cells}")
+        lines.append(f"{m['model']:16} {m['source']:8} {m['state']:5} {cells} {m['other_cores']:>10}")
     return "\n".join(lines)
 
 
