@@ -165,3 +165,13 @@ def test_a_profiled_plans_margin_comes_from_the_two_intervals():
     # 120/100 - 1 = +20%; worst 100/125 - 1 = -20%, best 150/80 - 1 = +87.5%: undetermined
     assert (m.central, m.low, m.high) == pytest.approx((0.2, -0.2, 0.875))
     assert not m.determined and "fit's error" in m.describe() and "undetermined" in m.describe()
+
+
+@pytest.mark.parametrize("layout", [Layout(name="tp8-ep8", tp=8, ep=8), Layout(name="tp1-dp8-ep8", tp=1, dp=8, ep=8)])
+def test_the_simulations_time_by_bound_is_the_explanations_parts_exactly(layout):
+    """bounds() (summed over every simulated step) gives cost()'s parts' bounds and seconds, in order,
+    bit for bit: a plan's shares by bound do not depend on which one sums them."""
+    model = StepModel(ARCH, layout, PERF, weight_bytes=1, kv_bytes=1)
+    for tokens, pairs, sampled in [(1, 1, 1), (256, 256_000, 256), (8192, 4_000_000, 3), (3, 10, 0)]:
+        batch = Batch(tokens=tokens, pairs=pairs, context=pairs, sampled=sampled)
+        assert model.bounds(batch) == [(p.bound, p.seconds) for p in model.cost(batch).parts]

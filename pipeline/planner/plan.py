@@ -123,7 +123,7 @@ def predict(
     if math.isinf(hosted.slowdown(0.0)):  # the replicas' own host work fills its cores before any request
         bound = f"no rate: {hosted.describe(0.0)}"
     if search.rate > 0:
-        at = run(search.rate, model.cost)
+        at = run(search.rate, model.bounds)
         total = sum(at.seconds_by_bound.values()) or 1.0
         shares = {k: round(v / total, 3) for k, v in sorted(at.seconds_by_bound.items(), key=lambda kv: -kv[1])}
         ttft, tpot = at.p("ttft_s", 90) * 1e3, at.p("tpot_s", 90) * 1e3

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from pipeline.planner.step_time import Batch, Limits, StepCost
+from pipeline.planner.step_time import Batch, Limits
 
 __all__ = ["Limits", "Request", "SimResult", "Slo", "max_slo_rate", "poisson_arrivals", "simulate", "within"]
 
@@ -77,11 +77,11 @@ def simulate(
     timer: StepTimer,
     limits: Limits,
     requests: list[Request],
-    breakdown: Callable[[Batch], StepCost] | None = None,
+    breakdown: Callable[[Batch], list[tuple[str, float]]] | None = None,
     measure_from: float = 0.0,
 ) -> SimResult:
     """Run the requests through one replica and record those arriving from `measure_from` on (the
-    rest warm the replica up); `breakdown` (the step model's `cost`) adds time by bound."""
+    rest warm the replica up); `breakdown` (the step model's `bounds`) adds time by bound."""
     seqs_cap = limits.max_num_seqs
     budget_cap = max(limits.max_num_batched_tokens, seqs_cap)  # vLLM requires tokens >= seqs
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
@@ -139,8 +139,8 @@ def simulate(
         seconds = timer.seconds(batch) + admitted * timer.admission_s
         tokens += batch.tokens
         if breakdown is not None:
-            for part in breakdown(batch).parts:
-                by_bound[part.bound] = by_bound.get(part.bound, 0.0) + part.seconds
+            for bound, part_seconds in breakdown(batch):
+                by_bound[bound] = by_bound.get(bound, 0.0) + part_seconds
         now += seconds
         busy += seconds
         step += 1
@@ -250,7 +250,7 @@ def workload(
     host cannot carry the rate, every request misses."""
     lifetime = slo.lifetime(output_len)
 
-    def run(rate: float, breakdown: Callable[[Batch], StepCost] | None = None) -> SimResult:
+    def run(rate: float, breakdown: Callable[[Batch], list[tuple[str, float]]] | None = None) -> SimResult:
         requests, warmup = steady_requests(rate, input_len, output_len, lifetime, seed)
         factor = slowdown(rate) if slowdown else 1.0
         if math.isinf(factor):

@@ -287,6 +287,19 @@ class StepModel:
             total += max(flops / flops_per_s, nbytes / bytes_per_s)
         return total
 
+    def bounds(self, batch: Batch) -> list[tuple[str, float]]:
+        """cost()'s (bound, seconds) per part, in its order and with its arithmetic, without its records:
+        a prediction's time-by-bound sums this over every step of a simulation (~10^4 steps each)."""
+        out = []
+        for _, flops, nbytes, flops_per_s, bytes_per_s in self._terms(batch):
+            compute, memory = flops / flops_per_s, nbytes / bytes_per_s
+            out.append(("compute" if compute >= memory else "memory", max(compute, memory)))
+        out.append(("link", self.all_reduce_seconds(batch.tokens)))
+        if self.layout.dp > 1:
+            out.append(("link", self.dispatch_seconds(batch.tokens)))
+        out.append(("overhead", self.perf.step_overhead_ms / 1e3 + self.sequence_s * batch.sampled))
+        return out
+
     def cost(self, batch: Batch) -> StepCost:
         """The same step, part by part, for the plan's explanation and the tests."""
         parts = [roofline(*term) for term in self._terms(batch)]
