@@ -12,8 +12,10 @@ The same Airflow runs the rollout step reviews (a second DAG bundle: tests/test_
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -82,6 +84,24 @@ def next_release(stack, live_layout: str) -> Path:
     return path
 
 
+class Background:
+    """One piece of work started at most once, on a thread of its own; `result()` starts it if nobody has."""
+
+    def __init__(self, work):
+        self.work, self.pool, self.future = work, concurrent.futures.ThreadPoolExecutor(1), None
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        with self.lock:
+            if self.future is None:
+                self.future = self.pool.submit(self.work)
+
+    def result(self, timeout: float):
+        self.start()
+        assert self.future is not None
+        return self.future.result(timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model_dir):
     tmp = tmp_path_factory.mktemp("e2e")
@@ -109,22 +129,30 @@ def stack(tmp_path_factory, tiny_model_dir):
             {"name": "test-dags", "classpath": local, "kwargs": {"path": str(test_dags)}},
         ]
     )
-    # the scheduler's sweep of HITL timeouts: every 2 s instead of 15 (the step reviews time out in 12 s)
+    # the scheduler's sweep of HITL timeouts: every 2 s instead of 15 (the step reviews time out in REVIEW_S)
     env["AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL"] = "2"
+    # the step reviews' controller task holds a worker slot while it waits on its reviewers, beside the
+    # release runs (the product's two slots: one task at a time beside a measurement)
+    env["AIRFLOW__CORE__PARALLELISM"] = "3"
     # no `airflow db migrate` first: `airflow standalone` initializes its database itself, as `make demo`
     # starts it (a separate migrate was one more Airflow process start)
     airflow = Standalone(env)
     airflow.start()
     saved = {k: os.environ.get(k) for k in ("MODEL_RELEASE_REGISTRY_URL",)}
     os.environ["MODEL_RELEASE_REGISTRY_URL"] = registry_url
+    # the step reviews wait on their reviewers and timeouts, a minute of waiting: they run while the
+    # release runs measure, started once run 1 is triggered (their test asserts what they left)
+    reviews = Background(lambda: step_review_run(airflow, registry_url, tmp / "step-reviews"))
     try:
         yield {
             "airflow": airflow,
             "spec": spec_path,
             "registry": Registry(registry_url),
             "loaded": load_spec(spec_path),
+            "step_reviews": reviews,
         }
     finally:
+        reviews.pool.shutdown(wait=True)
         airflow.stop()
         local_target.stop(data["name"])
         s3.stop()
@@ -139,9 +167,14 @@ def completion(url: str) -> str:
         return json.loads(response.read())["choices"][0]["text"]
 
 
-def release_run(stack, approve: bool, comment: str, layouts: list[str], spec: Path | None = None) -> tuple[str, dict]:
+def release_run(
+    stack, approve: bool, comment: str, layouts: list[str], spec: Path | None = None, beside=None
+) -> tuple[str, dict]:
+    """Trigger a release run, answer its approval, wait for its end; `beside()` once it is triggered."""
     admin = stack["airflow"].client("admin")
     run_id = admin.trigger({"spec": str(spec or stack["spec"]), "layouts": layouts})
+    if beside:
+        beside()
     assert admin.wait(run_id, until="approval", timeout=1800, poll=2) == "awaiting_approval", admin.task_states(run_id)
     request = admin.pending_approval(run_id)
     stack["airflow"].client("reviewer").respond(run_id, approve, comment)
@@ -154,7 +187,9 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     url = local_target.endpoint(loaded.spec)
 
     # run 1 measures both layouts (one replica, and two behind nginx) through the DAG's mapped task
-    run_id, request = release_run(stack, True, "numbers look good", ["single", "two-replicas"])
+    run_id, request = release_run(
+        stack, True, "numbers look good", ["single", "two-replicas"], beside=stack["step_reviews"].start
+    )
     first = reg.by_run(run_id)
     best = check_benchmark_outputs(first.data["benchmark_files"], ["single", "two-replicas"], broken={"two-replicas"})
     # the layout that held its SLO through a wrong tokenizer failed on its answers: the other one is chosen
@@ -215,27 +250,39 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     assert {pgid for pgid, _ in engine_processes()} <= own, engine_processes()
 
 
-def test_each_rollout_step_is_a_task_a_reviewer_answers_and_no_answer_is_the_verdict(stack, tmp_path):
+REVIEW_S = 30  # each step review's timeout: long enough to answer step 2 beside the release runs' engines
+
+
+def step_review_run(airflow: Standalone, registry_url: str, root: Path) -> tuple[str, int]:
     """The step reviews in this Airflow, beside a controller (tests/test_step_review.py's DAG) that
     judges three passing steps and stops at the first the reviewers abort; answered over the REST
-    API as a reviewer does in the UI."""
+    API as a reviewer does in the UI. Returns the DAG run and the release."""
     data = yaml.safe_load(TINY_SPEC.read_text())
     data["name"] = "tiny-step-reviews"
-    data["rollout"].update(steps=[0.3, 0.6, 1.0], review_timeout="12s")
-    spec_path = tmp_path / "tiny-step-reviews.yaml"
+    data["rollout"].update(steps=[0.3, 0.6, 1.0], review_timeout=f"{REVIEW_S}s")
+    root.mkdir(parents=True, exist_ok=True)
+    spec_path = root / "tiny-step-reviews.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
-    reg = stack["registry"]
+    reg = Registry(registry_url)
     live = reg.open_release("run-0", data["name"], str(spec_path), spec_path.read_text(), "local")
     reg.record(live.id, "deploy_finished", "pipeline", status="live")
     rel = reg.open_release("run-1", data["name"], str(spec_path), spec_path.read_text(), "local")
 
-    admin, reviewer = stack["airflow"].client("admin"), stack["airflow"].client("reviewer")
-    stack["airflow"].wait_dag("step_reviews")  # parsed from the second bundle
+    admin, reviewer = airflow.client("admin"), airflow.client("reviewer")
+    airflow.wait_dag("step_reviews")  # parsed from the second bundle
     run_id = admin.trigger({"release_id": rel.id}, dag_id="step_reviews")
-    # step 1: nobody answers; after the review's 12 s its verdict (passed: Continue) stands.
-    # step 2 passed its analysis too, but the reviewer aborts it from the UI (within its 12 s)
-    reviewer.answer(run_id, "Abort", "p90 TPOT creeping up", "review_step", 1, dag_id="step_reviews", wait_s=240)
-    assert admin.wait(run_id, timeout=300, poll=2, dag_id="step_reviews") == "success"
+    # step 1: nobody answers; after the review's timeout its verdict (passed: Continue) stands.
+    # step 2 passed its analysis too, but the reviewer aborts it from the UI (within its timeout)
+    reviewer.answer(run_id, "Abort", "p90 TPOT creeping up", "review_step", 1, dag_id="step_reviews", wait_s=600)
+    assert admin.wait(run_id, timeout=600, poll=2, dag_id="step_reviews") == "success"
+    return run_id, rel.id
+
+
+def test_each_rollout_step_is_a_task_a_reviewer_answers_and_no_answer_is_the_verdict(stack):
+    """The step-review run the stack started in the background (step_review_run), as it ended."""
+    run_id, release_id = stack["step_reviews"].result(timeout=900)
+    reg, admin = stack["registry"], stack["airflow"].client("admin")
+    rel = reg.get(release_id)
     states = admin.task_states(run_id, dag_id="step_reviews")
     details = admin._call("GET", f"/dags/step_reviews/dagRuns/{run_id}/hitlDetails")["hitl_details"]
 
@@ -246,7 +293,7 @@ def test_each_rollout_step_is_a_task_a_reviewer_answers_and_no_answer_is_the_ver
     assert [d["defaults"] for d in asked] == [["Continue"], ["Continue"]]  # the analysis verdict
     assert all([u["id"] for u in d["assigned_users"]] == ["reviewer"] for d in asked)
     assert "rollout step 2 (60% of traffic): analysis passed" in asked[1]["subject"]
-    assert "p90 TTFT" in asked[1]["body"] and "No answer in 12 s: **Continue**" in asked[1]["body"]
+    assert "p90 TTFT" in asked[1]["body"] and f"No answer in {REVIEW_S} s: **Continue**" in asked[1]["body"]
 
     reviews = [e for e in reg.events(rel.id) if e.kind == step_review.REVIEWED]
     assert [(e.detail["step"], e.detail["decision"], e.detail["by_default"]) for e in reviews] == [
