@@ -264,3 +264,29 @@ def test_the_slo_gate_refuses_a_fleet_that_cannot_scale_out_in_time(spec_file, r
     with pytest.raises(flow.GateFailed) as exc:
         flow.slo_gate(selection, rel.id)
     assert "load 30 s (measured by this run)" in str(exc.value)  # the lead time's sources come with it
+
+
+def test_an_unsteady_client_bound_answer_is_marked_in_the_registry_and_the_approval(
+    spec_file, release_env, monkeypatch, tmp_path
+):
+    """The chosen layout's marks go from its result through the SLO gate to the registry, and the
+    reviewer's request says what the rate must be read with; an unmarked answer says nothing."""
+    from types import SimpleNamespace
+
+    from pipeline.airflow import approval
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
+    path = spec_file(TINY_SPEC)
+    loaded = load_spec(path)
+    reg = Registry()
+    for marks, run in (({"unsteady": True, "client_bound": True}, "marked"), ({}, "plain")):
+        rel = reg.open_release(run, loaded.spec.name, str(path), path.read_text(), "local")
+        single = {**_result("single", 150.0), **marks}
+        flow.slo_gate(flow.select_layout(str(path), [single], run), rel.id)
+        data = reg.get(rel.id).data
+        assert (data.get("unsteady"), data.get("client_bound")) == ((True, True) if marks else (False, False))
+        text = approval.body(SimpleNamespace(id=rel.id, data=data), None, loaded, "http://airflow")
+        if marks:
+            assert "Read this rate with care: **unsteady**" in text and "**client-bound**" in text
+        else:
+            assert "Read this rate with care" not in text and "150 req/s per server" in text

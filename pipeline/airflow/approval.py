@@ -60,6 +60,20 @@ def fleet_lines(data: dict[str, Any]) -> str:
     )
 
 
+def read_with_care(d: dict[str, Any]) -> str:
+    """What the chosen rate must be read with, as the report marks it: runs that disagreed (unsteady),
+    a load client that sent late (client-bound); empty for neither."""
+    notes = [
+        text
+        for key, text in (
+            ("unsteady", "**unsteady**: its runs disagreed beyond workload.max_spread even at the longer probes"),
+            ("client_bound", "**client-bound**: the load client sent requests late in the runs that decided it"),
+        )
+        if d.get(key)
+    ]
+    return f"Read this rate with care: {'; '.join(notes)} (see the report).\n\n" if notes else ""
+
+
 def body(rel, live, loaded, base_url: str) -> str:
     """The evidence in markdown: short enough to decide from, with a link to the full report."""
     d, slo = rel.data, loaded.spec.slo
@@ -84,6 +98,7 @@ def body(rel, live, loaded, base_url: str) -> str:
         f"Chosen layout **{d.get('layout')}**: **{'at least ' if d.get('bound_only') else ''}"
         f"{_fmt(d.get('rate_per_server'))} req/s per server** "
         f"({_fmt(d.get('per_device'))} per {loaded.hardware.kind.upper()}) within the SLO; {vs_live}.\n\n"
+        f"{read_with_care(d)}"
         f"At that rate: p90 TTFT {_fmt(d.get('p90_ttft_ms'), '.0f')} ms (limit {slo.p90_ttft_ms:g}), "
         f"p90 TPOT {_fmt(d.get('p90_tpot_ms'), '.1f')} ms (limit {slo.p90_tpot_ms:g}).\n\n"
         f"{fleet_lines(d)}"

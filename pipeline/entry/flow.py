@@ -65,6 +65,8 @@ class ChosenFigures(BaseModel):
     per_device: float | None
     max_slo_rate: float | None
     bound_only: bool = Field(False, description="max_slo_rate is a lower bound (LayoutResult.bound_only)")
+    unsteady: bool = Field(False, description="its runs disagreed beyond workload.max_spread (LayoutResult.unsteady)")
+    client_bound: bool = Field(False, description="the load client sent late in the runs deciding it (.client_bound)")
     p90_ttft_ms: float | None
     p90_tpot_ms: float | None
     load_seconds: list[float] | None
@@ -489,6 +491,8 @@ def chosen_figures(best) -> dict[str, Any]:
         per_device=best.per_device,
         max_slo_rate=best.max_slo_rate,
         bound_only=best.bound_only and best.max_slo_rate is not None,
+        unsteady=best.unsteady and best.max_slo_rate is not None,
+        client_bound=best.client_bound and best.max_slo_rate is not None,
         p90_ttft_ms=probe.get("p90_ttft_ms"),
         p90_tpot_ms=probe.get("p90_tpot_ms"),
         load_seconds=best.load_seconds,

@@ -119,6 +119,8 @@ class ReleaseData(BaseModel):
     per_device: float | None = None
     max_slo_rate: float | None = None
     bound_only: bool | None = Field(None, description="max_slo_rate is a lower bound (the search's bound_only)")
+    unsteady: bool | None = Field(None, description="its runs disagreed beyond workload.max_spread")
+    client_bound: bool | None = Field(None, description="the load client sent late in the runs deciding it")
     p90_ttft_ms: float | None = None
     p90_tpot_ms: float | None = None
     load_seconds: list[float] | None = None
