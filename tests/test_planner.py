@@ -280,6 +280,9 @@ def test_calibration_takes_the_median_of_the_last_measurements_of_the_same_key()
         (7, [{"layout": "a", "planner_rate": 100.0, "max_slo_rate": 300.0, "calibration_key": other_engine}])
     )
     records.append((8, [{"layout": "a", "planner_rate": 100.0, "max_slo_rate": None, "calibration_key": tp1}]))
+    # a rate the load client bound measured the client: never a ratio, however recent
+    client = {"layout": "a", "planner_rate": 100.0, "max_slo_rate": 5.0, "calibration_key": tp1, "client_bound": True}
+    records.append((9, [client]))
     found = calibration.observations(reversed(records))  # the registry lists newest first
     cal = calibration.calibrate(found, tp1, last=5)
     assert cal and [o.release_id for o in cal.observations] == [2, 3, 4, 5, 6]  # the oldest (0.9) aged out

@@ -69,6 +69,9 @@ class PredictionRecord(BaseModel):
     extrapolated: bool | None = Field(
         None, description="a bound the passes' line puts within the resolution of the edge"
     )
+    client_bound: bool | None = Field(
+        None, description="the load client sent late in the runs that decided the rate: it measured the client"
+    )
 
 
 class Observation(BaseModel):
@@ -105,7 +108,9 @@ class Calibration(BaseModel):
 def observations(releases: Iterable[tuple[int, list[dict[str, Any]]]]) -> dict[str, list[Observation]]:
     """Per key, the usable measurements in the registry's release records (release id, its
     `predictions`), oldest first. A layout that failed, whose answer is only a bound (probe budget,
-    capacity) or that was recorded before calibration keys existed teaches nothing and is skipped. A
+    capacity), that the load client bound (it sent late in the runs that decided it: the ratio would be
+    the client's, not the engine's) or that was recorded before calibration keys existed teaches
+    nothing and is skipped. A
     lower bound that the line through its two highest passes puts within half the resolution of the
     SLO's edge (`extrapolated`: no probe above it failed) is kept: the search's own model puts it as
     near the edge as a narrowed answer, and a factor from it errs low, where the next search climbs."""
@@ -113,6 +118,8 @@ def observations(releases: Iterable[tuple[int, list[dict[str, Any]]]]) -> dict[s
     for release_id, records in sorted(releases, key=lambda r: r[0]):
         for record in records:
             if not record.get("calibration_key") or (record.get("bound_only") and not record.get("extrapolated")):
+                continue
+            if record.get("client_bound"):
                 continue
             if not (record.get("planner_rate") or 0) > 0 or not (record.get("max_slo_rate") or 0) > 0:
                 continue
