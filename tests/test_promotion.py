@@ -745,3 +745,18 @@ def test_a_local_rollout_whose_controller_died_is_undone_before_the_next(tiny_sp
     finally:
         if orphan.poll() is None:
             os.killpg(orphan.pid, 9)
+
+
+def test_the_report_escapes_what_people_typed(tiny_spec, small_artifact, tmp_path):
+    """A reviewer's comment, an actor's name and a rollback's reason are people's words: the report
+    shows them as text, never as markup a browser would run."""
+    reg = Registry()
+    spec = tiny_spec()
+    rel, _ = candidate(reg, spec, small_artifact, approver=None)
+    script = "<script>alert(1)</script>"
+    reg.record(rel.id, "approved", "reviewer", {"comment": f"fine {script}"}, status="approved")
+    reg.record(rel.id, "rollback", "sre <b>oncall</b>", {"reason": f"p90 up {script}"})
+    page = report.render(reg, reg.get(rel.id), load_spec(spec), None, None)
+    assert "<script>alert" not in page and "<b>oncall" not in page
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 2  # the comment and the reason, as text
+    assert "sre &lt;b&gt;oncall&lt;/b&gt;" in page
