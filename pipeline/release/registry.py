@@ -421,7 +421,7 @@ def audit_trail(reg: Registry, release_id: int) -> str:
         "report",
     ):
         if d.get(key) not in (None, ""):
-            lines.append(f"  {key + ':':<16}{d[key]}")
+            lines.append(f"  {key + ':':<17}{d[key]}")
     if d.get("capacity"):
         lines.append("fleet and cost:")
         table = capacity.table(capacity.CapacityPlan.model_validate(d["capacity"]))
