@@ -585,6 +585,32 @@ def write_nginx_conf(
     return conf
 
 
+# vLLM's log lines: "(Worker pid=7905) INFO 12-05 20:35:54 [file.py:68] message", stamped to the second
+_VLLM_STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[")
+
+
+def load_split(log: Path, started_at: float) -> dict[str, float | None]:
+    """A replica's start split by its engine log: process start (`started_at`, epoch seconds) to vLLM's
+    "Starting to load model" (vLLM stamps to the second, in local time), then the weight load and the
+    engine's init (profile, KV cache, warm-up) as vLLM reports them; None where a line is missing."""
+    out: dict[str, float | None] = {"start_to_load_s": None, "weights_s": None, "init_engine_s": None}
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    year = time.localtime(started_at).tm_year
+    for line in lines:
+        if out["start_to_load_s"] is None and "Starting to load model" in line and (at := _VLLM_STAMP.search(line)):
+            month, day, hour, minute, second = map(int, at.groups())
+            stamp = time.mktime((year, month, day, hour, minute, second, 0, 0, -1))
+            out["start_to_load_s"] = float(max(0, round(stamp - started_at)))
+        elif out["weights_s"] is None and (took := re.search(r"Loading weights took ([\d.]+) seconds", line)):
+            out["weights_s"] = float(took.group(1))
+        elif out["init_engine_s"] is None and (took := re.search(r"init engine \(.*\) took ([\d.]+) s", line)):
+            out["init_engine_s"] = float(took.group(1))
+    return out
+
+
 class LocalEngine:
     """Run a layout's replicas (and nginx in front of several) on this machine; a context manager."""
 
@@ -600,6 +626,7 @@ class LocalEngine:
         self.procs: list[subprocess.Popen] = []
         self.watchdogs: list[tuple[int, subprocess.Popen]] = []
         self.load_seconds: list[float] = []
+        self.started_at = 0.0  # epoch seconds of the start, for `load_splits`
         self.url = ""
 
     @property
@@ -659,7 +686,7 @@ class LocalEngine:
         _terminate_on_sigterm()
         reap_orphans()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
+        started, self.started_at = time.monotonic(), time.time()
         for cmd in self.commands:
             env = {**os.environ, **cmd.env}
             with open(self.log_dir / f"engine-{cmd.replica}.log", "wb") as out:
@@ -690,6 +717,10 @@ class LocalEngine:
             time.sleep(1)
         ports = [cmd.port for cmd in self.commands]
         self.url = f"http://127.0.0.1:{ports[0]}" if len(ports) == 1 else self._start_balancer(ports)
+
+    def load_splits(self) -> list[dict[str, float | None]]:
+        """Per replica, its start split by its engine log (`load_split`)."""
+        return [load_split(self.log_dir / f"engine-{cmd.replica}.log", self.started_at) for cmd in self.commands]
 
     def _start_balancer(self, ports: list[int]) -> str:
         """nginx in front of the replicas, least-connections, as a Service/router does in production."""
