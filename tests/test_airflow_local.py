@@ -42,6 +42,31 @@ def test_stop_also_stops_task_processes_that_left_the_standalone_group(tmp_path)
     assert standalone.proc is None
 
 
+def test_stop_also_stops_what_outlives_the_standalone_in_its_own_group(tmp_path):
+    """The standalone exits on SIGTERM, a member of its group does not (a scheduler still shutting
+    down): after the grace, SIGKILL; nothing of the group is left."""
+    script = f"(trap '' TERM; echo $BASHPID > {tmp_path}/member.pid; while true; do sleep 0.2; done) & wait"
+    standalone = Standalone({"AIRFLOW_HOME": str(tmp_path), "AIRFLOW__API__BASE_URL": "http://127.0.0.1:1"})
+    standalone.proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "member.pid").exists() or not (tmp_path / "member.pid").read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    member = int((tmp_path / "member.pid").read_text())
+    standalone.stop(grace=1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{member}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"group member {member} still running after stop()")
+
+
 # Airflow's own engine, built from the embedded environment, writes one row (the REST trigger's
 # audit-log INSERT failed this way in CI while the scheduler held the lock)
 WRITER = """

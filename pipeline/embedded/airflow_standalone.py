@@ -157,7 +157,7 @@ class Standalone:
                 raise AirflowError(f"DAG {dag_id} not served after {timeout:.0f} s")
             time.sleep(2)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 30) -> None:
         """Stop Airflow and every task process it started. Task processes run in sessions of their
         own (a re-benchmark woken by the demo's promotion, say) and outlive the standalone's group,
         so they are found first, by parentage, and stopped after it (their engines go with them)."""
@@ -181,7 +181,9 @@ class Standalone:
         except ProcessLookupError:
             pass
 
-        stop_groups(strays)
+        # the leader gone, its group may not be: a scheduler still shutting down outlived it by an hour
+        # once (an e2e whose first request timed out); what is left gets the grace, then SIGKILL
+        stop_groups(strays | {self.proc.pid}, grace=grace)
         (self.home / "standalone.pid").unlink(missing_ok=True)
         self.proc = None
 
