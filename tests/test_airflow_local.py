@@ -8,37 +8,48 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from pipeline.embedded.airflow_standalone import Standalone, airflow_env, descendants
+
+
+def started(script: str, pid_file: Path) -> tuple[Standalone, int]:
+    """A stand-in for `airflow standalone` (a bash `script` in a group of its own) and the pid its
+    script writes to `pid_file`."""
+    standalone = Standalone({"AIRFLOW_HOME": str(pid_file.parent), "AIRFLOW__API__BASE_URL": "http://127.0.0.1:1"})
+    standalone.proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return standalone, int(pid_file.read_text())
+
+
+def assert_gone(pid: int, what: str) -> None:
+    """Within 10 s the process has exited (or is a zombie waiting to be reaped by its new parent)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} {pid} still running after stop()")
 
 
 def test_stop_also_stops_task_processes_that_left_the_standalone_group(tmp_path):
     # stand-in for `airflow standalone`: a group whose child starts a task in a session of its own,
     # the way the executor's task processes (and their vLLM engines) run
-    script = f"setsid sleep 300 & echo $! > {tmp_path}/task.pid; wait"
-    standalone = Standalone({"AIRFLOW_HOME": str(tmp_path), "AIRFLOW__API__BASE_URL": "http://127.0.0.1:1"})
-    standalone.proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    standalone, task = started(f"setsid sleep 300 & echo $! > {tmp_path}/task.pid; wait", tmp_path / "task.pid")
     deadline = time.monotonic() + 10
-    while not (tmp_path / "task.pid").exists() or not (tmp_path / "task.pid").read_text().strip():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    task = int((tmp_path / "task.pid").read_text())
     while os.getpgid(task) == standalone.proc.pid:  # until setsid has run
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert task in descendants(standalone.proc.pid)  # and killing the standalone's group alone would miss it
     standalone.stop()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            state = open(f"/proc/{task}/stat").read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            break
-        if state == "Z":  # exited, waiting to be reaped by its (new) parent
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"task process {task} still running after stop()")
+    assert_gone(task, "task process")
     assert standalone.proc is None
 
 
@@ -46,25 +57,9 @@ def test_stop_also_stops_what_outlives_the_standalone_in_its_own_group(tmp_path)
     """The standalone exits on SIGTERM, a member of its group does not (a scheduler still shutting
     down): after the grace, SIGKILL; nothing of the group is left."""
     script = f"(trap '' TERM; echo $BASHPID > {tmp_path}/member.pid; while true; do sleep 0.2; done) & wait"
-    standalone = Standalone({"AIRFLOW_HOME": str(tmp_path), "AIRFLOW__API__BASE_URL": "http://127.0.0.1:1"})
-    standalone.proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
-    deadline = time.monotonic() + 10
-    while not (tmp_path / "member.pid").exists() or not (tmp_path / "member.pid").read_text().strip():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    member = int((tmp_path / "member.pid").read_text())
+    standalone, member = started(script, tmp_path / "member.pid")
     standalone.stop(grace=1)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            state = open(f"/proc/{member}/stat").read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            break
-        if state == "Z":
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"group member {member} still running after stop()")
+    assert_gone(member, "group member")
 
 
 # Airflow's own engine, built from the embedded environment, writes one row (the REST trigger's

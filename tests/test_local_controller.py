@@ -53,16 +53,17 @@ class Killed(BaseException):
     """The controller's task, terminated between two actions (not an Exception: nothing catches it)."""
 
 
-def start_engines(spec, hw, layout, model_dir, release_id, timeout, beside=None):
-    """The target's engine start, with stand-in engines: detached, pid files, healthy before it returns."""
+def standin(spec, layout, model_dir, release_id: int, port: int, code: list[str]) -> local_target.Deployment:
+    """A stand-in engine process (`python -c *code`) started as the target starts engines: its own
+    session, its pid file and log under the release's directory."""
     log_dir = local_target.state_dir(spec.name) / f"release-{release_id}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ENGINE, str(port), str(release_id), "vllm-standin"], start_new_session=True
-    )
+    with open(log_dir / "engine-0.log", "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", *code, "vllm-standin"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     (log_dir / "engine-0.pid").write_text(str(proc.pid))
-    dep = local_target.Deployment(
+    return local_target.Deployment(
         release_id=release_id,
         layout=layout.name,
         model_dir=str(model_dir),
@@ -70,6 +71,12 @@ def start_engines(spec, hw, layout, model_dir, release_id, timeout, beside=None)
         ports=[port],
         log_dir=str(log_dir),
     )
+
+
+def start_engines(spec, hw, layout, model_dir, release_id, timeout, beside=None):
+    """The target's engine start, with stand-in engines: detached, pid files, healthy before it returns."""
+    port = free_port()
+    dep = standin(spec, layout, model_dir, release_id, port, [ENGINE, str(port), str(release_id)])
     deadline = time.monotonic() + 30
     while not local_target.is_healthy(dep):
         assert time.monotonic() < deadline, "stand-in engine not healthy"
@@ -190,24 +197,8 @@ def test_a_release_whose_engine_cannot_start_leaves_the_live_one_serving_untouch
     live = local_target.current(name)
 
     def exits_at_once(spec, hw, layout, model_dir, release_id, timeout, beside=None):
-        log_dir = local_target.state_dir(spec.name) / f"release-{release_id}"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with open(log_dir / "engine-0.log", "w") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; sys.exit('error: max_num_seqs must be >= 1')", "vllm-standin"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        (log_dir / "engine-0.pid").write_text(str(proc.pid))
-        dep = local_target.Deployment(
-            release_id=release_id,
-            layout=layout.name,
-            model_dir=str(model_dir),
-            pgids=[proc.pid],
-            ports=[free_port()],
-            log_dir=str(log_dir),
-        )
+        refusal = ["import sys; sys.exit('error: max_num_seqs must be >= 1')"]
+        dep = standin(spec, layout, model_dir, release_id, free_port(), refusal)
         local_target._wait_healthy(dep, timeout)  # the target's own wait: it must see the exit
         return dep
 
