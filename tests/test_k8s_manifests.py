@@ -181,6 +181,32 @@ def test_without_nfs_an_init_container_fetches_from_s3_with_secret_credentials(s
         assert container(d)["resources"]["requests"]["ephemeral-storage"] == volume["emptyDir"]["sizeLimit"]
 
 
+def test_streamed_weights_are_checked_first_and_read_with_a_read_only_key(spec_file):
+    """staging.s3.stream: vLLM streams the objects (runai_streamer) with the read-only connection's key, after
+    an init container checked the manifest and every object; nothing is copied to the node."""
+
+    def streamed(data):
+        del data["staging"]["nfs"]
+        data["staging"]["s3"] |= {"stream": True, "read_connection_id": "spaces_read"}
+
+    loaded = load_spec(spec_file(PROD_SPEC, streamed))
+    objs = manifests.render(loaded, "tp4-ep4-x2", RELEASE, S3_ARTIFACT)
+    assert manifests.validate(objs) == []
+    read_only = [{"secretRef": {"name": "spaces-read-s3"}}]
+    for d in of_kind(objs, "Deployment"):
+        [init] = pod(d)["initContainers"]
+        assert init["command"] == ["model-release", "verify-staged", S3_ARTIFACT.s3_uri, "--manifest-hash", HASH]
+        assert init["envFrom"] == read_only and container(d)["envFrom"] == read_only
+        argv, env = container(d)["command"], {e["name"]: e.get("value") for e in container(d)["env"]}
+        assert argv[2] == S3_ARTIFACT.s3_uri and argv[argv.index("--load-format") + 1] == "runai_streamer"
+        assert env["RUNAI_STREAMER_S3_ENDPOINT"] == env["AWS_ENDPOINT_URL"] == "https://nyc3.digitaloceanspaces.com"
+        assert not any("KEY" in name or "SECRET" in name for name in env)
+        assert "ephemeral-storage" not in container(d)["resources"]["requests"]  # no copy of the weights
+    # the staging key can write: a streaming spec without a read-only connection is refused, naming the field
+    with pytest.raises(ReleaseError, match="read_connection_id"):
+        load_spec(spec_file(PROD_SPEC, lambda d: d["staging"]["s3"].update(stream=True), name="no-read.yaml"))
+
+
 def test_labels_carry_release_id_and_manifest_hash_and_names_are_dns_safe(prod):
     objs = manifests.render(prod, "tp4-ep4-x2", RELEASE, NFS_ARTIFACT)
     release_label = manifests.label_value(RELEASE)

@@ -222,3 +222,20 @@ def test_fetch_names_an_object_deleted_from_the_bucket_in_one_line(s3, artifact,
         f"{staged.s3_uri}/tokenizer.json: NoSuchKey: no such object (not staged there, or deleted since)"
     )
     assert not (tmp_path / "pod" / "manifest.json").exists()
+
+
+def test_verify_staged_passes_a_whole_artifact_and_names_what_is_missing(s3, artifact, monkeypatch, capsys):
+    """`model-release verify-staged`: a streaming pod's init container, before vLLM reads the objects itself."""
+    from pipeline.cli import main
+
+    target = target_for(s3.url)
+    staged = storage.stage(artifact, StagingSpec(s3=target))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)
+    assert main(["verify-staged", staged.s3_uri, "--manifest-hash", staged.manifest_hash]) == 0
+    assert f"{len(artifacts.read_manifest(artifact).files)} objects match" in capsys.readouterr().out
+    assert main(["verify-staged", staged.s3_uri, "--manifest-hash", "0" * 64]) != 0  # another release's artifact
+    assert "the staged artifact was replaced" in capsys.readouterr().err
+    key = f"releases/{artifact.name}/model-00002-of-00002.safetensors"
+    storage.s3_client(target).delete_object(Bucket=target.bucket, Key=key)
+    assert main(["verify-staged", staged.s3_uri, "--manifest-hash", staged.manifest_hash]) != 0
+    assert "model-00002-of-00002.safetensors" in capsys.readouterr().err

@@ -28,6 +28,14 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify_staged(args: argparse.Namespace) -> int:
+    from pipeline.core import storage
+
+    manifest = storage.verify_staged(args.manifest_hash, s3_uri=args.uri)
+    emit(f"{args.uri}: {len(manifest.files)} objects match the manifest {args.manifest_hash[:12]}…")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """This group's sub-commands, their options and handlers."""
     p = sub.add_parser(
@@ -49,3 +57,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("uri")
     p.add_argument("dest")
     p.set_defaults(func=_fetch)
+
+    p = sub.add_parser(
+        "verify-staged",
+        help="check, without downloading, that a staged S3 artifact is whole and the expected one: its manifest "
+        "hash and every object's size and sha256 record; what a streaming serving pod's init container runs",
+    )
+    p.add_argument("uri", help="s3://bucket/prefix of the staged artifact")
+    p.add_argument("--manifest-hash", required=True, help="the release's manifest hash")
+    p.set_defaults(func=_verify_staged)

@@ -166,6 +166,23 @@ class S3Target(Strict):
     create_bucket: bool = Field(
         False, description="create the bucket if missing (embedded default); production buckets exist"
     )
+    stream: bool = Field(
+        False,
+        description="serving pods stream the weights from the bucket (vLLM's --load-format runai_streamer) "
+        "instead of fetching them to node-local disk first; an init container checks every object's size and "
+        "sha256 record against the manifest before the engine starts. Ignored where the artifact is on NFS",
+    )
+    read_connection_id: str | None = Field(
+        None,
+        description="the connection of a read-only key for the bucket: what serving pods get (required with "
+        "stream; the staging connection can write)",
+    )
+
+    @model_validator(mode="after")
+    def _stream_reads_only(self) -> S3Target:
+        if self.stream and not self.read_connection_id:
+            raise ValueError("read_connection_id: required with stream: true (engines get read-only credentials)")
+        return self
 
 
 class NfsTarget(Strict):

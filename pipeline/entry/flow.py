@@ -70,6 +70,8 @@ class ChosenFigures(BaseModel):
     p90_ttft_ms: float | None
     p90_tpot_ms: float | None
     load_seconds: list[float] | None
+    load_split: benchmark.LoadSplit | None = Field(None, description="the slowest replica's start, split by its log")
+    weights_source: str | None = Field(None, description="where the measured engines read the weights from")
 
 
 class PromotionOutcome(BaseModel):
@@ -496,6 +498,8 @@ def chosen_figures(best) -> dict[str, Any]:
         p90_ttft_ms=probe.get("p90_ttft_ms"),
         p90_tpot_ms=probe.get("p90_tpot_ms"),
         load_seconds=best.load_seconds,
+        load_split=max(best.load_splits, key=lambda split: split.to_healthy_s, default=None),
+        weights_source=best.weights_source or None,
     ).model_dump(mode="json")
 
 

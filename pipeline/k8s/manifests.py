@@ -2,8 +2,9 @@
 
 One Deployment per replica group (each one pod holding its group's GPUs, as in the reference
 deployment: two `amd.com/gpu: 4` pods per 8-GPU server for two TP4+EP4 replicas), a Service
-in front of all of them, a PodDisruptionBudget, and the weights either from the NFS share
-(a read-only claim) or fetched from S3 into node-local disk by an init container.
+in front of all of them, a PodDisruptionBudget, and the weights from the NFS share (a read-only
+claim), fetched from S3 into node-local disk by an init container, or streamed from S3 by vLLM
+itself (`staging.s3.stream`) once an init container checked the objects against the manifest.
 
 Every release has objects of its own beside the live release's (`<spec.name>-r<release>-<group>`
 Deployments, a `<spec.name>-r<release>` Service and PodDisruptionBudget), so a new release takes
@@ -95,6 +96,9 @@ class _Weights(NamedTuple):
     init_containers: list[dict]
     requests: dict[str, Any]
     objects: list[dict]
+    engine_flags: list[str] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
+    engine_env: list[dict] = []  # noqa: RUF012
+    engine_env_from: list[dict] = []  # noqa: RUF012
 
 
 # ---------------------------------------------------------------- names
@@ -281,6 +285,8 @@ def _weights(spec: ReleaseSpec, artifact: Artifact, base: str, options: RenderOp
     reference deployment), else an S3 fetch into node-local disk before the engine starts."""
     if artifact.nfs_path and spec.staging.nfs:
         return _nfs_weights(spec, artifact, base, options)
+    if artifact.s3_uri and spec.staging.s3 and spec.staging.s3.stream:
+        return _s3_streamed_weights(spec, artifact, options)
     if artifact.s3_uri and spec.staging.s3:
         return _s3_weights(spec, artifact, options)
     raise ReleaseError(
@@ -333,6 +339,33 @@ def _s3_weights(spec: ReleaseSpec, artifact: Artifact, options: RenderOptions) -
     size = f"{_volume_gi(spec)}Gi"
     volume = {"name": "models", "emptyDir": {"sizeLimit": size}}
     return _Weights(dest, volume, [init], {"ephemeral-storage": size}, [])
+
+
+def _s3_streamed_weights(spec: ReleaseSpec, artifact: Artifact, options: RenderOptions) -> _Weights:
+    """vLLM streams the objects itself (`--load-format runai_streamer`): no copy on the node, so no
+    fetch to verify bytes on the way. What takes its place: an init container checks the manifest's
+    hash and every object's size and sha256 record before the engine starts (`model-release
+    verify-staged`). What is lost against a fetch: the bytes the engine reads are not hashed, so an
+    object overwritten with its metadata kept, or replaced between the check and the read, goes
+    unnoticed; only the staging connection can write the bucket, and pods hold a read-only key."""
+    s3 = spec.staging.s3
+    assert s3 is not None and s3.read_connection_id and artifact.s3_uri  # spec validation: stream needs both
+    env = [{"name": "AWS_ENDPOINT_URL", "value": s3.endpoint_url}] if s3.endpoint_url else []
+    env += [{"name": "AWS_DEFAULT_REGION", "value": s3.region}] if s3.region else []
+    env_from = [{"secretRef": {"name": s3_secret_name(s3.read_connection_id)}}]
+    init = {
+        "name": "verify-weights",
+        "image": options.fetch_image or spec.serving.engine_image,
+        "command": ["model-release", "verify-staged", artifact.s3_uri, "--manifest-hash", artifact.manifest_hash],
+        "envFrom": env_from,
+        "env": env,
+    }
+    # the streamer's own endpoint variable, set explicitly (S3-compatible stores need it, path-style)
+    streamer = [{"name": "RUNAI_STREAMER_S3_ENDPOINT", "value": s3.endpoint_url}] if s3.endpoint_url else []
+    volume = {"name": "models", "emptyDir": {"sizeLimit": "1Gi"}}  # config and tokenizer files only
+    return _Weights(
+        artifact.s3_uri, volume, [init], {}, [], ["--load-format", "runai_streamer"], env + streamer, env_from
+    )
 
 
 def _volume_gi(spec: ReleaseSpec) -> int:
@@ -404,13 +437,14 @@ def _pod_spec(
     spec: ReleaseSpec, hw: HardwareProfile, layout: Layout, weights: _Weights, load_seconds: float | None = None
 ) -> dict:
     argv, env = _engine(spec, hw, layout, weights.model_path)
+    argv += weights.engine_flags
     assert hw.device_resource is not None  # spec validation: a Kubernetes target needs it
     devices: dict[str, Any] = {hw.device_resource: layout.devices_per_replica}
     container = {
         "name": "vllm",
         "image": spec.serving.engine_image,
         "command": argv,
-        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())] + weights.engine_env,
         "ports": [{"name": "http", "containerPort": spec.serving.port, "protocol": "TCP"}],
         "resources": {"limits": dict(devices), "requests": {**devices, **weights.requests}},
         "volumeMounts": [
@@ -419,6 +453,8 @@ def _pod_spec(
         ],
         **_probes(spec, load_seconds),
     }
+    if weights.engine_env_from:
+        container["envFrom"] = weights.engine_env_from
     pod: dict[str, Any] = {
         "containers": [container],
         "volumes": [weights.volume, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}],

@@ -28,6 +28,7 @@ from pipeline.core.paths import home
 from pipeline.planner.calibration import Observation, PredictionRecord, observations
 from pipeline.planner.profile import Profile
 from pipeline.stages import capacity
+from pipeline.stages.benchmark.records import LoadSplit
 
 CONN_ID = "model_release_registry"
 Status = Literal[
@@ -123,7 +124,9 @@ class ReleaseData(BaseModel):
     client_bound: bool | None = Field(None, description="the load client sent late in the runs deciding it")
     p90_ttft_ms: float | None = None
     p90_tpot_ms: float | None = None
-    load_seconds: list[float] | None = None
+    load_seconds: list[float] | None = Field(None, description="the chosen layout's replicas, process start to healthy")
+    load_split: LoadSplit | None = Field(None, description="its slowest replica's start, split by the engine log")
+    weights_source: str | None = Field(None, description="where the measured engines read the weights from")
     benchmark_files: dict[str, str] | None = None
     capacity: dict[str, Any] | None = Field(None, description="the CapacityPlan (stages/capacity.py)")
     predictions: list[PredictionRecord] | None = Field(
@@ -401,6 +404,23 @@ def cached(url: str | None = None) -> Registry:
     return _REGISTRIES[url]
 
 
+def _load_text(d: dict[str, Any]) -> str:
+    """The slowest replica's load time, its split and source: '29.1 s (to load start 20 s, ...) from local path'."""
+    text = f"{max(d['load_seconds']):g} s"
+    split = d.get("load_split") or {}
+    parts = [
+        f"{label} {split[key]:g} s"
+        for key, label in (
+            ("start_to_load_s", "to load start"),
+            ("weights_s", "weights"),
+            ("init_engine_s", "engine init"),
+        )
+        if split.get(key) is not None
+    ]
+    text += f" ({', '.join(parts)})" if parts else ""
+    return text + (f" from {d['weights_source']}" if d.get("weights_source") else "")
+
+
 def audit_trail(reg: Registry, release_id: int) -> str:
     """A release and its events as plain text: what `model-release releases show` prints."""
     rel = reg.get(release_id)
@@ -422,6 +442,8 @@ def audit_trail(reg: Registry, release_id: int) -> str:
     ):
         if d.get(key) not in (None, ""):
             lines.append(f"  {key + ':':<17}{d[key]}")
+        if key == "rate_per_server" and d.get("load_seconds"):
+            lines.append(f"  {'load time:':<17}{_load_text(d)}")
     if d.get("capacity"):
         lines.append("fleet and cost:")
         table = capacity.table(capacity.CapacityPlan.model_validate(d["capacity"]))

@@ -149,6 +149,7 @@ def _section_performance(
         )
     else:
         out.append("<p class='muted'>No live release to compare with.</p>")
+    out.append(_load_time(data, live))
     rows = [
         "<tr><th>layout</th><th>tp/ep x replicas</th><th>status</th><th>capacity req/s</th><th>max SLO req/s</th>"
         "<th>predicted req/s</th><th>prediction error</th>"
@@ -206,6 +207,39 @@ def _section_performance(
             f"src='data:image/png;base64,{encoded}'></p>"
         )
     return "".join(out)
+
+
+def _split_text(split: dict[str, Any] | None) -> str:
+    if not split:
+        return ""
+    parts = [
+        (key, label)
+        for key, label in (
+            ("start_to_load_s", "to load start"),
+            ("weights_s", "weights"),
+            ("init_engine_s", "engine init"),
+        )
+        if split.get(key) is not None
+    ]
+    return " (" + ", ".join(f"{label} {split[key]:.3g} s" for key, label in parts) + ")" if parts else ""
+
+
+def _load_time(data: dict[str, Any], live: Release | None) -> str:
+    """The slowest replica's load time, split by its engine log, beside the live release's: what a
+    scale-out or a rollback waits for (#48)."""
+    load = max(data.get("load_seconds") or [], default=None)
+    if load is None:
+        return "<p class='muted'>Model load time: not measured.</p>"
+    source = f" from {_e(data['weights_source'])}" if data.get("weights_source") else ""
+    split = _split_text(data.get("load_split"))
+    text = f"<p>Model load (slowest replica, start to healthy){source}: <b>{load:.3g} s</b>{split}"
+    live_load = max(live.data.get("load_seconds") or [], default=None) if live else None
+    if live and live_load:
+        text += (
+            f"; live release {live.id}: {live_load:.3g} s{_split_text(live.data.get('load_split'))}, "
+            f"<b>{load / live_load:.2f}x</b>"
+        )
+    return text + ".</p>"
 
 
 def _section_measurement(bench: dict[str, Any] | None) -> str:

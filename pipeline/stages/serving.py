@@ -625,7 +625,8 @@ class LocalEngine:
         self.placement = placement or Placement()
         self.procs: list[subprocess.Popen] = []
         self.watchdogs: list[tuple[int, subprocess.Popen]] = []
-        self.load_seconds: list[float] = []
+        self.load_seconds: list[float] = []  # in the order the replicas became healthy
+        self.healthy_after: dict[int, float] = {}  # by replica
         self.started_at = 0.0  # epoch seconds of the start, for `load_splits`
         self.url = ""
 
@@ -708,6 +709,7 @@ class LocalEngine:
                 if healthy(f"http://127.0.0.1:{cmd.port}"):
                     self._place_engine(i)
                     self.load_seconds.append(round(time.monotonic() - started, 1))
+                    self.healthy_after[cmd.replica] = self.load_seconds[-1]
                     log.info("engine replica %d healthy after %.0f s (model load time)", i, self.load_seconds[-1])
                     del pending[i]
             if pending and time.monotonic() - started > self.startup_timeout:
@@ -719,8 +721,14 @@ class LocalEngine:
         self.url = f"http://127.0.0.1:{ports[0]}" if len(ports) == 1 else self._start_balancer(ports)
 
     def load_splits(self) -> list[dict[str, float | None]]:
-        """Per replica, its start split by its engine log (`load_split`)."""
-        return [load_split(self.log_dir / f"engine-{cmd.replica}.log", self.started_at) for cmd in self.commands]
+        """Per replica, its start split by its engine log (`load_split`), with its time to healthy."""
+        return [
+            {
+                "to_healthy_s": self.healthy_after.get(cmd.replica),
+                **load_split(self.log_dir / f"engine-{cmd.replica}.log", self.started_at),
+            }
+            for cmd in self.commands
+        ]
 
     def _start_balancer(self, ports: list[int]) -> str:
         """nginx in front of the replicas, least-connections, as a Service/router does in production."""

@@ -4,7 +4,7 @@ Load comes from vLLM's own client (`vllm bench serve`, random prompts at the spe
 output lengths, `--ignore-eos`, Poisson arrivals); this package only decides which rates to
 probe and reads the JSON it saves. Split by job, as GuideLLM splits its benchmark package:
 
-- `records`: Probe, SearchOutcome, LayoutResult, Selection (what every other part hands on)
+- `records`: Probe, SearchOutcome, LayoutResult, LoadSplit, Selection (what every other part hands on)
 - `verdict`: a probe's verdict (p90 intervals, keep-up, SLO reasons, client-bound), pure
 - `search`: the SLO search, pure (a probe is a callable)
 - `selection`: per server / per device, the best layout, a rate as a reader must take it
@@ -19,7 +19,7 @@ a test that stands in for a step patches it where it is looked up (`orchestratio
 from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, client_lag_ms, parse_result
 from pipeline.stages.benchmark.orchestration import Prober, benchmark_layout, running_layout
 from pipeline.stages.benchmark.outputs import plot, table, write_outputs
-from pipeline.stages.benchmark.records import LayoutResult, Probe, SearchOutcome, Selection
+from pipeline.stages.benchmark.records import LayoutResult, LoadSplit, Probe, SearchOutcome, Selection
 from pipeline.stages.benchmark.search import RunProbe, hopeless, margin, slo_search, uniform_sweep
 from pipeline.stages.benchmark.selection import finish, rate_text, select
 from pipeline.stages.benchmark.verdict import judge, keep_up_share, kept_up, mark_client_bound, quantile_ci
@@ -27,6 +27,7 @@ from pipeline.stages.benchmark.verdict import judge, keep_up_share, kept_up, mar
 __all__ = [
     "BenchClient",
     "LayoutResult",
+    "LoadSplit",
     "Probe",
     "Prober",
     "RunProbe",

@@ -16,7 +16,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
 from pipeline.stages import engine_metrics, interference, served_accuracy, serving
 from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, parse_result
-from pipeline.stages.benchmark.records import LayoutResult, Probe
+from pipeline.stages.benchmark.records import LayoutResult, LoadSplit, Probe
 from pipeline.stages.benchmark.search import slo_search
 from pipeline.stages.benchmark.selection import finish
 from pipeline.stages.evaluate import EvalResult
@@ -137,6 +137,8 @@ def benchmark_layout(
     try:
         with running_layout(spec, hw, layout, model_dir, out_dir, base_port) as (engine, prober):
             result.load_seconds = engine.load_seconds
+            result.load_splits = [LoadSplit.model_validate(split) for split in engine.load_splits()]
+            result.weights_source = "local path"
             outcome = slo_search(prober, spec.workload, spec.slo, max_probes, prior=prior)
             result.probes = outcome.probes
             result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate

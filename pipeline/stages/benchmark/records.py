@@ -66,6 +66,20 @@ class Probe(BaseModel):
     client_note: str = Field("", description="why the probe is client-bound (its lags against the limit)")
 
 
+class LoadSplit(BaseModel):
+    """One replica's start, split by its engine log: where a release's load time goes (#48), so a
+    slower load shows whether the weights, the engine's init or what comes before them grew."""
+
+    to_healthy_s: float = Field(description="process start to the first healthy /health: the replica's load time")
+    start_to_load_s: float | None = Field(
+        None, description="process start to vLLM's 'Starting to load model' (imports, engine process); to the second"
+    )
+    weights_s: float | None = Field(None, description="vLLM's 'Loading weights took': reading the weights")
+    init_engine_s: float | None = Field(
+        None, description="vLLM's 'init engine ... took': memory profile, KV cache, compile and warm-up"
+    )
+
+
 class LayoutResult(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
@@ -82,6 +96,12 @@ class LayoutResult(BaseModel):
     )
     error: str | None = None
     load_seconds: list[float] = Field(default_factory=list, description="per replica, process start to healthy")
+    load_splits: list[LoadSplit] = Field(
+        default_factory=list, description="per replica, its load time split by its engine log (LoadSplit)"
+    )
+    weights_source: str = Field(
+        "", description="where the engines read the weights: 'local path' (the staged copy on this machine's disk)"
+    )
     capacity_rps: float | None = None
     max_slo_rate: float | None = Field(None, description="req/s at the layout's endpoint (all its replicas)")
     per_server: float | None = None
