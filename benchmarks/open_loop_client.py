@@ -86,7 +86,11 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict, due: float, 
                             continue
                         event_data = json.loads(data)
                         choices = event_data.get("choices") or []
-                        if choices and choices[0].get("text"):  # a token that decodes to no text yet waits
+                        # the first chunk with a choice is the first token, text or not: a byte-level
+                        # tokenizer's token that ends inside a UTF-8 character streams as "" (waiting for
+                        # text instead counted 1% of requests as failed and their TTFT late); vLLM's own
+                        # client counts the same way
+                        if choices:
                             now = time.perf_counter()
                             if out["ttft"] is None:
                                 out["ttft"] = now - start
