@@ -6,18 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh main
 
-# The whole suite needs the tiny model; where it is not cached (a fresh clone) it trains on one
-# core while the engine venv installs and the checks run, instead of after them. The suite adopts
-# the running build (tests/conftest.py: the pid file) and gives it every core when a test waits.
+# The whole suite needs the tiny model; where it is not cached (a fresh clone) it trains (on one
+# thread, as every build does) while the engine venv installs and the checks run, instead of after
+# them. The suite adopts the running build (tests/conftest.py: the pid file).
 builder=""
 if [[ $# -eq 0 ]]; then
   logs=${MODEL_RELEASE_HOME:-.model-release}/logs
   mkdir -p "$logs"
-  trap '' USR1  # ignored in the builder until its trainer listens: an early signal must not kill it
-  MODEL_RELEASE_TRAIN_THREADS=1 .venv/bin/python -m pipeline.cli make-tiny-model \
-    > "$logs/tiny-model-build.log" 2>&1 &
+  .venv/bin/python -m pipeline.cli make-tiny-model > "$logs/tiny-model-build.log" 2>&1 &
   builder=$!
-  trap - USR1
   echo "$builder" > "$logs/tiny-model-build.pid"
   echo "test: tiny model: building (or reusing) it in the background (log: $logs/tiny-model-build.log)"
   trap 'kill "$builder" 2>/dev/null || true' EXIT  # setup or a check failed: no trainer left behind

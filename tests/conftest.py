@@ -73,10 +73,6 @@ def pytest_collection_finish(session):
             cwd=PROJECT_ROOT,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            # one thread beside the tests; all cores once a test waits for it (SIGUSR1, ignored
-            # until the trainer installs its handler, so an early one cannot kill it)
-            env={**os.environ, "MODEL_RELEASE_TRAIN_THREADS": "1"},
-            preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
         )
     _say(session.config, f"tiny model: not cached; building it in the background (log: {log_path})")
 
@@ -130,12 +126,9 @@ def pytest_runtest_setup(item):
         return
     started = time.monotonic()
     _say(item.config, f"tiny model: {item.nodeid} waits for the background build")
-    while proc.poll() is None:  # nothing else runs now: train on every core (said until it listens)
-        proc.send_signal(signal.SIGUSR1)
-        try:
+    while proc.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
     _say(
         item.config,
         f"tiny model: build finished (exit {proc.returncode}) after a wait of {time.monotonic() - started:.0f} s",

@@ -343,7 +343,7 @@ def check_benchmark_outputs(files: dict[str, str], layouts: list[str], broken: s
         # the gate's tasks were scored at the layout's endpoint after its search, on the gate's first items
         served = r["served_accuracy"]
         assert served["passed"] and served["seconds"] > 0 and served["endpoint"].startswith("http://127.0.0.1:")
-        assert {t["task"] for t in served["tasks"]} == {"tiny_add", "tiny_copy", "tiny_add_mc", "tiny_add3_mc"}
+        assert {t["task"] for t in served["tasks"]} == {"tiny_add", "tiny_copy", "tiny_add_mc", "tiny_add_span_mc"}
         assert all(t["samples_candidate"] == served["limit"] and t["in_process"] is not None for t in served["tasks"])
         # each probe's client (forked by the bench server) is accounted as the client, not as others
         assert all(p["interference"] is not None and p["interference"]["client"] > 0 for p in r["probes"])

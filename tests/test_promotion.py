@@ -333,10 +333,11 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
     name = load_spec(spec).spec.name
     artifact = fp8_artifact
     try:
-        # its recorded SLO rate sets the load below: 30 req/s, a fifth of what `single` holds with the
-        # whole machine (README); at half of that a rollout shares 2 cores with 80 req/s of load, and
-        # engines started beside a saturated one stall for minutes in their CPU binding (measured)
-        first, _ = candidate(reg, spec, artifact, run="first", rate=30.0)
+        # its recorded SLO rate sets the load below: 20 req/s, a tenth of what `single` holds with the
+        # whole machine; a rollout shares 2 cores with the load, and engines started beside a loaded
+        # one stall in their CPU binding (80 req/s: minutes; 15 req/s: one start took 2.5 min in a
+        # fresh clone); half of 20 still gives each step's analysis its 10 requests in a window
+        first, _ = candidate(reg, spec, artifact, run="first", rate=20.0)
         live = promote.promote(reg, first.id)
         url = local_target.endpoint(load_spec(spec).spec)
         assert live.status == "live" and live.data["endpoint"] == url
@@ -352,7 +353,7 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
         ).model_dump(mode="json")
         scores = {"baseline": gate_side, "candidate": gate_side}
 
-        # from here on a client sends half the live release's SLO rate (15 req/s) through the live
+        # from here on a client sends half the live release's SLO rate (10 req/s) through the live
         # endpoint, prompts of 96 tokens (16 sums): light for a whole engine, the strict release below
         rate = reg.get(first.id).facts.rate_per_server / 2
         with LoadClient(url, rate, prompt_repeats=16) as load:

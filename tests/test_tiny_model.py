@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
 from pipeline.core import artifacts
-from pipeline.core.paths import PROJECT_ROOT
 from pipeline.stages import tiny_model
 
 # Chance is ~1% for an exact 2-digit sum and far lower for copying a 3-6 letter word.
@@ -22,7 +18,7 @@ MIN_COPY_ACCURACY = 0.90
 
 def test_shipped_eval_data_is_what_the_generator_makes(tmp_path):
     tiny_model.write_eval_data(tmp_path)
-    for name in ("tiny_add", "tiny_copy", "tiny_add_mc", "tiny_add3_mc"):
+    for name in ("tiny_add", "tiny_copy", "tiny_add_mc", "tiny_add_span_mc"):
         assert (tmp_path / f"{name}.jsonl").read_text() == (tiny_model.EVAL_DIR / f"{name}.jsonl").read_text()
 
 
@@ -121,47 +117,24 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-BUILD_ASKED_UNTIL_IT_EXITS = """
-import atexit, os, signal, sys, time
-os.environ["MODEL_RELEASE_TRAIN_THREADS"] = "1"
-from pipeline.stages import tiny_model
-threads = tiny_model._Threads()
-os.kill(os.getpid(), signal.SIGUSR1)  # the suite: every core now
-threads.update()
-threads.close()  # training over
-parent = os.getpid()
+def test_the_same_inputs_build_the_same_bytes(tmp_path):
+    """Builds compare by content hash: two builds of one (shortened) config into fresh directories,
+    one of them from a process whose torch runs on every thread with deterministic kernels off, give
+    one content hash; a different seed gives another. The full-size pair: benchmarks/tiny_build_repeat.py."""
+    import torch
 
-def keep_asking():  # the suite asks every 5 s until the build exits; here every 0.2 ms, through its exit
-    if os.fork() == 0:
-        for _ in range(50_000):
-            try:
-                os.kill(parent, signal.SIGUSR1)
-            except ProcessLookupError:
-                break
-            time.sleep(0.0002)
-        os._exit(0)
-
-atexit.register(keep_asking)
-"""
-
-
-ON_ONE_CORE = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before torch counts cores\n"
-
-
-@pytest.mark.parametrize("cores", ["as given", "one"])
-def test_a_build_asked_for_every_core_while_it_exits_exits_cleanly(cores):
-    """Python resets the signals it handles to their default at exit, and SIGUSR1's default ends
-    the process: a finished build was reported as killed (exit -10) when the suite's request
-    arrived then. Once training is over the signal is ignored (without `close()` this exits -10).
-    Where torch sees one core (CI's run at 3803cbb), the trainer already has every thread and never
-    listens: the signal is ignored from the start (it exited -10 at once)."""
-    script, env = BUILD_ASKED_UNTIL_IT_EXITS, dict(os.environ)
-    if cores == "one":  # torch must count the one core: no thread count given from outside
-        script = ON_ONE_CORE + script.replace("_Threads()\n", "_Threads()\nassert threads.all == 1, threads.all\n")
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.pop(name, None)
-    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, env=env, timeout=120)
-    assert done.returncode == 0
+    cfg = tiny_model.TinyConfig(steps=6, batch_size=8, num_layers=1, num_experts=4, num_experts_per_tok=2)
+    first = tiny_model.build(tmp_path / "a", cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        second = tiny_model.build(tmp_path / "b", cfg)
+        assert torch.get_num_threads() == max(2, threads)  # the build gave the process its settings back
+    finally:
+        torch.set_num_threads(threads)
+    other = tiny_model.build(tmp_path / "c", cfg.model_copy(update={"seed": 2}))
+    hashes = [artifacts.read_manifest(d).content_hash() for d in (first, second, other)]
+    assert hashes[0] == hashes[1] != hashes[2]
 
 
 @pytest.mark.slow

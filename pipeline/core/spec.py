@@ -115,6 +115,16 @@ class EvalTask(Strict):
     metric: str | None = Field(None, description="lm-eval metric to gate on; default: the task's first")
     min_recovery: Annotated[float, Field(gt=0, le=2)] = 0.99
     floor: Annotated[float, Field(ge=0, le=1, description="absolute minimum score")] = 0.0
+    served_min_recovery: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=2,
+            description="the minimum recovery on the serving-path check's first N items, where a few items "
+            "moving is noise rather than a worse model (its other rule, served within two combined stderr of "
+            "in-process, judges the rest); default: min_recovery",
+        ),
+    ] = None
 
 
 class ServedAccuracySpec(Strict):

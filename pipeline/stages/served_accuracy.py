@@ -136,7 +136,8 @@ def check(
             served.samples,
             time.monotonic() - started,
         )
-    judged = evaluation.model_copy(update={"limit": n})
+    few = [t.model_copy(update={"min_recovery": t.served_min_recovery or t.min_recovery}) for t in evaluation.tasks]
+    judged = evaluation.model_copy(update={"limit": n, "tasks": few})
     tasks = verdicts(
         baseline.model_copy(update={"scores": base_scores}),
         candidate.model_copy(update={"scores": served_scores}),

@@ -15,11 +15,8 @@ import fcntl
 import json
 import logging
 import math
-import os
 import random
-import signal
 import string
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,8 +45,8 @@ WORD_LETTERS = string.ascii_lowercase
 class TinyConfig(BaseModel):
     """Everything that determines the model's bytes; its hash names the cache directory."""
 
-    # seed 1 with batch 64: held-out add / copy 1.000 / 1.000, tiny_add3_mc 0.61 on one thread and
-    # 0.635 with the suite's switch to two threads mid-build (seed 0 with batch 64: 0.275, chance)
+    # seed 1 with batch 64: held-out add / copy 1.000 / 1.000 (seed 0 with batch 64: an earlier
+    # 3-digit task at chance, 0.275, where seed 1 scored 0.61)
     seed: int = 1
     hidden_size: int = 128
     num_layers: int = 4
@@ -70,6 +67,12 @@ class TinyConfig(BaseModel):
     # transformers' default grouped_mm path is 25% slower per training step on CPU here
     # (0.30 vs 0.23 s measured); inference keeps the default
     experts_implementation: str = "eager"
+    # fixed, so the same inputs give the same bytes on the same machine (builds compare by content
+    # hash): floating-point sums split over another number of threads round differently, and the
+    # suite's old hand-over from one thread to all, at whatever step its signal came, gave builds
+    # that differed (a held-out task at 0.61 and 0.635 from one config). One thread keeps its pace beside
+    # busy tests; a fresh clone's build runs while the engine venv installs.
+    train_threads: int = 1
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -135,17 +138,34 @@ def eval_items(seed: int = 1234, n: int = 200) -> dict[str, list[dict[str, Any]]
         choices = [str(c) for c in wrong] + [str(right)]
         rng.shuffle(choices)
         mc.append({"question": f"{a}+{b}=", "choices": choices, "label": choices.index(str(right))})
-    # held out of training in kind, not only in items: a 3-digit first operand (training adds two
-    # numbers below 100), the choices differing in the last digit alone. The model carries the
-    # units digit over from what it learned and is unsure of it here: it scores well off both the
-    # ceiling and chance (0.25), so recovery and its stderr mean something (the tasks above sit at 1.0)
-    long_mc = []
-    for a, b in rng.sample([(a, b) for a in range(100, 1000) for b in range(10, 100)], n):
+    return {"tiny_add": add, "tiny_copy": copy, "tiny_add_mc": mc, SPAN_TASK: span_items(rng, set(pairs))}
+
+
+SPAN_TASK = "tiny_add_span_mc"
+SPAN_ITEMS = 1200
+
+
+def span_items(rng: random.Random, taken: set[tuple[int, int]], n: int = SPAN_ITEMS) -> list[dict[str, Any]]:
+    """The off-ceiling task: additions across operand widths, the sum and its neighbours (-1, +1, +2)
+    as choices, so the last digit tells them apart. Half within training's range (two numbers below
+    100: pairs training draws from too, all but tiny_add's held-out ones), half beyond it (a 3-digit
+    first operand, held out in kind). The tiny model knows the first half (~1.0) and guesses the
+    second (~0.25-0.35: it learned no 3-digit sums), so it scores ~0.6-0.7, off the ceiling and chance
+    alike, the same way in every build (0.662: 0.995 and 0.328 by half). Holding the first half out
+    of training too changed the training stream enough that one build learned copying to 0.655 only.
+    1200 items: a 10% relative loss is over 3 combined standard errors (SE ~0.014 a side at 0.66) and
+    fails the gate (min_recovery 0.95); the items are in random order, so the first N that the served
+    check scores are mixed too."""
+    inside = rng.sample(sorted({(a, b) for a in range(100) for b in range(100)} - taken), n // 2)
+    beyond = rng.sample([(a, b) for a in range(100, 1000) for b in range(10, 100)], n - n // 2)
+    items = []
+    for a, b in inside + beyond:
         right = a + b
         choices = [str(right + d) for d in (-1, 0, 1, 2)]
         rng.shuffle(choices)
-        long_mc.append({"question": f"{a}+{b}=", "choices": choices, "label": choices.index(str(right))})
-    return {"tiny_add": add, "tiny_copy": copy, "tiny_add_mc": mc, "tiny_add3_mc": long_mc}
+        items.append({"question": f"{a}+{b}=", "choices": choices, "label": choices.index(str(right))})
+    rng.shuffle(items)
+    return items
 
 
 def write_eval_data(out: Path = EVAL_DIR) -> None:
@@ -213,7 +233,22 @@ def _pad_vocab(n: int, multiple: int = 64) -> int:
 
 
 def train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
-    """Build, train and save the model and tokenizer into `out`; return training figures."""
+    """Build, train and save the model and tokenizer into `out`; return training figures. The same
+    `cfg` gives the same bytes on the same machine (its thread count fixed, deterministic kernels);
+    the process's own settings are restored after."""
+    import torch
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(cfg.train_threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _train(cfg, out)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
     import torch
     from transformers import GenerationConfig, Qwen3MoeForCausalLM
 
@@ -235,36 +270,31 @@ def train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps)))
     )
-    threads = _Threads()
     start = time.monotonic()
     losses: list[float] = []
-    try:  # a build that fails still ignores the suite's late signal (exit 1, not -10)
-        for step in range(cfg.steps):
-            threads.update()
-            # Whole batches are chat-formatted or plain: mixing them pads every row to chat length.
-            chat = rng.random() < cfg.chat_fraction
-            batch = [_training_example(rng, held_out, chat, cfg.add_fraction) for _ in range(cfg.batch_size)]
-            input_ids, labels = _encode_batch(tokenizer, batch, eos_id)
-            config.output_router_logits = True
-            result = model(input_ids=input_ids, labels=labels, output_router_logits=True)
-            opt.zero_grad(set_to_none=True)
-            result.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(float(result.loss.detach()))
-            if (step + 1) % 100 == 0 or step == 0:
-                elapsed = time.monotonic() - start
-                log.info(
-                    "tiny model: step %d/%d loss %.3f (%.1f steps/s, %.0f s left)",
-                    step + 1,
-                    cfg.steps,
-                    sum(losses[-100:]) / len(losses[-100:]),
-                    (step + 1) / elapsed,
-                    (cfg.steps - step - 1) * elapsed / (step + 1),
-                )
-    finally:
-        threads.close()
+    for step in range(cfg.steps):
+        # Whole batches are chat-formatted or plain: mixing them pads every row to chat length.
+        chat = rng.random() < cfg.chat_fraction
+        batch = [_training_example(rng, held_out, chat, cfg.add_fraction) for _ in range(cfg.batch_size)]
+        input_ids, labels = _encode_batch(tokenizer, batch, eos_id)
+        config.output_router_logits = True
+        result = model(input_ids=input_ids, labels=labels, output_router_logits=True)
+        opt.zero_grad(set_to_none=True)
+        result.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(result.loss.detach()))
+        if (step + 1) % 100 == 0 or step == 0:
+            elapsed = time.monotonic() - start
+            log.info(
+                "tiny model: step %d/%d loss %.3f (%.1f steps/s, %.0f s left)",
+                step + 1,
+                cfg.steps,
+                sum(losses[-100:]) / len(losses[-100:]),
+                (step + 1) / elapsed,
+                (cfg.steps - step - 1) * elapsed / (step + 1),
+            )
     config.output_router_logits = False
     model.eval()
     model = model.to(torch.bfloat16)
@@ -273,45 +303,6 @@ def train(cfg: TinyConfig, out: Path) -> dict[str, Any]:
     save_tokenizer(tokenizer, out)
     GenerationConfig(eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id, do_sample=False).save_pretrained(out)
     return {"train_seconds": round(time.monotonic() - start, 1), "final_loss": round(sum(losses[-100:]) / 100, 4)}
-
-
-class _Threads:
-    """Training threads: all cores, or `MODEL_RELEASE_TRAIN_THREADS` until SIGUSR1 says all.
-
-    Why: the test suite builds the model in the background beside tests that need no model;
-    two training threads beside a busy test process slowed each step ~4x here (the threads wait
-    on each other while one is off its core), one thread keeps its pace. The suite signals when
-    only the build is left to wait for."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self.all = torch.get_num_threads()
-        self.now = int(os.environ.get("MODEL_RELEASE_TRAIN_THREADS") or self.all)
-        self.full = self.now >= self.all
-        # a build started with the variable is one the suite signals: where it already has every
-        # thread (torch sees one core: an affinity of one), the signal is ignored rather than fatal
-        self.asked = (
-            "MODEL_RELEASE_TRAIN_THREADS" in os.environ and threading.current_thread() is threading.main_thread()
-        )
-        if self.asked:  # (signal handlers belong to the main thread: a build in a worker thread is not signalled)
-            signal.signal(signal.SIGUSR1, signal.SIG_IGN if self.full else lambda *_: setattr(self, "full", True))
-        torch.set_num_threads(self.now)
-
-    def close(self) -> None:
-        """Training is over: a late SIGUSR1 (the suite asks every few seconds until the build exits)
-        is ignored from now on. The handler would not do: Python resets the signals it handles to
-        their default at exit, and that default ends the process (a finished build reported -10)."""
-        if self.asked:
-            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-    def update(self) -> None:
-        if self.full and self.now < self.all:
-            import torch
-
-            self.now = self.all
-            torch.set_num_threads(self.all)
-            log.info("tiny model: training on %d threads from now on", self.all)
 
 
 def _encode_batch(tokenizer, batch: list[tuple[str, str]], pad_id: int):
