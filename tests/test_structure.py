@@ -77,3 +77,14 @@ def test_one_error_tree_with_each_name_defined_once():
 
     outside = sorted(name for name in found if not under_release_error(name) and name not in PRIVATE_OK)
     assert outside == [], "errors a caller may see derive from core.errors.ReleaseError"
+
+
+def test_every_class_name_in_the_package_is_defined_once():
+    """A record, protocol or error of one name in two modules is one too many for a reader (and for
+    `farm-studio walk`): `Prediction` and `Verdict` each had a Protocol twin until 2026-12-06."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}

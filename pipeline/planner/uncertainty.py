@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pipeline.planner.profile import Profile
 
 
-class Prediction(Protocol):
+class PredictionLike(Protocol):
     """What this module reads and sets of plan.Prediction (plan imports this module, not the reverse)."""
 
     layout: Layout
@@ -36,7 +36,7 @@ class Prediction(Protocol):
 COSTS = {"link_latency_us", "step_overhead_ms", "sequence_overhead_us", "efficiency.gemm_half_rows", "expert_imbalance"}
 OVERLAP_BOUND = 4  # top_k measures at most this many more layouts whose intervals overlap the best one's
 
-Predict = Callable[..., Prediction]
+Predict = Callable[..., PredictionLike]
 
 
 class Figure(BaseModel):
@@ -158,7 +158,7 @@ def describe(found: list[Figure], profile: Profile | None) -> str:
 
 
 def bracket(
-    prediction: Prediction,
+    prediction: PredictionLike,
     spec: ReleaseSpec,
     hw: HardwareProfile,
     input_len: int,
@@ -189,8 +189,8 @@ def bracket(
 
 
 def margin(
-    better: Prediction,
-    worse: Prediction,
+    better: PredictionLike,
+    worse: PredictionLike,
     spec: ReleaseSpec,
     hw: HardwareProfile,
     input_len: int,
@@ -224,7 +224,7 @@ def margin(
     )
 
 
-def margin_of_intervals(better: Prediction, worse: Prediction) -> Margin:
+def margin_of_intervals(better: PredictionLike, worse: PredictionLike) -> Margin:
     """A profiled plan's margin: the two rates' intervals taken as independent (a bound; one fit's error
     moves both layouts alike, so the true spread is narrower)."""
     a, b = better.rate_per_server, worse.rate_per_server

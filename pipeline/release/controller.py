@@ -36,7 +36,7 @@ from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutOutcome, Ro
 log = logging.getLogger(__name__)
 
 
-class Verdict(Protocol):
+class StepJudgement(Protocol):
     """A step's analysis (pipeline.release.analysis.StepAnalysis): passed or not, and why."""
 
     passed: bool
@@ -48,7 +48,7 @@ class Verdict(Protocol):
 
 
 # (step number, its traffic fraction, the new release's serving processes now): the step's verdict
-Judge = Callable[[int, float, int], Verdict]
+Judge = Callable[[int, float, int], StepJudgement]
 
 
 class Target(Protocol):
@@ -145,7 +145,7 @@ def rollout(
         replacing=fleet.old_release if old else None, live_servers=live_servers, full=full, spare=spare_servers
     )
     traffic = _Traffic(target, fleet.old_backend if old else None, fleet.backend)
-    analyses: list[Verdict] = []
+    analyses: list[StepJudgement] = []
     try:
         if old and fleet.old_backend is None:
             raise RolloutFailed(f"release {fleet.old_release} serves but has no backend (its own Service is gone)")
