@@ -405,20 +405,13 @@ def cached(url: str | None = None) -> Registry:
 
 
 def _load_text(d: dict[str, Any]) -> str:
-    """The slowest replica's load time, its split and source: '29.1 s (to load start 20 s, ...) from local path'."""
-    text = f"{max(d['load_seconds']):g} s"
-    split = d.get("load_split") or {}
-    parts = [
-        f"{label} {split[key]:g} s"
-        for key, label in (
-            ("start_to_load_s", "to load start"),
-            ("weights_s", "weights"),
-            ("init_engine_s", "engine init"),
-        )
-        if split.get(key) is not None
-    ]
-    text += f" ({', '.join(parts)})" if parts else ""
-    return text + (f" from {d['weights_source']}" if d.get("weights_source") else "")
+    """The slowest replica's load time, its phases and source: '29.1 s (to load start 20 s, ...) from local path'."""
+    phases = LoadSplit.model_validate(d["load_split"]).phases() if d.get("load_split") else ""
+    return (
+        f"{max(d['load_seconds']):g} s"
+        + (f" ({phases})" if phases else "")
+        + (f" from {d['weights_source']}" if d.get("weights_source") else "")
+    )
 
 
 def audit_trail(reg: Registry, release_id: int) -> str:

@@ -22,6 +22,7 @@ from pipeline.core.spec import LoadedSpec
 from pipeline.planner import calibration
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import capacity
+from pipeline.stages.benchmark.records import LoadSplit
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#1d2330}
@@ -210,18 +211,8 @@ def _section_performance(
 
 
 def _split_text(split: dict[str, Any] | None) -> str:
-    if not split:
-        return ""
-    parts = [
-        (key, label)
-        for key, label in (
-            ("start_to_load_s", "to load start"),
-            ("weights_s", "weights"),
-            ("init_engine_s", "engine init"),
-        )
-        if split.get(key) is not None
-    ]
-    return " (" + ", ".join(f"{label} {split[key]:.3g} s" for key, label in parts) + ")" if parts else ""
+    phases = LoadSplit.model_validate(split).phases() if split else ""
+    return f" ({_e(phases)})" if phases else ""
 
 
 def _load_time(data: dict[str, Any], live: Release | None) -> str:
