@@ -119,7 +119,7 @@ async def run(args: argparse.Namespace) -> dict:
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "temperature": 0.0,
+            **({} if args.temperature is None else {"temperature": args.temperature}),
         }
         for _ in range(n)
     ]
@@ -181,11 +181,19 @@ def main() -> int:
     parser.add_argument("--model", default="model", help="the served model name")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature sent (default 0: greedy); --temperature -1 sends none, the server's "
+        "default, as vLLM's bench client does",
+    )
     parser.add_argument("--burn-ms", type=float, default=0.0, help="CPU ms spent in the client per streamed chunk")
     parser.add_argument("--out", help="write the result JSON here (else to stdout)")
     args = parser.parse_args()
     if args.rate <= 0 or args.seconds <= 0 or args.input_len <= 0 or args.output_len <= 0 or args.vocab_size <= 0:
         parser.error("--rate, --seconds, --input-len, --output-len and --vocab-size must be positive")
+    args.temperature = None if args.temperature is not None and args.temperature < 0 else args.temperature
     result = asyncio.run(run(args))
     text = json.dumps(result)
     if args.out:

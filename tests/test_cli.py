@@ -234,6 +234,9 @@ EXEMPT = {
     "approve": "needs Airflow with a waiting approval: tests/test_e2e.py answers through the same "
     "AirflowClient.respond (an unreachable server and a missing password are walked here)",
     "reject": "needs Airflow with a waiting approval: as approve",
+    "verify-staged": "needs an artifact staged to S3: tests/test_storage.py walks it through cli.main against the "
+    "local S3 server, to success, another release's hash and a deleted object",
+    "verify-staged --manifest-hash": "as verify-staged",
 }
 
 
