@@ -625,8 +625,7 @@ class LocalEngine:
         self.placement = placement or Placement()
         self.procs: list[subprocess.Popen] = []
         self.watchdogs: list[tuple[int, subprocess.Popen]] = []
-        self.load_seconds: list[float] = []  # in the order the replicas became healthy
-        self.healthy_after: dict[int, float] = {}  # by replica
+        self.healthy_after: dict[int, float] = {}  # by replica, in the order they became healthy
         self.started_at = 0.0  # epoch seconds of the start, for `load_splits`
         self.url = ""
 
@@ -708,9 +707,10 @@ class LocalEngine:
                     raise exit_error(i, self.procs[i].returncode, "before it was healthy", self.tail(i))
                 if healthy(f"http://127.0.0.1:{cmd.port}"):
                     self._place_engine(i)
-                    self.load_seconds.append(round(time.monotonic() - started, 1))
-                    self.healthy_after[cmd.replica] = self.load_seconds[-1]
-                    log.info("engine replica %d healthy after %.0f s (model load time)", i, self.load_seconds[-1])
+                    self.healthy_after[cmd.replica] = round(time.monotonic() - started, 1)
+                    log.info(
+                        "engine replica %d healthy after %.0f s (model load time)", i, self.healthy_after[cmd.replica]
+                    )
                     del pending[i]
             if pending and time.monotonic() - started > self.startup_timeout:
                 raise EngineFailed(
@@ -719,6 +719,11 @@ class LocalEngine:
             time.sleep(1)
         ports = [cmd.port for cmd in self.commands]
         self.url = f"http://127.0.0.1:{ports[0]}" if len(ports) == 1 else self._start_balancer(ports)
+
+    @property
+    def load_seconds(self) -> list[float]:
+        """Per replica, process start to healthy, in the order the replicas became healthy."""
+        return list(self.healthy_after.values())
 
     def load_splits(self) -> list[dict[str, float | None]]:
         """Per replica, its start split by its engine log (`load_split`), with its time to healthy."""
