@@ -1,7 +1,11 @@
-"""CPU masks that a benchmark narrows, and the guardian that gives them back when it dies.
+"""CPU masks and priorities that a benchmark changes, and the guardian that gives them back when it dies.
 
 `serving.isolated` confines every other process on the machine to the cores no engine computes on
-while a layout is measured. What it changes is written down first (`snapshot`, one file, atomically),
+while a layout is measured, and (as root, who may give a priority back) lowers theirs to nice 19 so
+that on the core they share with the engine's API server and the load client they yield: Airflow's
+scheduler waking for 0.25 of a core failed probes the engine held otherwise. The benchmark's own
+process and its children (the load client) keep theirs. What it changes is written down first
+(`snapshot`, one file, atomically),
 and a guardian started from this file (`python -S affinity_guard.py STATE`, its own session, SIGTERM,
 SIGINT and SIGHUP ignored, last in the OOM killer's line) blocks on a pipe whose only writer is the
 benchmark: the read ends when the benchmark closes it or dies by any means, SIGKILL and the OOM
@@ -19,8 +23,10 @@ import sys
 from pathlib import Path
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h
+YIELD = 19  # the nice value others run at while a layout is measured
 
 Masks = dict[int, list[int]]  # thread id -> cores
+Nices = dict[int, int]  # thread id -> nice value
 
 
 def _stat(pid: int) -> list[str]:
@@ -81,6 +87,42 @@ def masks(pid: int) -> Masks:
     return out
 
 
+def nices(pid: int) -> Nices:
+    """Each thread's nice value (per thread on Linux, as masks are); empty when the process is gone."""
+    out = {}
+    try:
+        tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return {}
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            out[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+    return out
+
+
+def lower(pid: int) -> None:
+    """Every thread of `pid` to nice YIELD."""
+    for tid in nices(pid):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, YIELD)
+
+
+def descendants(pid: int) -> set[int]:
+    """`pid` and every process below it (the benchmark and its load client: never lowered)."""
+    out = {pid}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            chain, here = [], int(proc.name)
+            for _ in range(64):
+                if here in out or here <= 1:
+                    break
+                chain.append(here)
+                here = _parent(here)
+            if here in out:
+                out.update(chain)
+    return out
+
+
 def set_masks(pid: int, cores: list[int], own: Masks | None = None) -> None:
     """Every thread of `pid` onto `own`'s mask for it when given, else onto `cores`."""
     for tid in masks(pid):
@@ -88,27 +130,33 @@ def set_masks(pid: int, cores: list[int], own: Masks | None = None) -> None:
             os.sched_setaffinity(tid, (own or {}).get(tid, cores))
 
 
-def snapshot(skip_groups: set[int], skip: set[int]) -> dict[str, tuple[int | None, Masks]]:
-    """pid -> (start time, each thread's mask) of every process `others` lists."""
+def snapshot(skip_groups: set[int], skip: set[int]) -> dict[str, tuple[int | None, Masks, Nices]]:
+    """pid -> (start time, each thread's mask, each thread's nice) of every process `others` lists."""
     out = {}
     for pid in others(skip_groups, skip):
         seen = masks(pid)
         if seen:
-            out[str(pid)] = (started(pid), seen)
+            out[str(pid)] = (started(pid), seen, nices(pid))
     return out
 
 
 def restore(state: dict) -> int:
-    """Give back what `state` (`serving.isolated`'s file: `cores`, `engine_groups`, `seen`) narrowed:
-    each thread still confined to `cores` gets the mask its process's thread had before (a thread
-    born meanwhile: its process's first thread's), and a process born meanwhile the mask of its
+    """Give back what `state` (`serving.isolated`'s file: `cores`, `engine_groups`, `seen`, `lowered`)
+    changed: each thread still confined to `cores` gets the mask its process's thread had before (a
+    thread born meanwhile: its process's first thread's), and a process born meanwhile the mask of its
     nearest ancestor that was there before (the machine's, when none is). A thread moved elsewhere
-    since was moved by someone else, and stays. -> how many processes got a mask back."""
+    since was moved by someone else, and stays. Likewise with `lowered`, each thread still at nice
+    YIELD gets its own value back (a process born meanwhile: its nearest older ancestor's, 0 when
+    none). -> how many processes got a mask or a priority back."""
     cores = sorted(state["cores"])
     machine = list(range(os.cpu_count() or 1))
     seen = {
         int(pid): (start, {int(t): m for t, m in by_thread.items()})
-        for pid, (start, by_thread) in state["seen"].items()
+        for pid, (start, by_thread, *_) in state["seen"].items()
+    }
+    old_nices = {
+        int(pid): {int(t): n for t, n in (rest[0] if rest else {}).items()}
+        for pid, (_, _, *rest) in state["seen"].items()
     }
 
     def before(pid: int) -> Masks | None:
@@ -126,21 +174,45 @@ def restore(state: dict) -> int:
                 return own.get(pid) or next(iter(own.values()))
         return machine
 
-    given = 0
+    def nice_before(pid: int) -> Nices | None:
+        return old_nices.get(pid) if before(pid) is not None else None
+
+    def nice_inherited(pid: int) -> int:
+        for _ in range(64):
+            pid = _parent(pid)
+            if pid <= 0:
+                break
+            own = nice_before(pid)
+            if own:
+                return own.get(pid, next(iter(own.values())))
+        return 0
+
+    given = set()
     for pid in others(set(state["engine_groups"])):
         now = masks(pid)
         confined = [tid for tid, mask in now.items() if mask == cores]
-        if not confined:
+        if confined:
+            own = before(pid)
+            first = (own.get(pid) or next(iter(own.values()))) if own else inherited(pid)
+            back = {tid: (own or {}).get(tid, first) for tid in confined}
+            if any(back[tid] != cores for tid in confined):
+                for tid in confined:
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(tid, back[tid])
+                given.add(pid)
+        if not state.get("lowered"):
             continue
-        own = before(pid)
-        first = (own.get(pid) or next(iter(own.values()))) if own else inherited(pid)
-        back = {tid: (own or {}).get(tid, first) for tid in confined}
-        if any(back[tid] != cores for tid in confined):
-            for tid in confined:
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(tid, back[tid])
-            given += 1
-    return given
+        yielded = [tid for tid, nice in nices(pid).items() if nice == YIELD]
+        if yielded:
+            own_nice = nice_before(pid)
+            first_nice = own_nice.get(pid, next(iter(own_nice.values()))) if own_nice else nice_inherited(pid)
+            for tid in yielded:
+                value = (own_nice or {}).get(tid, first_nice)
+                if value != YIELD:
+                    with contextlib.suppress(OSError):
+                        os.setpriority(os.PRIO_PROCESS, tid, value)
+                    given.add(pid)
+    return len(given)
 
 
 def main(state_file: str) -> None:

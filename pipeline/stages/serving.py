@@ -268,7 +268,9 @@ GUARDIAN = Path(affinity_guard.__file__)  # run by path with -S: it needs nothin
 class isolated:
     """While a layout is measured, every other process on the machine that may be moved (Airflow's,
     the task's, the search's own, anyone's) runs on `other_cores` only, so the engines' compute
-    cores serve nothing else. Afterwards each thread gets its own mask back, and a process born
+    cores serve nothing else; run as root, all but the search's own process and its children (the
+    load client) also run at nice 19 meanwhile, so they yield the core they share with the engine's
+    API server. Afterwards each thread gets its own mask and nice back, and a process born
     meanwhile with the confined mask its nearest older ancestor's. A no-op without such cores (a GPU
     node).
 
@@ -279,6 +281,7 @@ class isolated:
     def __init__(self, engine_groups: list[int], other_cores: list[int]):
         self.engine_groups, self.cores = set(engine_groups), sorted(other_cores)
         self.moved: dict[int, int | None] = {}  # pid -> its start time
+        self.lowered: set[int] = set()  # pids set to nice YIELD (not the benchmark's own, nor its client)
         self.skipped = 0
         self.state: dict[str, Any] = {}
         self.state_file: Path | None = None
@@ -301,9 +304,20 @@ class isolated:
         finally:
             os.close(read)
         seen = affinity_guard.snapshot(self.engine_groups, {self.guardian.pid})
-        self.state = {"cores": self.cores, "engine_groups": sorted(self.engine_groups), "seen": seen}
-        atomic_json(self.state_file, self.state)  # before any mask changes: the guardian's to restore
-        for pid, (start, threads) in seen.items():
+        # a priority lowered can only be given back by root (CAP_SYS_NICE): nobody else lowers one
+        lowered = os.geteuid() == 0
+        self.state = {
+            "cores": self.cores,
+            "engine_groups": sorted(self.engine_groups),
+            "seen": seen,
+            "lowered": lowered,
+        }
+        atomic_json(self.state_file, self.state)  # before any change: the guardian's to restore
+        ours = affinity_guard.descendants(os.getpid()) if lowered else set()
+        for pid, (start, threads, _) in seen.items():
+            if lowered and int(pid) not in ours:
+                affinity_guard.lower(int(pid))
+                self.lowered.add(int(pid))
             if all(mask == self.cores for mask in threads.values()):
                 continue
             affinity_guard.set_masks(int(pid), self.cores)
@@ -312,10 +326,13 @@ class isolated:
             else:
                 self.skipped += 1  # processes that may not be moved (or are gone since)
         log.info(
-            "isolation: %d processes confined to cores %s for the measurement (%d could not be moved)",
+            "isolation: %d processes confined to cores %s for the measurement (%d could not be moved), "
+            "%d of them at nice %d meanwhile",
             len(self.moved),
             ",".join(map(str, self.cores)),
             self.skipped,
+            len(self.lowered),
+            affinity_guard.YIELD,
         )
         return self
 
