@@ -216,7 +216,7 @@ def main() -> int:
         "--check-seconds", type=float, default=20.0, help="length of the two clients' probes at the answer and 1.25x"
     )
     parser.add_argument(
-        "--independent-probes", type=int, default=8, help="probe budget of the independent client's search (0: none)"
+        "--independent-probes", type=int, default=12, help="probe budget of the independent client's search (0: none)"
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
