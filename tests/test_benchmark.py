@@ -838,7 +838,7 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
     """SIGKILL of `model-release benchmark` (the OOM killer's, or Airflow's after its grace) during its
     first probe: within a minute no process it started is left, and every process it confined has its
     own mask back: PID 1, one on the whole machine, one pinned to the engine's core (a live engine the
-    local target pinned, say), this test's own; as root also its own nice value (19 meanwhile)."""
+    local target pinned, say), this test's own; as root also its own scheduling class (SCHED_IDLE meanwhile)."""
     import os
     import sys
 
@@ -861,8 +861,8 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
         with contextlib.suppress(OSError):
             everyone[pid] = (affinity_guard.started(pid), os.sched_getaffinity(pid))
     checked = {p: everyone[p][1] for p in (1, narrow.pid, wide.pid, os.getpid())}
-    nice = lambda: {p: os.getpriority(os.PRIO_PROCESS, p) for p in checked}  # noqa: E731
-    nices = nice()  # as root the isolation also lowers them to 19 meanwhile
+    policy = lambda: {p: os.sched_getscheduler(p) for p in checked}  # noqa: E731
+    policies = policy()  # as root the isolation also moves them to SCHED_IDLE meanwhile
     home = tmp_path / "home"
     probe = home / "runs" / run_key("killed") / "benchmark" / "single" / "probe-01.json.log"
     argv = ["benchmark", str(spec), "--layout", "single", "--model", str(tiny_model_dir), "--run-id", "killed"]
@@ -881,17 +881,17 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
         assert probe.exists(), (tmp_path / "benchmark.log").read_text()[-3000:]
         assert os.sched_getaffinity(1) != checked[1]  # the isolation is in force
         if os.geteuid() == 0:
-            assert set(nice().values()) == {affinity_guard.YIELD}
+            assert set(policy().values()) == {os.SCHED_IDLE}
         family = _family(owner.pid)
         owner.kill()
         owner.wait()
         masks = lambda: {p: os.sched_getaffinity(p) for p in checked}  # noqa: E731
         deadline = time.monotonic() + 60
-        while (family & set(_live()) or masks() != checked or nice() != nices) and time.monotonic() < deadline:
+        while (family & set(_live()) or masks() != checked or policy() != policies) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not family & set(_live()), engine_processes()
         assert masks() == checked
-        assert nice() == nices
+        assert policy() == policies
         passed = True
     finally:
         owner.kill()
@@ -902,9 +902,8 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
             with contextlib.suppress(OSError):
                 if affinity_guard.started(pid) == started and os.sched_getaffinity(pid) != mask:
                     serving.pin(pid, sorted(mask))
-        for pid, value in nices.items() if not passed else ():
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, pid, value)
+        for pid, value in policies.items() if not passed else ():
+            affinity_guard.set_policy(pid, value)
         for proc in (narrow, wide):
             proc.kill()
             proc.wait()

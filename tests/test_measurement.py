@@ -217,21 +217,21 @@ def test_isolation_keeps_every_other_process_off_the_engine_cores_and_gives_them
         pytest.skip("this process is confined to some of the machine's cores: its children would start there")
     service = serving.project_cores()
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    # someone else's process at its own nice: the isolation lowers it to 19 and gives 5 back (as root)
-    # (not a child of ours: the search's own children keep theirs)
-    orphan = "import os, time; os.nice(5); time.sleep(60)"
-    niced = int(
+    # someone else's process in its own class: the isolation moves it to SCHED_IDLE and gives SCHED_BATCH
+    # back (as root; not a child of ours: the search's own children keep theirs)
+    orphan = "import os, time; os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0)); time.sleep(60)"
+    batch = int(
         subprocess.run(
             ["sh", "-c", f"{sys.executable} -c '{orphan}' >/dev/null & echo $!"], capture_output=True, text=True
         ).stdout
     )
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    nice = lambda pid: os.getpriority(os.PRIO_PROCESS, pid)  # noqa: E731
+    policy = os.sched_getscheduler
     root = os.geteuid() == 0
     try:
         time.sleep(0.3)
         before = os.sched_getaffinity(bystander.pid)
-        own_nice = nice(0)
+        own = policy(0)
         with serving.isolated([engine.pid], service) as iso:
             assert sorted(os.sched_getaffinity(bystander.pid)) == service
             assert sorted(os.sched_getaffinity(0)) == service  # the search's own process too
@@ -242,15 +242,15 @@ def test_isolation_keeps_every_other_process_off_the_engine_cores_and_gives_them
             guardian, state = iso.guardian, iso.state_file
             assert guardian and guardian.poll() is None and state and state.exists()  # written before any change
             # the search's own process and its children keep their priority; the engine too; others yield
-            assert nice(0) == own_nice and nice(bystander.pid) == own_nice and nice(engine.pid) == own_nice
-            assert nice(niced) == (19 if root else 5)
+            assert policy(0) == own and policy(bystander.pid) == own and policy(engine.pid) == own
+            assert policy(batch) == (os.SCHED_IDLE if root else os.SCHED_BATCH)
         assert os.sched_getaffinity(bystander.pid) == before
         assert os.sched_getaffinity(0) == set(cores)
         assert os.sched_getaffinity(born.pid) == set(cores)  # born confined: gets its parent's mask back
-        assert nice(niced) == 5 and nice(0) == own_nice
+        assert policy(batch) == os.SCHED_BATCH and policy(0) == own
         assert guardian.poll() == 0 and not state.exists()  # told to leave, nothing for it to restore
     finally:
-        os.kill(niced, 9)
+        os.kill(batch, 9)
         for proc in (bystander, engine, locals().get("born")):
             if proc:
                 proc.kill()

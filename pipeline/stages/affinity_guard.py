@@ -1,9 +1,12 @@
 """CPU masks and priorities that a benchmark changes, and the guardian that gives them back when it dies.
 
 `serving.isolated` confines every other process on the machine to the cores no engine computes on
-while a layout is measured, and (as root, who may give a priority back) lowers theirs to nice 19 so
-that on the core they share with the engine's API server and the load client they yield: Airflow's
-scheduler waking for 0.25 of a core failed probes the engine held otherwise. The benchmark's own
+while a layout is measured, and (as root, who may give a priority back) moves their threads to the
+idle scheduling class (SCHED_IDLE: they run only when the core has nothing else to run, and a
+waking API server preempts them at once) so that on the core they share with the engine's API
+server and the load client they yield: Airflow's DAG parsing waking for a quarter of a core failed
+probes the engine held otherwise, and nice 19 did not stop it (the fair class lets the running
+task finish its slice first). The benchmark's own
 process and its children (the load client) keep theirs. What it changes is written down first
 (`snapshot`, one file, atomically),
 and a guardian started from this file (`python -S affinity_guard.py STATE`, its own session, SIGTERM,
@@ -23,10 +26,12 @@ import sys
 from pathlib import Path
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h
-YIELD = 19  # the nice value others run at while a layout is measured
+YIELD = os.SCHED_IDLE  # the scheduling class others run in while a layout is measured
+FAIR = (os.SCHED_OTHER, os.SCHED_BATCH)  # what may be moved to it (real-time threads are left alone)
+RESET_ON_FORK = os.SCHED_RESET_ON_FORK  # a flag the policy may carry (PID 1 here does): kept, given back
 
 Masks = dict[int, list[int]]  # thread id -> cores
-Nices = dict[int, int]  # thread id -> nice value
+Policies = dict[int, int]  # thread id -> scheduling policy
 
 
 def _stat(pid: int) -> list[str]:
@@ -87,8 +92,8 @@ def masks(pid: int) -> Masks:
     return out
 
 
-def nices(pid: int) -> Nices:
-    """Each thread's nice value (per thread on Linux, as masks are); empty when the process is gone."""
+def policies(pid: int) -> Policies:
+    """Each thread's scheduling policy (per thread on Linux, as masks are); empty when the process is gone."""
     out = {}
     try:
         tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
@@ -96,15 +101,20 @@ def nices(pid: int) -> Nices:
         return {}
     for tid in tids:
         with contextlib.suppress(OSError):
-            out[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+            out[tid] = os.sched_getscheduler(tid)
     return out
 
 
+def set_policy(tid: int, policy: int) -> None:
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(tid, policy, os.sched_param(0))
+
+
 def lower(pid: int) -> None:
-    """Every thread of `pid` to nice YIELD."""
-    for tid in nices(pid):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, tid, YIELD)
+    """Every thread of `pid` in a fair class (not a real-time one) to YIELD."""
+    for tid, policy in policies(pid).items():
+        if policy & ~RESET_ON_FORK in FAIR:
+            set_policy(tid, YIELD)
 
 
 def descendants(pid: int) -> set[int]:
@@ -130,13 +140,13 @@ def set_masks(pid: int, cores: list[int], own: Masks | None = None) -> None:
             os.sched_setaffinity(tid, (own or {}).get(tid, cores))
 
 
-def snapshot(skip_groups: set[int], skip: set[int]) -> dict[str, tuple[int | None, Masks, Nices]]:
-    """pid -> (start time, each thread's mask, each thread's nice) of every process `others` lists."""
+def snapshot(skip_groups: set[int], skip: set[int]) -> dict[str, tuple[int | None, Masks, Policies]]:
+    """pid -> (start time, each thread's mask, each thread's policy) of every process `others` lists."""
     out = {}
     for pid in others(skip_groups, skip):
         seen = masks(pid)
         if seen:
-            out[str(pid)] = (started(pid), seen, nices(pid))
+            out[str(pid)] = (started(pid), seen, policies(pid))
     return out
 
 
@@ -145,16 +155,16 @@ def restore(state: dict) -> int:
     changed: each thread still confined to `cores` gets the mask its process's thread had before (a
     thread born meanwhile: its process's first thread's), and a process born meanwhile the mask of its
     nearest ancestor that was there before (the machine's, when none is). A thread moved elsewhere
-    since was moved by someone else, and stays. Likewise with `lowered`, each thread still at nice
-    YIELD gets its own value back (a process born meanwhile: its nearest older ancestor's, 0 when
-    none). -> how many processes got a mask or a priority back."""
+    since was moved by someone else, and stays. Likewise with `lowered`, each thread still in the
+    YIELD class gets its own fair class back (a process born meanwhile: its nearest older
+    ancestor's, SCHED_OTHER when none). -> how many processes got a mask or a class back."""
     cores = sorted(state["cores"])
     machine = list(range(os.cpu_count() or 1))
     seen = {
         int(pid): (start, {int(t): m for t, m in by_thread.items()})
         for pid, (start, by_thread, *_) in state["seen"].items()
     }
-    old_nices = {
+    old_policies = {
         int(pid): {int(t): n for t, n in (rest[0] if rest else {}).items()}
         for pid, (_, _, *rest) in state["seen"].items()
     }
@@ -174,18 +184,18 @@ def restore(state: dict) -> int:
                 return own.get(pid) or next(iter(own.values()))
         return machine
 
-    def nice_before(pid: int) -> Nices | None:
-        return old_nices.get(pid) if before(pid) is not None else None
+    def policy_before(pid: int) -> Policies | None:
+        return old_policies.get(pid) if before(pid) is not None else None
 
-    def nice_inherited(pid: int) -> int:
+    def policy_inherited(pid: int) -> int:
         for _ in range(64):
             pid = _parent(pid)
             if pid <= 0:
                 break
-            own = nice_before(pid)
+            own = policy_before(pid)
             if own:
                 return own.get(pid, next(iter(own.values())))
-        return 0
+        return os.SCHED_OTHER
 
     given = set()
     for pid in others(set(state["engine_groups"])):
@@ -202,15 +212,14 @@ def restore(state: dict) -> int:
                 given.add(pid)
         if not state.get("lowered"):
             continue
-        yielded = [tid for tid, nice in nices(pid).items() if nice == YIELD]
+        yielded = [tid for tid, policy in policies(pid).items() if policy == YIELD]
         if yielded:
-            own_nice = nice_before(pid)
-            first_nice = own_nice.get(pid, next(iter(own_nice.values()))) if own_nice else nice_inherited(pid)
+            own_policy = policy_before(pid)
+            first_policy = own_policy.get(pid, next(iter(own_policy.values()))) if own_policy else policy_inherited(pid)
             for tid in yielded:
-                value = (own_nice or {}).get(tid, first_nice)
-                if value != YIELD:
-                    with contextlib.suppress(OSError):
-                        os.setpriority(os.PRIO_PROCESS, tid, value)
+                value = (own_policy or {}).get(tid, first_policy)
+                if value & ~RESET_ON_FORK in FAIR:  # a thread that was idle-class before stays so
+                    set_policy(tid, value)
                     given.add(pid)
     return len(given)
 

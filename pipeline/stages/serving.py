@@ -269,8 +269,8 @@ class isolated:
     """While a layout is measured, every other process on the machine that may be moved (Airflow's,
     the task's, the search's own, anyone's) runs on `other_cores` only, so the engines' compute
     cores serve nothing else; run as root, all but the search's own process and its children (the
-    load client) also run at nice 19 meanwhile, so they yield the core they share with the engine's
-    API server. Afterwards each thread gets its own mask and nice back, and a process born
+    load client) also run in the idle scheduling class meanwhile, so they yield the core they share
+    with the engine's API server. Afterwards each thread gets its own mask and class back, and a process born
     meanwhile with the confined mask its nearest older ancestor's. A no-op without such cores (a GPU
     node).
 
@@ -281,7 +281,7 @@ class isolated:
     def __init__(self, engine_groups: list[int], other_cores: list[int]):
         self.engine_groups, self.cores = set(engine_groups), sorted(other_cores)
         self.moved: dict[int, int | None] = {}  # pid -> its start time
-        self.lowered: set[int] = set()  # pids set to nice YIELD (not the benchmark's own, nor its client)
+        self.lowered: set[int] = set()  # pids moved to SCHED_IDLE (not the benchmark's own, nor its client)
         self.skipped = 0
         self.state: dict[str, Any] = {}
         self.state_file: Path | None = None
@@ -327,12 +327,11 @@ class isolated:
                 self.skipped += 1  # processes that may not be moved (or are gone since)
         log.info(
             "isolation: %d processes confined to cores %s for the measurement (%d could not be moved), "
-            "%d of them at nice %d meanwhile",
+            "%d of them in the idle scheduling class meanwhile",
             len(self.moved),
             ",".join(map(str, self.cores)),
             self.skipped,
             len(self.lowered),
-            affinity_guard.YIELD,
         )
         return self
 
