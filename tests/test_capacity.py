@@ -135,7 +135,7 @@ def test_the_fleet_reaches_the_report_the_approval_and_releases_show(spec_file, 
     reg, rel, selection = _measured_against_live(path, live_rate=100.0)
     assert selection["passed"]
     flow.slo_gate(selection, rel.id)
-    data = reg.get(rel.id).data
+    data = reg.get(rel.id).facts
     # 500 req/s with headroom: live 5 servers at 100, candidate 3.33 -> 4 at 150; $/M output -33%
     assert approval.fleet_phrase(data) == "; 5 -> 4 servers, -33% $/M output tokens"
     assert "| candidate (single) | 150 | 4 | $0.200 | $0.00145 | $0.00579 |" in approval.fleet_lines(data)
@@ -271,8 +271,6 @@ def test_an_unsteady_client_bound_answer_is_marked_in_the_registry_and_the_appro
 ):
     """The chosen layout's marks go from its result through the SLO gate to the registry, and the
     reviewer's request says what the rate must be read with; an unmarked answer says nothing."""
-    from types import SimpleNamespace
-
     from pipeline.airflow import approval
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "home"))
@@ -285,7 +283,7 @@ def test_an_unsteady_client_bound_answer_is_marked_in_the_registry_and_the_appro
         flow.slo_gate(flow.select_layout(str(path), [single], run), rel.id)
         data = reg.get(rel.id).data
         assert (data.get("unsteady"), data.get("client_bound")) == ((True, True) if marks else (False, False))
-        text = approval.body(SimpleNamespace(id=rel.id, data=data), None, loaded, "http://airflow")
+        text = approval.body(reg.get(rel.id), None, loaded, "http://airflow")
         if marks:
             assert "Read this rate with care: **unsteady**" in text and "**client-bound**" in text
         else:

@@ -18,6 +18,7 @@ from airflow.sdk.definitions.param import ParamsDict
 
 from pipeline.core import platform
 from pipeline.core.spec import duration_seconds
+from pipeline.release.registry import ReleaseData
 from pipeline.stages import capacity
 
 log = logging.getLogger(__name__)
@@ -29,21 +30,21 @@ def _fmt(value: Any, fmt: str = ".3g") -> str:
     return "—" if value is None else format(value, fmt)
 
 
-def fleet_phrase(data: dict[str, Any]) -> str:
+def fleet_phrase(facts: ReleaseData) -> str:
     """'; 3 -> 2 servers, -33% $/M output tokens' (or the fleet alone when nothing is live)."""
-    if not data.get("capacity"):
+    plan = facts.capacity
+    if plan is None:
         return ""
-    plan = capacity.CapacityPlan.model_validate(data["capacity"])
     if plan.change:
         return f"; {plan.change.summary()}"
     return f"; {plan.candidate.servers} servers at peak" if plan.candidate else ""
 
 
-def fleet_lines(data: dict[str, Any]) -> str:
+def fleet_lines(facts: ReleaseData) -> str:
     """The fleet and cost table in markdown, live first."""
-    if not data.get("capacity"):
+    plan = facts.capacity
+    if plan is None:
         return ""
-    plan = capacity.CapacityPlan.model_validate(data["capacity"])
     money = capacity.money
     rows = "\n".join(
         f"| {r.name} | {_fmt(r.rate_per_server)} | {r.servers} | {money(r.usd_per_hour)} | "
@@ -101,7 +102,7 @@ def body(rel, live, loaded, base_url: str) -> str:
         f"{read_with_care(d)}"
         f"At that rate: p90 TTFT {_fmt(d.get('p90_ttft_ms'), '.0f')} ms (limit {slo.p90_ttft_ms:g}), "
         f"p90 TPOT {_fmt(d.get('p90_tpot_ms'), '.1f')} ms (limit {slo.p90_tpot_ms:g}).\n\n"
-        f"{fleet_lines(d)}"
+        f"{fleet_lines(rel.facts)}"
         f"Artifact `{d.get('s3_uri') or d.get('nfs_path')}` (manifest {str(d.get('manifest_hash'))[:16]}…)\n\n"
         f"[Full report and audit trail]({link})"
     )
@@ -160,7 +161,7 @@ class ReleaseApproval(ApprovalOperator):
         self.assigned_users = [{"id": name, "name": name} for name in promotion.reviewers]
         self.subject = (
             f"Promote {loaded.spec.model.name} FP8 as layout {rel.data.get('layout')} at "
-            f"{_fmt(rel.data.get('rate_per_server'))} req/s per server{fleet_phrase(rel.data)}?"
+            f"{_fmt(rel.data.get('rate_per_server'))} req/s per server{fleet_phrase(rel.facts)}?"
         )
         self.body = body(rel, live, loaded, platform.current().base_url())
         from datetime import timedelta

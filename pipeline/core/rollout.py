@@ -15,6 +15,20 @@ from pydantic import BaseModel, Field
 WEIGHT_TOTAL = 10_000
 
 
+class Deployment(BaseModel):
+    """What the local target runs for one release: enough to find, check and stop it from any process
+    (the registry keeps it as the release's `deployment`)."""
+
+    release_id: int
+    layout: str
+    model_dir: str
+    pgids: list[int]
+    ports: list[int]
+    log_dir: str
+    load_seconds: list[float] = []
+    cores: list[list[int]] = Field(default_factory=list, description="cpu: each replica's cores")
+
+
 class ServerStep(BaseModel):
     """One step of a rollout in servers (pods per replica group; one machine on the local target):
     what runs once it is reached."""

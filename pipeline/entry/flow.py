@@ -33,6 +33,7 @@ from pipeline.stages import benchmark, capacity, serving, sources
 from pipeline.stages import evaluate as evaluate_stage
 from pipeline.stages import quantize as quantize_stage
 from pipeline.stages.quantize import QuantizedArtifact
+from pipeline.stages.served_accuracy import ServedAccuracy, ServedSummary
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,10 @@ def accuracy_gate(
             only_from=("candidate", "gate_failed"),
             data={
                 "accuracy": decision.model_dump(),
-                "evaluation": {"baseline": baseline, "candidate": candidate},
+                "evaluation": evaluate_stage.EvaluationPair(
+                    baseline=evaluate_stage.EvalResult.model_validate(baseline),
+                    candidate=evaluate_stage.EvalResult.model_validate(candidate),
+                ).model_dump(mode="json"),
                 "source_hash": baseline["model_manifest_hash"],
                 "source_path": baseline["model_path"],
                 "quantized_path": candidate["model_path"],
@@ -530,15 +534,7 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
                     for r in selection.get("layouts", [])
                 ],
                 "served_accuracy": [
-                    {
-                        "layout": r["layout"],
-                        "passed": served["passed"],
-                        "seconds": served["seconds"],
-                        "tasks": {
-                            t["task"]: {"served": t["candidate"], "in_process": t["in_process"]}
-                            for t in served["tasks"]
-                        },
-                    }
+                    ServedSummary.of(r["layout"], ServedAccuracy.model_validate(served)).model_dump(mode="json")
                     for r in selection.get("layouts", [])
                     if (served := r.get("served_accuracy"))
                 ],

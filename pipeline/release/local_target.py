@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutAborted, RolloutFailed
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
-from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
+from pipeline.core.rollout import WEIGHT_TOTAL, Deployment, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
 from pipeline.release import analysis, controller, local_prometheus, step_review
 from pipeline.release.controller import Judge
@@ -38,19 +38,6 @@ from pipeline.stages.served_accuracy import Answers
 log = logging.getLogger(__name__)
 
 SMOKE_PROMPT = "12+34="
-
-
-class Deployment(BaseModel):
-    """What is running for one release: enough to find, check and stop it from any process."""
-
-    release_id: int
-    layout: str
-    model_dir: str
-    pgids: list[int]
-    ports: list[int]
-    log_dir: str
-    load_seconds: list[float] = []
-    cores: list[list[int]] = Field(default_factory=list, description="cpu: each replica's cores")
 
 
 class LocalDeployFailed(ReleaseError):

@@ -27,7 +27,7 @@ from pipeline.release import analysis, controller, local_target, rollout_plan, s
 from pipeline.release.analysis import StepAnalysis
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import served_accuracy, serving
-from pipeline.stages.evaluate import Endpoint, EvalResult
+from pipeline.stages.evaluate import Endpoint, EvalResult, EvaluationPair
 from pipeline.stages.served_accuracy import ServedAccuracy
 
 log = logging.getLogger(__name__)
@@ -63,16 +63,16 @@ def release_spec(rel: Release) -> LoadedSpec:
 
 def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:
     """The in-process (baseline, candidate) results the accuracy gate recorded for this release."""
-    recorded = rel.data.get("evaluation")
-    if not recorded:
+    recorded = rel.facts.evaluation
+    if recorded is None:
         return None  # released before the registry kept them: the served answers are not checked
-    return evaluation_pair(recorded)
+    return recorded.pair()
 
 
 def evaluation_pair(stored: dict[str, Any]) -> tuple[EvalResult, EvalResult]:
-    """(baseline, candidate) from their stored form, {"baseline": ..., "candidate": ...} (the
-    registry's release data, the release DAG's XCom, a file handed to a pod)."""
-    return EvalResult.model_validate(stored["baseline"]), EvalResult.model_validate(stored["candidate"])
+    """(baseline, candidate) from their stored form, an EvaluationPair's JSON (the registry's
+    release data, the release DAG's XCom, a file handed to a pod)."""
+    return EvaluationPair.model_validate(stored).pair()
 
 
 def last_event(reg: Registry, release_id: int, *kinds: str) -> Any:

@@ -25,10 +25,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
+from pipeline.core.rollout import Deployment
 from pipeline.planner.calibration import Observation, PredictionRecord, observations
 from pipeline.planner.profile import Profile
 from pipeline.stages import capacity
 from pipeline.stages.benchmark.records import LoadSplit
+from pipeline.stages.capacity import CapacityPlan
+from pipeline.stages.evaluate import EvaluationPair, GateDecision
+from pipeline.stages.served_accuracy import ServedSummary
 
 CONN_ID = "model_release_registry"
 Status = Literal[
@@ -107,12 +111,11 @@ class ReleaseData(BaseModel):
     manifest_hash: str | None = None
     quantized_path: str | None = Field(None, description="the local FP8 output that was staged")
     # accuracy gate
-    accuracy: dict[str, Any] | None = Field(None, description="the GateDecision (tasks, recovery, failures)")
+    accuracy: GateDecision | None = Field(None, description="the gate's decision (tasks, recovery, failures)")
     source_hash: str | None = None
     source_path: str | None = None
-    evaluation: dict[str, Any] | None = Field(
-        None,
-        description="the gate's in-process results {baseline, candidate} per item: what served answers are held to",
+    evaluation: EvaluationPair | None = Field(
+        None, description="the gate's in-process results, per item: what served answers are held to"
     )
     # SLO gate: the chosen layout's figures (flow.ChosenFigures) and the fleet
     layout: str | None = None
@@ -128,19 +131,25 @@ class ReleaseData(BaseModel):
     load_split: LoadSplit | None = Field(None, description="its slowest replica's start, split by the engine log")
     weights_source: str | None = Field(None, description="where the measured engines read the weights from")
     benchmark_files: dict[str, str] | None = None
-    capacity: dict[str, Any] | None = Field(None, description="the CapacityPlan (stages/capacity.py)")
+    capacity: CapacityPlan | None = Field(None, description="the fleet and its cost at the spec's peak")
     predictions: list[PredictionRecord] | None = Field(
         None, description="per benchmarked layout: the planner's max SLO rate, the measured one, measured/predicted - 1"
     )
-    served_accuracy: list[dict[str, Any]] | None = Field(
+    served_accuracy: list[ServedSummary] | None = Field(
         None, description="per benchmarked layout: serving-path accuracy passed, seconds, per task served/in-process"
     )
     # report and promotion
     report: str | None = None
     endpoint: str | None = None
-    deployment: dict[str, Any] | None = Field(None, description="local target: the running instance")
-    manifests: list[dict[str, Any]] | None = Field(None, description="kubernetes target: the applied objects")
+    deployment: Deployment | None = Field(None, description="local target: the running instance")
+    manifests: list[dict[str, Any]] | None = Field(
+        None, description="kubernetes target: the applied objects, as the API takes them (Kubernetes' own schema)"
+    )
     manifests_file: str | None = None
+
+    def slowest_load(self) -> float | None:
+        """What a scale-out or a rollback waits for: the chosen layout's slowest replica, start to healthy."""
+        return max(self.load_seconds or [], default=None)
 
 
 def _one_name(data: dict[str, Any]) -> dict[str, Any]:
@@ -404,20 +413,20 @@ def cached(url: str | None = None) -> Registry:
     return _REGISTRIES[url]
 
 
-def _load_text(d: dict[str, Any]) -> str:
+def _load_text(facts: ReleaseData) -> str:
     """The slowest replica's load time, its phases and source: '29.1 s (to load start 20 s, ...) from local path'."""
-    phases = LoadSplit.model_validate(d["load_split"]).phases() if d.get("load_split") else ""
+    phases = facts.load_split.phases() if facts.load_split else ""
     return (
-        f"{max(d['load_seconds']):g} s"
+        f"{facts.slowest_load():g} s"
         + (f" ({phases})" if phases else "")
-        + (f" from {d['weights_source']}" if d.get("weights_source") else "")
+        + (f" from {facts.weights_source}" if facts.weights_source else "")
     )
 
 
 def audit_trail(reg: Registry, release_id: int) -> str:
     """A release and its events as plain text: what `model-release releases show` prints."""
     rel = reg.get(release_id)
-    d = rel.data
+    facts = rel.facts
     lines = [
         f"release {rel.id}: {rel.name}  status={rel.status}  target={rel.target}",
         f"  run:       {rel.run_key}",
@@ -433,13 +442,14 @@ def audit_trail(reg: Registry, release_id: int) -> str:
         "endpoint",
         "report",
     ):
-        if d.get(key) not in (None, ""):
-            lines.append(f"  {key + ':':<17}{d[key]}")
-        if key == "rate_per_server" and d.get("load_seconds"):
-            lines.append(f"  {'load time:':<17}{_load_text(d)}")
-    if d.get("capacity"):
+        value = getattr(facts, key)
+        if value not in (None, ""):
+            lines.append(f"  {key + ':':<17}{value}")
+        if key == "rate_per_server" and facts.load_seconds:
+            lines.append(f"  {'load time:':<17}{_load_text(facts)}")
+    if facts.capacity:
         lines.append("fleet and cost:")
-        table = capacity.table(capacity.CapacityPlan.model_validate(d["capacity"]))
+        table = capacity.table(facts.capacity)
         lines += [f"  {line}" for line in table.splitlines()]
     lines.append("events:")
     for ev in reg.events(release_id):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,8 @@ import markupsafe
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import LoadedSpec
 from pipeline.planner import calibration
-from pipeline.release.registry import Registry, Release
+from pipeline.release.registry import Registry, Release, ReleaseData
 from pipeline.stages import capacity
-from pipeline.stages.benchmark.records import LoadSplit
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#1d2330}
@@ -124,41 +124,41 @@ def _section_accuracy(gate: dict[str, Any] | None) -> str:
     return _macro("accuracy_section", gate)
 
 
-def _load_view(data: dict[str, Any], live: Release | None) -> dict[str, Any] | None:
+def _load_view(facts: ReleaseData, live: Release | None) -> dict[str, Any] | None:
     """The slowest replica's load time, split by its engine log, beside the live release's: what a
     scale-out or a rollback waits for (#48)."""
-    load = max(data.get("load_seconds") or [], default=None)
+    load = facts.slowest_load()
     if load is None:
         return None
-    split = data.get("load_split")
-    live_load = max(live.data.get("load_seconds") or [], default=None) if live else None
-    live_split = live.data.get("load_split") if live else None
+    theirs = live.facts if live else None
+    live_load = theirs.slowest_load() if theirs else None
     return {
         "seconds": load,
-        "source": data.get("weights_source"),
-        "phases": LoadSplit.model_validate(split).phases() if split else "",
+        "source": facts.weights_source,
+        "phases": facts.load_split.phases() if facts.load_split else "",
         "live_id": live.id if live and live_load else None,
         "live_seconds": live_load,
-        "live_phases": LoadSplit.model_validate(live_split).phases() if live_split else "",
+        "live_phases": theirs.load_split.phases() if theirs and theirs.load_split else "",
         "ratio": load / live_load if live_load else None,
     }
 
 
 def _performance_view(
-    bench: dict[str, Any] | None, data: dict[str, Any], live: Release | None, loaded: LoadedSpec, png: Path | None
+    bench: dict[str, Any] | None, facts: ReleaseData, live: Release | None, loaded: LoadedSpec, png: Path | None
 ) -> dict[str, Any] | None:
     if not bench:
         return None
     selection = bench.get("selection") or {}
     best = selection.get("best")
     compare = None
-    if live and live.data.get("rate_per_server") is not None and data.get("rate_per_server") is not None:
-        base = live.data["rate_per_server"]
+    theirs = live.facts if live else None
+    if live and theirs and theirs.rate_per_server is not None and facts.rate_per_server is not None:
+        base = theirs.rate_per_server
         compare = {
             "id": live.id,
-            "layout": live.data.get("layout"),
+            "layout": theirs.layout,
             "rate": base,
-            "ratio": data["rate_per_server"] / base if base else float("nan"),
+            "ratio": facts.rate_per_server / base if base else float("nan"),
         }
     rows = []
     for lay in bench["layouts"]:
@@ -193,9 +193,9 @@ def _performance_view(
     return {
         "passed": selection.get("passed"),
         "reason": selection.get("reason", ""),
-        "rate": data.get("rate_per_server"),
+        "rate": facts.rate_per_server,
         "live": compare,
-        "load": _load_view(data, live),
+        "load": _load_view(facts, live),
         "kind": loaded.hardware.kind.upper(),
         "rows": rows,
         "any_served": any(lay.get("served_accuracy") for lay in bench["layouts"]),
@@ -206,9 +206,9 @@ def _performance_view(
 
 
 def _section_performance(
-    bench: dict[str, Any] | None, data: dict[str, Any], live: Release | None, loaded: LoadedSpec, png: Path | None
+    bench: dict[str, Any] | None, facts: ReleaseData, live: Release | None, loaded: LoadedSpec, png: Path | None
 ) -> str:
-    return _macro("performance_section", _performance_view(bench, data, live, loaded, png))
+    return _macro("performance_section", _performance_view(bench, facts, live, loaded, png))
 
 
 def _measurement_view(bench: dict[str, Any] | None) -> list[dict[str, Any]] | None:
@@ -265,13 +265,13 @@ def _section_measurement(bench: dict[str, Any] | None) -> str:
     return _macro("measurement_section", _measurement_view(bench))
 
 
-def _capacity_view(data: dict[str, Any]) -> dict[str, Any] | None:
+def _capacity_view(facts: ReleaseData) -> dict[str, Any] | None:
     """Fleet at the spec's peak and token cost, live vs candidate (spec `capacity:`)."""
     import tempfile
 
-    if not data.get("capacity"):
+    plan = facts.capacity
+    if plan is None:
         return None
-    plan = capacity.CapacityPlan.model_validate(data["capacity"])
     with tempfile.TemporaryDirectory() as tmp:
         png = _png(capacity.chart(plan, Path(tmp) / "capacity.png"))
     return {
@@ -283,8 +283,8 @@ def _capacity_view(data: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def _section_capacity(data: dict[str, Any]) -> str:
-    return _macro("capacity_section", _capacity_view(data))
+def _section_capacity(facts: ReleaseData) -> str:
+    return _macro("capacity_section", _capacity_view(facts))
 
 
 def _trend_view(reg: Registry, release_id: int) -> dict[str, Any] | None:
@@ -299,7 +299,7 @@ def _trend_view(reg: Registry, release_id: int) -> dict[str, Any] | None:
     return {"points": points, "png": png}
 
 
-def step_times(keys: list[str | None]) -> str:
+def step_times(keys: Sequence[str | None]) -> str:
     """Which step times a run's predictions ran on, from their calibration keys (one run, one set of
     figures): a profiling run's, or the datasheet's (also where no key was recorded)."""
     profile = next((calibration.CalibrationKey.parse(k).profile for k in keys if k), None)
@@ -310,7 +310,7 @@ def _planner_view(reg: Registry, rel: Release) -> dict[str, Any] | None:
     """How far the planner has been from the measurements for this release's layout shapes, on this
     hardware and engine, release after release: its own rate, and the calibrated rate each search
     started at (the calibration's worth shows as the second error shrinking)."""
-    keys = [p["calibration_key"] for p in rel.data.get("predictions") or [] if p.get("calibration_key")]
+    keys = [p.calibration_key for p in rel.facts.predictions or [] if p.calibration_key]
     if not keys:
         return None
     found = reg.measured_predictions()
@@ -353,24 +353,24 @@ def _audit_events(reg: Registry, release_id: int) -> list[dict[str, Any]]:
 
 
 def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any] | None, png: Path | None) -> str:
-    data = rel.data
+    facts = rel.facts
     live = reg.live(rel.name, rel.target)
     live = live if live and live.id != rel.id else None
     page = ENV.get_template("report.html.j2").render(
         css=markupsafe.Markup(CSS),
         rel=rel,
         model_name=loaded.spec.model.name,
-        layout=data.get("layout"),
-        rate_per_server=data.get("rate_per_server"),
-        bound_only=data.get("bound_only"),
+        layout=facts.layout,
+        rate_per_server=facts.rate_per_server,
+        bound_only=facts.bound_only,
         spec_rows=_spec_rows(loaded),
-        gate=data.get("accuracy"),
-        performance=_performance_view(bench, data, live, loaded, png),
-        capacity=_capacity_view(data),
+        gate=facts.accuracy,
+        performance=_performance_view(bench, facts, live, loaded, png),
+        capacity=_capacity_view(facts),
         measurement=_measurement_view(bench),
         planner=_planner_view(reg, rel),
         trend=_trend_view(reg, rel.id),
-        artifacts=[(k, data[k]) for k in ARTIFACT_KEYS if data.get(k)],
+        artifacts=[(k, getattr(facts, k)) for k in ARTIFACT_KEYS if getattr(facts, k)],
         events=_audit_events(reg, rel.id),
     )
     return page.strip()

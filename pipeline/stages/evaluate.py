@@ -69,6 +69,17 @@ class EvalResult(BaseModel):
     cached: bool = False
 
 
+class EvaluationPair(BaseModel):
+    """The accuracy gate's in-process results, both sides: what the registry keeps per release
+    (`evaluation`) and what its served answers are held to later (a re-benchmark, a rollout)."""
+
+    baseline: EvalResult
+    candidate: EvalResult
+
+    def pair(self) -> tuple[EvalResult, EvalResult]:
+        return self.baseline, self.candidate
+
+
 class TaskVerdict(BaseModel):
     task: str
     metric: str

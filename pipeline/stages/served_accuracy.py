@@ -51,6 +51,25 @@ class ServedAccuracy(BaseModel):
         )
 
 
+class ServedTask(BaseModel):
+    served: float = Field(description="the candidate's score at the layout's endpoint")
+    in_process: float | None = Field(description="the candidate in-process on the same items")
+
+
+class ServedSummary(BaseModel):
+    """One layout's serving-path check as the registry keeps it (the release's `served_accuracy`)."""
+
+    layout: str
+    passed: bool
+    seconds: float
+    tasks: dict[str, ServedTask] = Field(description="task -> served and in-process scores")
+
+    @classmethod
+    def of(cls, layout: str, served: ServedAccuracy) -> ServedSummary:
+        tasks = {t.task: ServedTask(served=t.candidate, in_process=t.in_process) for t in served.tasks}
+        return cls(layout=layout, passed=served.passed, seconds=served.seconds, tasks=tasks)
+
+
 # A rollout step's check, on either target: (step, the new release's endpoint as lm-eval reaches
 # it, its served model name) -> the served table held to the gate's in-process scores. The caller
 # (promotion) holds those scores and records the evidence; a failed check aborts the step.
