@@ -222,7 +222,7 @@ def test_isolation_keeps_every_other_process_off_the_engine_cores_and_gives_them
     orphan = "import os, time; os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0)); time.sleep(60)"
     batch = int(
         subprocess.run(
-            ["sh", "-c", f"{sys.executable} -c '{orphan}' >/dev/null & echo $!"], capture_output=True, text=True
+            ["sh", "-c", f"{sys.executable} -c '{orphan}' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
         ).stdout
     )
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
