@@ -23,7 +23,9 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h
 YIELD = os.SCHED_IDLE  # the scheduling class others run in while a layout is measured
@@ -78,9 +80,8 @@ def others(skip_groups: set[int], skip: set[int] | None = None) -> list[int]:
     return out
 
 
-def masks(pid: int) -> Masks:
-    """Each thread's mask (sched_setaffinity is per thread on Linux: vLLM binds its OpenMP threads
-    one core each); empty when the process is gone."""
+def _per_thread(pid: int, read: Callable[[int], Any]) -> dict[int, Any]:
+    """`read(tid)` for each thread of `pid`; empty when the process is gone."""
     out = {}
     try:
         tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
@@ -88,21 +89,19 @@ def masks(pid: int) -> Masks:
         return {}
     for tid in tids:
         with contextlib.suppress(OSError):
-            out[tid] = sorted(os.sched_getaffinity(tid))
+            out[tid] = read(tid)
     return out
+
+
+def masks(pid: int) -> Masks:
+    """Each thread's mask (sched_setaffinity is per thread on Linux: vLLM binds its OpenMP threads
+    one core each); empty when the process is gone."""
+    return _per_thread(pid, lambda tid: sorted(os.sched_getaffinity(tid)))
 
 
 def policies(pid: int) -> Policies:
     """Each thread's scheduling policy (per thread on Linux, as masks are); empty when the process is gone."""
-    out = {}
-    try:
-        tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
-    except OSError:
-        return {}
-    for tid in tids:
-        with contextlib.suppress(OSError):
-            out[tid] = os.sched_getscheduler(tid)
-    return out
+    return _per_thread(pid, os.sched_getscheduler)
 
 
 def set_policy(tid: int, policy: int) -> None:
@@ -160,50 +159,35 @@ def restore(state: dict) -> int:
     ancestor's, SCHED_OTHER when none). -> how many processes got a mask or a class back."""
     cores = sorted(state["cores"])
     machine = list(range(os.cpu_count() or 1))
-    seen = {
-        int(pid): (start, {int(t): m for t, m in by_thread.items()})
-        for pid, (start, by_thread, *_) in state["seen"].items()
-    }
-    old_policies = {
-        int(pid): {int(t): n for t, n in (rest[0] if rest else {}).items()}
-        for pid, (_, _, *rest) in state["seen"].items()
+    starts = {int(pid): start for pid, (start, *_) in state["seen"].items()}
+    saved_masks = {int(pid): {int(t): m for t, m in kept[1].items()} for pid, kept in state["seen"].items()}
+    saved_policies = {  # absent in a state file written before policies were kept
+        int(pid): {int(t): n for t, n in (kept[2] if len(kept) > 2 else {}).items()}
+        for pid, kept in state["seen"].items()
     }
 
-    def before(pid: int) -> Masks | None:
-        if pid in seen and seen[pid][0] == started(pid):
-            return seen[pid][1]
-        return None
+    def was_there(pid: int) -> bool:
+        return pid in starts and starts[pid] == started(pid)
 
-    def inherited(pid: int) -> list[int]:
+    def saved(table: dict[int, dict[int, Any]], pid: int, fallback: Any) -> tuple[dict[int, Any] | None, Any]:
+        """(`pid`'s own threads' saved values, or None; the value for a thread it did not have then:
+        its first thread's, else its nearest older ancestor's first thread's, else `fallback`)."""
+        if was_there(pid) and table.get(pid):
+            return table[pid], table[pid].get(pid, next(iter(table[pid].values())))
         for _ in range(64):  # a chain of parents, never a loop, but bounded all the same
             pid = _parent(pid)
             if pid <= 0:
                 break
-            own = before(pid)
-            if own is not None:
-                return own.get(pid) or next(iter(own.values()))
-        return machine
-
-    def policy_before(pid: int) -> Policies | None:
-        return old_policies.get(pid) if before(pid) is not None else None
-
-    def policy_inherited(pid: int) -> int:
-        for _ in range(64):
-            pid = _parent(pid)
-            if pid <= 0:
-                break
-            own = policy_before(pid)
-            if own:
-                return own.get(pid, next(iter(own.values())))
-        return os.SCHED_OTHER
+            if was_there(pid) and table.get(pid):
+                return None, table[pid].get(pid, next(iter(table[pid].values())))
+        return None, fallback
 
     given = set()
     for pid in others(set(state["engine_groups"])):
         now = masks(pid)
         confined = [tid for tid, mask in now.items() if mask == cores]
         if confined:
-            own = before(pid)
-            first = (own.get(pid) or next(iter(own.values()))) if own else inherited(pid)
+            own, first = saved(saved_masks, pid, machine)
             back = {tid: (own or {}).get(tid, first) for tid in confined}
             if any(back[tid] != cores for tid in confined):
                 for tid in confined:
@@ -214,8 +198,7 @@ def restore(state: dict) -> int:
             continue
         yielded = [tid for tid, policy in policies(pid).items() if policy == YIELD]
         if yielded:
-            own_policy = policy_before(pid)
-            first_policy = own_policy.get(pid, next(iter(own_policy.values()))) if own_policy else policy_inherited(pid)
+            own_policy, first_policy = saved(saved_policies, pid, os.SCHED_OTHER)
             for tid in yielded:
                 value = (own_policy or {}).get(tid, first_policy)
                 if value & ~RESET_ON_FORK in FAIR:  # a thread that was idle-class before stays so
