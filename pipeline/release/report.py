@@ -124,19 +124,18 @@ def _section_accuracy(gate: dict[str, Any] | None) -> str:
     return _macro("accuracy_section", gate)
 
 
-def _load_view(facts: ReleaseData, live: Release | None) -> dict[str, Any] | None:
+def _load_view(facts: ReleaseData, live_id: int | None, theirs: ReleaseData | None) -> dict[str, Any] | None:
     """The slowest replica's load time, split by its engine log, beside the live release's: what a
     scale-out or a rollback waits for (#48)."""
     load = facts.slowest_load()
     if load is None:
         return None
-    theirs = live.facts if live else None
     live_load = theirs.slowest_load() if theirs else None
     return {
         "seconds": load,
         "source": facts.weights_source,
         "phases": facts.load_split.phases() if facts.load_split else "",
-        "live_id": live.id if live and live_load else None,
+        "live_id": live_id if live_load else None,
         "live_seconds": live_load,
         "live_phases": theirs.load_split.phases() if theirs and theirs.load_split else "",
         "ratio": load / live_load if live_load else None,
@@ -195,7 +194,7 @@ def _performance_view(
         "reason": selection.get("reason", ""),
         "rate": facts.rate_per_server,
         "live": compare,
-        "load": _load_view(facts, live),
+        "load": _load_view(facts, live.id if live else None, theirs),
         "kind": loaded.hardware.kind.upper(),
         "rows": rows,
         "any_served": any(lay.get("served_accuracy") for lay in bench["layouts"]),
