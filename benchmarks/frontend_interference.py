@@ -1,15 +1,17 @@
 """Does CPU work on the frontend core slow the engine, whatever its scheduling class? One engine of a
-layout, vLLM's client at one rate, rounds of: quiet, then a spinner in SCHED_IDLE pinned to the
-frontend core (the class `serving.isolated` moves other processes to while a layout is measured).
+layout, vLLM's client at one rate, rounds of three probes: quiet; a spinner in SCHED_IDLE pinned to
+the frontend core, in a session of its own (as Airflow's processes are: the benchmark's client and
+engines lead their own sessions too); the same spinner with its session's autogroup at nice 19.
 
     .venv/bin/python benchmarks/frontend_interference.py [--layout single] [--rate 200] [--rounds 3]
 
 Why: the release DAG's answer ran below the other doors' while Airflow was up (#44), though Airflow's
-processes were confined to the frontend core and in the idle class. If an idle-class spinner there
-still slows the engine (its own p90 TTFT from /metrics, beside the client's), the two cores share
-hardware and no priority keeps other work from the measurement: only less work does. Prints each
-round's p90 TTFT (client, engine), the spinner's cores, and the ratio spinner / quiet per round;
-ratios within one run hold on a noisy machine, absolute figures do not.
+processes were confined to the frontend core and in the idle class. With the kernel's autogroups on
+(`/proc/sys/kernel/sched_autogroup_enabled`), a core is shared between sessions' groups first, so the
+idle class does not reach across sessions: `serving.isolated` therefore also puts the other
+sessions' autogroups at nice 19. Prints each round's p90 TTFT (client, engine's own from /metrics),
+the spinner's cores, and each spinner / quiet ratio; ratios within one run hold on a noisy machine,
+absolute figures do not.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from pipeline.core import measurements
 from pipeline.core.spec import load_spec
 from pipeline.stages import benchmark, tiny_model
 
-SPIN = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass\n"
+SPIN = (
+    "import os, sys\n"
+    "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "if sys.argv[1] != '0':\n"
+    "    open('/proc/self/autogroup', 'w').write(sys.argv[1])\n"
+    "while True: pass\n"
+)
+SPINNERS = {"idle_spinner": "0", "idle_spinner_group_nice19": "19"}  # label -> its autogroup's nice
 
 
 def main() -> int:
@@ -56,8 +65,14 @@ def main() -> int:
                 def pin() -> None:
                     os.sched_setaffinity(0, cores)
 
-                for label in ("quiet", "idle_spinner"):
-                    spin = subprocess.Popen([sys.executable, "-c", SPIN], preexec_fn=pin) if label != "quiet" else None
+                for label in ("quiet", *SPINNERS):
+                    spin = (
+                        subprocess.Popen(
+                            [sys.executable, "-c", SPIN, SPINNERS[label]], preexec_fn=pin, start_new_session=True
+                        )
+                        if label != "quiet"
+                        else None
+                    )
                     try:
                         probe = prober(args.rate, n, 60_000 + round_)
                     finally:
@@ -69,24 +84,38 @@ def main() -> int:
                         "engine_p90_ttft_ms": probe.engine.p90_ttft_ms if probe.engine else None,
                         "other_cores": probe.interference.other if probe.interference else None,
                     }
-                row["ratio"] = round(row["idle_spinner"]["p90_ttft_ms"] / row["quiet"]["p90_ttft_ms"], 2)
+                q = row["quiet"]
+                line = f"round {round_ + 1}: quiet p90 TTFT {q['p90_ttft_ms']:.0f} ms (engine {q['engine_p90_ttft_ms']}"
+                line += ")"
+                for label in SPINNERS:
+                    s = row[label]
+                    row[f"ratio_{label}"] = round(s["p90_ttft_ms"] / q["p90_ttft_ms"], 2)
+                    line += (
+                        f" | {label}: {s['p90_ttft_ms']:.0f} ms (engine {s['engine_p90_ttft_ms']}, spinner "
+                        f"{s['other_cores']} cores) {row[f'ratio_{label}']:.2f}x"
+                    )
                 rows.append(row)
-                q, s = row["quiet"], row["idle_spinner"]
-                print(
-                    f"round {round_ + 1}: quiet p90 TTFT {q['p90_ttft_ms']:.0f} ms "
-                    f"(engine {q['engine_p90_ttft_ms']}) | idle-class spinner on cores {cores}: p90 TTFT "
-                    f"{s['p90_ttft_ms']:.0f} ms (engine {s['engine_p90_ttft_ms']}, spinner {s['other_cores']} "
-                    f"cores) | spinner / quiet {row['ratio']:.2f}",
-                    flush=True,
-                )
-    median = statistics.median(r["ratio"] for r in rows)
+                print(line, flush=True)
+    medians = {label: statistics.median(r[f"ratio_{label}"] for r in rows) for label in SPINNERS}
+    autogroups = Path("/proc/sys/kernel/sched_autogroup_enabled")
     path = measurements.record(
         "frontend_interference",
-        {"layout": args.layout, "rate": args.rate, "seconds": args.seconds, "frontend_cores": cores, "rows": rows},
-        summary=f"{args.layout} at {args.rate:g} req/s: p90 TTFT with an idle-class spinner on the frontend core "
-        f"/ quiet, median of {len(rows)} rounds {median:.2f}x",
+        {
+            "layout": args.layout,
+            "rate": args.rate,
+            "seconds": args.seconds,
+            "frontend_cores": cores,
+            "autogroups_enabled": autogroups.read_text().strip() if autogroups.exists() else None,
+            "rows": rows,
+            "medians": medians,
+        },
+        summary=f"{args.layout} at {args.rate:g} req/s, p90 TTFT with an idle-class spinner in its own session on "
+        f"the frontend core / quiet, median of {len(rows)} rounds: {medians['idle_spinner']:.2f}x with its "
+        f"autogroup at nice 0, {medians['idle_spinner_group_nice19']:.2f}x at nice 19",
     )
-    print(f"median spinner / quiet: {median:.2f}x\nrecord: {path}")
+    for label, median in medians.items():
+        print(f"median {label} / quiet: {median:.2f}x")
+    print(f"record: {path}")
     return 0
 
 

@@ -857,7 +857,7 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
     spec = spec_file(TINY_SPEC, eager)
     sleep = [sys.executable, "-c", "import time; time.sleep(300)"]
     narrow = subprocess.Popen(sleep, preexec_fn=lambda: os.sched_setaffinity(0, {engine_core}))
-    wide = subprocess.Popen(sleep)
+    wide = subprocess.Popen(sleep, start_new_session=True)  # a session of its own: its autogroup is lowered too
     everyone = {}  # a failed run's masks go back in `finally`, not only the checked ones
     for pid in _live():
         with contextlib.suppress(OSError):
@@ -865,6 +865,8 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
     checked = {p: everyone[p][1] for p in (1, narrow.pid, wide.pid, os.getpid())}
     policy = lambda: {p: os.sched_getscheduler(p) for p in checked}  # noqa: E731
     policies = policy()  # as root the isolation also moves them to SCHED_IDLE meanwhile
+    group = lambda: {p: affinity_guard.autogroup(p) for p in checked}  # noqa: E731
+    groups = group()  # and their sessions' autogroups to nice 19
     home = tmp_path / "home"
     probe = home / "runs" / run_key("killed") / "benchmark" / "single" / "probe-01.json.log"
     argv = ["benchmark", str(spec), "--layout", "single", "--model", str(tiny_model_dir), "--run-id", "killed"]
@@ -884,16 +886,19 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
         assert os.sched_getaffinity(1) != checked[1]  # the isolation is in force
         if os.geteuid() == 0:
             assert set(policy().values()) == {os.SCHED_IDLE}
+            assert all(now is None or now[1] == 19 for now in group().values()), group()
         family = _family(owner.pid)
         owner.kill()
         owner.wait()
         masks = lambda: {p: os.sched_getaffinity(p) for p in checked}  # noqa: E731
         deadline = time.monotonic() + 60
-        while (family & set(_live()) or masks() != checked or policy() != policies) and time.monotonic() < deadline:
+        back = lambda: masks() == checked and policy() == policies and group() == groups  # noqa: E731
+        while (family & set(_live()) or not back()) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not family & set(_live()), engine_processes()
         assert masks() == checked
         assert policy() == policies
+        assert group() == groups
         passed = True
     finally:
         owner.kill()
@@ -906,6 +911,9 @@ def test_a_benchmark_killed_mid_probe_leaves_nothing_behind(tiny_model_dir, spec
                     serving.pin(pid, sorted(mask))
         for pid, value in policies.items() if not passed else ():
             affinity_guard.set_policy(pid, value)
+        for pid, was in groups.items() if not passed else ():
+            if was:
+                affinity_guard.set_autogroup_nice(pid, was[1])
         for proc in (narrow, wide):
             proc.kill()
             proc.wait()

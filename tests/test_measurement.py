@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pipeline.core.spec import SloSpec, WorkloadSpec
-from pipeline.stages import benchmark, engine_metrics, interference
+from pipeline.stages import affinity_guard, benchmark, engine_metrics, interference
 
 # measures CPU use or latency: never beside the tiny model's training (conftest)
 pytestmark = pytest.mark.quiet
@@ -226,10 +226,21 @@ def test_isolation_keeps_every_other_process_off_the_engine_cores_and_gives_them
         ).stdout
     )
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    # another session (Airflow's, say; not ours: the search's own children in sessions of their own, the load
+    # client's, keep theirs): the idle class does not cross autogroups, so its group's nice goes to 19
+    session = int(
+        subprocess.run(
+            ["sh", "-c", f"setsid {sys.executable} -c 'import time; time.sleep(60)' >/dev/null 2>&1 & echo $!"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     policy = os.sched_getscheduler
     root = os.geteuid() == 0
     try:
         time.sleep(0.3)
+        group = affinity_guard.autogroup(session)  # None where the kernel has no autogroups
+        engine_group = affinity_guard.autogroup(engine.pid)
         before = os.sched_getaffinity(bystander.pid)
         own = policy(0)
         with serving.isolated([engine.pid], service) as iso:
@@ -244,13 +255,18 @@ def test_isolation_keeps_every_other_process_off_the_engine_cores_and_gives_them
             # the search's own process and its children keep their priority; the engine too; others yield
             assert policy(0) == own and policy(bystander.pid) == own and policy(engine.pid) == own
             assert policy(batch) == (os.SCHED_IDLE if root else os.SCHED_BATCH)
+            if group:
+                assert affinity_guard.autogroup(session) == (group[0], 19 if root else group[1])
+                assert affinity_guard.autogroup(engine.pid) == engine_group  # an engine's session keeps its nice
         assert os.sched_getaffinity(bystander.pid) == before
         assert os.sched_getaffinity(0) == set(cores)
         assert os.sched_getaffinity(born.pid) == set(cores)  # born confined: gets its parent's mask back
         assert policy(batch) == os.SCHED_BATCH and policy(0) == own
+        assert affinity_guard.autogroup(session) == group
         assert guardian.poll() == 0 and not state.exists()  # told to leave, nothing for it to restore
     finally:
         os.kill(batch, 9)
+        os.kill(session, 9)
         for proc in (bystander, engine, locals().get("born")):
             if proc:
                 proc.kill()

@@ -3,11 +3,14 @@
 `serving.isolated` confines every other process on the machine to the cores no engine computes on
 while a layout is measured, and (as root, who may give a priority back) moves their threads to the
 idle scheduling class (SCHED_IDLE: they run only when the core has nothing else to run, and a
-waking API server preempts them at once) so that on the core they share with the engine's API
-server and the load client they yield: Airflow's DAG parsing waking for a quarter of a core failed
-probes the engine held otherwise, and nice 19 did not stop it (the fair class lets the running
-task finish its slice first). The benchmark's own
-process and its children (the load client) keep theirs. What it changes is written down first
+waking API server preempts them at once) and their sessions' autogroups to nice 19, so that on the
+core they share with the engine's API server and the load client they yield. Both are needed:
+Airflow's DAG parsing waking for a quarter of a core failed probes the engine held otherwise;
+nice 19 did not stop it (the fair class lets the running task finish its slice first); and with
+the kernel's autogroups on, the class alone does not cross sessions (a core is shared between
+the sessions' groups first: an idle-class spinner in another session took half the frontend core
+and slowed the engine 30-75x). The benchmark's own process and its children (the load client)
+keep their class, and the engines' and the client's sessions their nice. What it changes is written down first
 (`snapshot`, one file, atomically),
 and a guardian started from this file (`python -S affinity_guard.py STATE`, its own session, SIGTERM,
 SIGINT and SIGHUP ignored, last in the OOM killer's line) blocks on a pipe whose only writer is the
@@ -30,6 +33,7 @@ from typing import Any
 PF_KTHREAD = 0x00200000  # include/linux/sched.h
 YIELD = os.SCHED_IDLE  # the scheduling class others run in while a layout is measured
 FAIR = (os.SCHED_OTHER, os.SCHED_BATCH)  # what may be moved to it (real-time threads are left alone)
+GROUP_NICE = 19  # the nice other sessions' autogroups get meanwhile (the class alone does not cross groups)
 RESET_ON_FORK = os.SCHED_RESET_ON_FORK  # a flag the policy may carry (PID 1 here does): kept, given back
 
 Masks = dict[int, list[int]]  # thread id -> cores
@@ -116,6 +120,47 @@ def lower(pid: int) -> None:
             set_policy(tid, YIELD)
 
 
+def session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def autogroup(pid: int) -> tuple[str, int] | None:
+    """(name, nice) of the autogroup `pid` belongs to (one per session, where the kernel has them),
+    or None. With autogroups on, a core is shared between the groups first, by each group's nice,
+    and only then between a group's threads by their class: an idle-class thread in another
+    session's group still gets a fair group's share (half the frontend core beside a busy API
+    server, measured: `benchmarks/frontend_interference.py`)."""
+    try:
+        name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
+        return name, int(nice)
+    except (OSError, ValueError):
+        return None
+
+
+def set_autogroup_nice(pid: int, nice: int) -> bool:
+    """Set the nice of `pid`'s autogroup (its whole session, children born later included)."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+        return True
+    except OSError:
+        return False
+
+
+def autogroups(pids: list[int], keep: set[int]) -> dict[str, dict[str, Any]]:
+    """name -> {"nice", "pids"}: the autogroups of `pids`, less any that holds a process of `keep`
+    (an engine's, the load client's: each in a session of its own)."""
+    kept = {group[0] for pid in keep if (group := autogroup(pid))}
+    out: dict[str, dict[str, Any]] = {}
+    for pid in pids:
+        group = autogroup(pid)
+        if group and group[0] not in kept:
+            out.setdefault(group[0], {"nice": group[1], "pids": []})["pids"].append(pid)
+    return out
+
+
 def descendants(pid: int) -> set[int]:
     """`pid` and every process below it (the benchmark and its load client: never lowered)."""
     out = {pid}
@@ -156,7 +201,8 @@ def restore(state: dict) -> int:
     nearest ancestor that was there before (the machine's, when none is). A thread moved elsewhere
     since was moved by someone else, and stays. Likewise with `lowered`, each thread still in the
     YIELD class gets its own fair class back (a process born meanwhile: its nearest older
-    ancestor's, SCHED_OTHER when none). -> how many processes got a mask or a class back."""
+    ancestor's, SCHED_OTHER when none), and each autogroup in `autogroups` still at GROUP_NICE its
+    nice. -> how many processes got a mask, a class or a group's nice back."""
     cores = sorted(state["cores"])
     machine = list(range(os.cpu_count() or 1))
     starts = {int(pid): start for pid, (start, *_) in state["seen"].items()}
@@ -183,6 +229,13 @@ def restore(state: dict) -> int:
         return None, fallback
 
     given = set()
+    for name, kept in state.get("autogroups", {}).items() if state.get("lowered") else ():
+        for pid in kept["pids"]:  # any member still there names the group (a reused pid does not)
+            group = autogroup(pid) if was_there(pid) else None
+            if group and group[0] == name:
+                if group[1] == GROUP_NICE != kept["nice"] and set_autogroup_nice(pid, kept["nice"]):
+                    given.add(pid)
+                break
     for pid in others(set(state["engine_groups"])):
         now = masks(pid)
         confined = [tid for tid, mask in now.items() if mask == cores]

@@ -282,6 +282,7 @@ class isolated:
         self.engine_groups, self.cores = set(engine_groups), sorted(other_cores)
         self.moved: dict[int, int | None] = {}  # pid -> its start time
         self.lowered: set[int] = set()  # pids moved to SCHED_IDLE (not the benchmark's own, nor its client)
+        self.groups = 0  # autogroups (sessions) at GROUP_NICE meanwhile
         self.skipped = 0
         self.state: dict[str, Any] = {}
         self.state_file: Path | None = None
@@ -306,14 +307,24 @@ class isolated:
         seen = affinity_guard.snapshot(self.engine_groups, {self.guardian.pid})
         # a priority lowered can only be given back by root (CAP_SYS_NICE): nobody else lowers one
         lowered = os.geteuid() == 0
+        ours = affinity_guard.descendants(os.getpid()) if lowered else set()
+        # the sessions that keep their autogroup's nice: the engines' and the load client's (each its own);
+        # the benchmark's own session is lowered with the rest (in a DAG run it is Airflow's)
+        keep = (set(affinity_guard.others(set())) - {int(pid) for pid in seen}) | {
+            pid for pid in ours if affinity_guard.session(pid) not in (None, os.getsid(0))
+        }
+        groups = affinity_guard.autogroups([int(pid) for pid in seen], keep) if lowered else {}
         self.state = {
             "cores": self.cores,
             "engine_groups": sorted(self.engine_groups),
             "seen": seen,
             "lowered": lowered,
+            "autogroups": groups,
         }
         atomic_json(self.state_file, self.state)  # before any change: the guardian's to restore
-        ours = affinity_guard.descendants(os.getpid()) if lowered else set()
+        for group in groups.values():
+            if any(affinity_guard.set_autogroup_nice(pid, affinity_guard.GROUP_NICE) for pid in group["pids"][:3]):
+                self.groups += 1
         for pid, (start, threads, _) in seen.items():
             if lowered and int(pid) not in ours:
                 affinity_guard.lower(int(pid))
@@ -327,11 +338,13 @@ class isolated:
                 self.skipped += 1  # processes that may not be moved (or are gone since)
         log.info(
             "isolation: %d processes confined to cores %s for the measurement (%d could not be moved), "
-            "%d of them in the idle scheduling class meanwhile",
+            "%d of them in the idle scheduling class and %d sessions' autogroups at nice %d meanwhile",
             len(self.moved),
             ",".join(map(str, self.cores)),
             self.skipped,
             len(self.lowered),
+            self.groups,
+            affinity_guard.GROUP_NICE,
         )
         return self
 
