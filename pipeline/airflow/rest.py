@@ -7,6 +7,7 @@ from `POST /auth/token` for a user of the auth manager. Passwords are never logg
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -15,7 +16,10 @@ import requests
 
 from pipeline.core.errors import ReleaseError
 
+log = logging.getLogger(__name__)
+
 DAG_ID = "model_release"
+READ_TRIES = 4  # a GET that times out is asked again (see AirflowClient._call)
 # How long a parked task (deferred, or awaiting a person's input) stays parked before anything
 # resumes it. Airflow 3.3's scheduler fails a resumed attempt that is already running when it
 # takes in the executor's late "success" for the parked attempt's exit (apache/airflow#72716 and
@@ -45,8 +49,17 @@ class AirflowClient:
         self.session.headers["Authorization"] = f"Bearer {self.token}"
 
     def _call(self, method: str, path: str, missing_ok: bool = False, **kwargs: Any) -> Any:
-        """The JSON answer; None for a 404 where `missing_ok` (something not there yet)."""
-        response = self.session.request(method, f"{self.base}/api/v2{path}", timeout=self.timeout, **kwargs)
+        """The JSON answer; None for a 404 where `missing_ok` (something not there yet). A GET that
+        times out is asked again, up to READ_TRIES times: on the embedded default Airflow yields the
+        CPU to a measurement for a probe's length (serving.isolated), and a poll may wait that long."""
+        for attempt in range(1, (READ_TRIES if method == "GET" else 1) + 1):
+            try:
+                response = self.session.request(method, f"{self.base}/api/v2{path}", timeout=self.timeout, **kwargs)
+                break
+            except requests.Timeout:
+                if attempt == READ_TRIES or method != "GET":
+                    raise AirflowError(f"{method} /api/v2{path}: no answer in {self.timeout:g} s") from None
+                log.info("GET /api/v2%s: no answer in %g s (try %d of %d)", path, self.timeout, attempt, READ_TRIES)
         if response.status_code == 404 and missing_ok:
             return None
         if response.status_code >= 400:

@@ -97,6 +97,13 @@ def standalone_env(airflow_home: Path | None = None, port: int = 8080) -> dict[s
             "AIRFLOW__API__HOST": "127.0.0.1",
             # two cores: one task at a time keeps the benchmark honest and the machine responsive
             "AIRFLOW__CORE__PARALLELISM": "2",
+            # while a layout is measured Airflow yields the frontend core on purpose (serving.isolated:
+            # its session's autogroup at nice 19), so for a probe's length its processes run only when
+            # the engine leaves the core idle: waits that would time out then are given room (a DAG
+            # file's parse, a task's heartbeat to the API server; the defaults are 30, 50 and 5 s)
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "180",
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "240",
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
         }
     )
     return env

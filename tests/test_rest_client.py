@@ -1,0 +1,68 @@
+"""The REST client against a server that is slow to answer: a GET (a poll) is asked again, a write
+is not (it may have been done)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pipeline.airflow.rest import READ_TRIES, AirflowClient, AirflowError
+
+
+class Slow(BaseHTTPRequestHandler):
+    stalls = 0  # how many of the next requests under /api/v2 stall past the client's timeout
+    seen: list[str] = []
+
+    def _answer(self, body: dict) -> None:
+        if self.path.startswith("/api/v2") and Slow.stalls > 0:
+            Slow.stalls -= 1
+            time.sleep(0.6)
+        Slow.seen.append(f"{self.command} {self.path}")
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer({"access_token": "t"} if self.path == "/auth/token" else {"dag_run_id": "r"})
+
+    def do_GET(self):  # noqa: N802
+        self._answer({"state": "running"})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    Slow.stalls, Slow.seen = 0, []
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_a_poll_that_times_out_is_asked_again(server):
+    client = AirflowClient(server, "admin", "pw", timeout=0.3)
+    Slow.stalls = READ_TRIES - 1
+    assert client.run("r")["state"] == "running"  # the last try answers in time
+    Slow.stalls = READ_TRIES
+    with pytest.raises(AirflowError, match="no answer in 0.3 s"):
+        client.run("r")
+
+
+def test_a_write_that_times_out_is_not_sent_again(server):
+    client = AirflowClient(server, "admin", "pw", timeout=0.3)
+    Slow.stalls = 1
+    with pytest.raises(AirflowError, match="POST /api/v2/dags/model_release/dagRuns: no answer"):
+        client.trigger({"spec": "x"})
+    time.sleep(0.5)
+    assert [s for s in Slow.seen if s.startswith("POST /api")] == ["POST /api/v2/dags/model_release/dagRuns"]
