@@ -775,8 +775,9 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
     the re-benchmark test's slowed engine, which held no rate): one that held the SLO and answers worse
     fails, naming the task, its rate kept on record; one that held no rate is not checked in a release
     (failed already: the check would be time lost). Engine, search and check are stand-ins here."""
+    from pipeline.records.evaluate import EvalResult
+    from pipeline.records.served_accuracy import ServedAccuracy
     from pipeline.stages import served_accuracy
-    from pipeline.stages.evaluate import EvalResult
 
     loaded = load_spec(TINY_SPEC)
     engine = type(
@@ -793,7 +794,7 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
 
     def check(url, *args, **kwargs):
         checked.append(url)
-        return served_accuracy.ServedAccuracy(
+        return ServedAccuracy(
             passed=False, endpoint=url, limit=20, tasks=[], failures=["tiny_add: recovery 0.10 < 0.95"], seconds=2.0
         )
 

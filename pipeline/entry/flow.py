@@ -22,6 +22,8 @@ from pipeline.planner import calibration, uncertainty
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
+from pipeline.records.evaluate import EvalResult, EvaluationPair
+from pipeline.records.served_accuracy import ServedAccuracy, ServedSummary
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
@@ -33,7 +35,6 @@ from pipeline.stages import benchmark, capacity, serving, sources
 from pipeline.stages import evaluate as evaluate_stage
 from pipeline.stages import quantize as quantize_stage
 from pipeline.stages.quantize import QuantizedArtifact
-from pipeline.stages.served_accuracy import ServedAccuracy, ServedSummary
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +213,8 @@ def accuracy_gate(
 ) -> dict[str, Any]:
     loaded = load_spec(spec_path)
     decision = evaluate_stage.gate(
-        evaluate_stage.EvalResult(**baseline),
-        evaluate_stage.EvalResult(**candidate),
+        EvalResult(**baseline),
+        EvalResult(**candidate),
         loaded.spec.evaluation,
         run_dir(run_id),
     )
@@ -233,9 +234,9 @@ def accuracy_gate(
             only_from=("candidate", "gate_failed"),
             data={
                 "accuracy": decision.model_dump(),
-                "evaluation": evaluate_stage.EvaluationPair(
-                    baseline=evaluate_stage.EvalResult.model_validate(baseline),
-                    candidate=evaluate_stage.EvalResult.model_validate(candidate),
+                "evaluation": EvaluationPair(
+                    baseline=EvalResult.model_validate(baseline),
+                    candidate=EvalResult.model_validate(candidate),
                 ).model_dump(mode="json"),
                 "source_hash": baseline["model_manifest_hash"],
                 "source_path": baseline["model_path"],
@@ -431,7 +432,7 @@ def measure_layout(
     model: Path,
     run_id: str,
     predicted: LayoutPrediction | None,
-    accuracy: tuple[evaluate_stage.EvalResult, evaluate_stage.EvalResult] | None,
+    accuracy: tuple[EvalResult, EvalResult] | None,
 ) -> benchmark.LayoutResult:
     """One layout's search from its prediction (when there is one), kept beside the measurement;
     what the local task and the benchmark pod both run."""

@@ -24,9 +24,9 @@ from pipeline.core.files import atomic_write
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.entry import flow
 from pipeline.k8s import pods
+from pipeline.records.evaluate import EvalResult
 from pipeline.release import promote, rebenchmark
 from pipeline.stages import benchmark
-from pipeline.stages.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 

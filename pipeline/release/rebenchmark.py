@@ -24,10 +24,10 @@ from pipeline.core import storage
 from pipeline.core.errors import ReleaseError, SpecError
 from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.records.evaluate import EvalResult
 from pipeline.release import alerts, promote, report
 from pipeline.release.registry import SERVING, Registry, Release
 from pipeline.stages import benchmark
-from pipeline.stages.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.stages.engine_metrics import EngineView
 from pipeline.stages.interference import Interference
-from pipeline.stages.served_accuracy import ServedAccuracy
 
 
 class Probe(BaseModel):
