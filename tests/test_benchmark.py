@@ -295,7 +295,7 @@ def test_an_engine_failing_every_request_is_called_missed_in_growing_steps():
 
 
 def test_a_probe_beside_a_cpu_hog_is_measured_again_and_flagged_when_it_stays_dirty():
-    from pipeline.stages.interference import Interference
+    from pipeline.records.benchmark import Interference
 
     slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2, max_interference=0.2, interference_retries=2)

@@ -11,8 +11,9 @@ from pipeline.core.errors import SpecError
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import CapacitySpec, WorkloadSpec, load_spec
 from pipeline.entry import flow
+from pipeline.records.benchmark import LayoutResult
 from pipeline.release.registry import Registry
-from pipeline.stages import benchmark, capacity
+from pipeline.stages import capacity
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
 WORK = WorkloadSpec(input_len=5600, output_len=140)
@@ -84,9 +85,7 @@ def test_capacity_fields_are_checked(spec_file):
 
 
 def _result(name: str, per_server: float) -> dict:
-    r = benchmark.LayoutResult(
-        layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=per_server
-    )
+    r = LayoutResult(layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=per_server)
     r.per_server, r.per_device, r.capacity_rps = per_server, per_server / 2, per_server * 1.1
     return r.model_dump(mode="json")
 

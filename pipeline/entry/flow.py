@@ -22,6 +22,7 @@ from pipeline.planner import calibration, uncertainty
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
+from pipeline.records.benchmark import LayoutResult, LoadSplit
 from pipeline.records.evaluate import EvalResult, EvaluationPair
 from pipeline.records.served_accuracy import ServedAccuracy, ServedSummary
 from pipeline.release import promote as promotion
@@ -72,7 +73,7 @@ class ChosenFigures(BaseModel):
     p90_ttft_ms: float | None
     p90_tpot_ms: float | None
     load_seconds: list[float] | None
-    load_split: benchmark.LoadSplit | None = Field(None, description="the slowest replica's start, split by its log")
+    load_split: LoadSplit | None = Field(None, description="the slowest replica's start, split by its log")
     weights_source: str | None = Field(None, description="where the measured engines read the weights from")
 
 
@@ -433,7 +434,7 @@ def measure_layout(
     run_id: str,
     predicted: LayoutPrediction | None,
     accuracy: tuple[EvalResult, EvalResult] | None,
-) -> benchmark.LayoutResult:
+) -> LayoutResult:
     """One layout's search from its prediction (when there is one), kept beside the measurement;
     what the local task and the benchmark pod both run."""
     result = benchmark.benchmark_layout(
@@ -454,7 +455,7 @@ def measure_layout(
 
 def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
     loaded = load_spec(spec_path)
-    layouts = [benchmark.LayoutResult(**r) for r in results]
+    layouts = [LayoutResult(**r) for r in results]
     selection = benchmark.select(layouts, loaded.spec.slo)
     fleet = capacity_plan(loaded, layouts, selection.best)
     refusal = fleet.refusal() if fleet else None
@@ -473,9 +474,7 @@ def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) ->
     }
 
 
-def capacity_plan(
-    loaded: LoadedSpec, layouts: list[benchmark.LayoutResult], best: str | None
-) -> capacity.CapacityPlan | None:
+def capacity_plan(loaded: LoadedSpec, layouts: list[LayoutResult], best: str | None) -> capacity.CapacityPlan | None:
     """Fleet and cost of every measured layout, the chosen one against what is live (spec `capacity:`)."""
     if loaded.spec.capacity is None:
         return None
@@ -542,7 +541,7 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
             },
         )
     if not selection["passed"]:
-        layouts = [benchmark.LayoutResult(**r) for r in selection["layouts"]]
+        layouts = [LayoutResult(**r) for r in selection["layouts"]]
         fleet_table = f"\n{capacity.table(fleet)}" if fleet else ""
         raise GateFailed(f"SLO gate failed: {selection['reason']}\n{benchmark.table(layouts)}{fleet_table}")
     return selection
