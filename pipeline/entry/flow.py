@@ -23,6 +23,7 @@ from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LayoutResult, LoadSplit
+from pipeline.records.capacity import CapacityPlan
 from pipeline.records.evaluate import EvalResult, EvaluationPair
 from pipeline.records.served_accuracy import ServedAccuracy, ServedSummary
 from pipeline.release import promote as promotion
@@ -474,7 +475,7 @@ def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) ->
     }
 
 
-def capacity_plan(loaded: LoadedSpec, layouts: list[LayoutResult], best: str | None) -> capacity.CapacityPlan | None:
+def capacity_plan(loaded: LoadedSpec, layouts: list[LayoutResult], best: str | None) -> CapacityPlan | None:
     """Fleet and cost of every measured layout, the chosen one against what is live (spec `capacity:`)."""
     if loaded.spec.capacity is None:
         return None
@@ -508,7 +509,7 @@ def chosen_figures(best) -> dict[str, Any]:
 
 
 def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[str, Any]:
-    fleet = capacity.CapacityPlan.model_validate(selection["capacity"]) if selection.get("capacity") else None
+    fleet = CapacityPlan.model_validate(selection["capacity"]) if selection.get("capacity") else None
     if release_id is not None:
         chosen = selection.get("chosen") or {}
         sizing: dict[str, Any] = {}

@@ -29,10 +29,10 @@ from pipeline.core.rollout import Deployment
 from pipeline.planner.calibration import Observation, PredictionRecord, observations
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LoadSplit
+from pipeline.records.capacity import CapacityPlan
 from pipeline.records.evaluate import EvaluationPair, GateDecision
 from pipeline.records.served_accuracy import ServedSummary
 from pipeline.stages import capacity
-from pipeline.stages.capacity import CapacityPlan
 
 CONN_ID = "model_release_registry"
 Status = Literal[
