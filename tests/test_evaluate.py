@@ -12,8 +12,8 @@ from pipeline.core.errors import ReleaseError, SpecError
 from pipeline.core.spec import EvalTask, load_spec
 from pipeline.entry import flow
 from pipeline.records.evaluate import TaskScore
+from pipeline.records.sources import ModelSource
 from pipeline.stages import evaluate, quantize, tiny_model
-from pipeline.stages.sources import ModelSource
 from tests.conftest import TINY_SPEC
 
 

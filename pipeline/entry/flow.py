@@ -25,7 +25,9 @@ from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LayoutResult, LoadSplit
 from pipeline.records.capacity import CapacityPlan
 from pipeline.records.evaluate import EvalResult, EvaluationPair
+from pipeline.records.quantize import QuantizedArtifact
 from pipeline.records.served_accuracy import ServedAccuracy, ServedSummary
+from pipeline.records.sources import ModelSource
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
@@ -36,7 +38,6 @@ from pipeline.release.registry import cached
 from pipeline.stages import benchmark, capacity, serving, sources
 from pipeline.stages import evaluate as evaluate_stage
 from pipeline.stages import quantize as quantize_stage
-from pipeline.stages.quantize import QuantizedArtifact
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def materialize_model(spec_path: str) -> dict[str, Any]:
 
 def quantize(spec_path: str, source: dict[str, Any]) -> dict[str, Any]:
     loaded = load_spec(spec_path)
-    result = quantize_stage.quantize(loaded.spec, sources.ModelSource.model_validate(source))
+    result = quantize_stage.quantize(loaded.spec, ModelSource.model_validate(source))
     return result.artifact().model_dump(mode="json")
 
 
