@@ -47,6 +47,7 @@ def test_the_tree_keeps_the_layering_contracts():
         ),
         ("records/__init__.py", "import sqlalchemy", "Records import only pipeline.core and pydantic"),
         ("records/__init__.py", "from pipeline.stages import serving", "Layers: each imports only the layers below it"),
+        ("records/evaluate.py", "import lm_eval", "Records import only pipeline.core and pydantic"),
     ],
 )
 def test_an_import_against_the_rule_breaks_the_contract(tmp_path, module, statement, contract):

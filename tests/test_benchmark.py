@@ -295,7 +295,7 @@ def test_an_engine_failing_every_request_is_called_missed_in_growing_steps():
 
 
 def test_a_probe_beside_a_cpu_hog_is_measured_again_and_flagged_when_it_stays_dirty():
-    from pipeline.stages.interference import Interference
+    from pipeline.records.benchmark import Interference
 
     slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2, max_interference=0.2, interference_retries=2)
@@ -775,8 +775,9 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
     the re-benchmark test's slowed engine, which held no rate): one that held the SLO and answers worse
     fails, naming the task, its rate kept on record; one that held no rate is not checked in a release
     (failed already: the check would be time lost). Engine, search and check are stand-ins here."""
+    from pipeline.records.evaluate import EvalResult
+    from pipeline.records.served_accuracy import ServedAccuracy
     from pipeline.stages import served_accuracy
-    from pipeline.stages.evaluate import EvalResult
 
     loaded = load_spec(TINY_SPEC)
     engine = type(
@@ -793,7 +794,7 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
 
     def check(url, *args, **kwargs):
         checked.append(url)
-        return served_accuracy.ServedAccuracy(
+        return ServedAccuracy(
             passed=False, endpoint=url, limit=20, tasks=[], failures=["tiny_add: recovery 0.10 < 0.95"], seconds=2.0
         )
 

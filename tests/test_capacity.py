@@ -11,8 +11,10 @@ from pipeline.core.errors import SpecError
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import CapacitySpec, WorkloadSpec, load_spec
 from pipeline.entry import flow
+from pipeline.records.benchmark import LayoutResult
+from pipeline.records.capacity import CapacityPlan
 from pipeline.release.registry import Registry
-from pipeline.stages import benchmark, capacity
+from pipeline.stages import capacity
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
 WORK = WorkloadSpec(input_len=5600, output_len=140)
@@ -84,9 +86,7 @@ def test_capacity_fields_are_checked(spec_file):
 
 
 def _result(name: str, per_server: float) -> dict:
-    r = benchmark.LayoutResult(
-        layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=per_server
-    )
+    r = LayoutResult(layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=per_server)
     r.per_server, r.per_device, r.capacity_rps = per_server, per_server / 2, per_server * 1.1
     return r.model_dump(mode="json")
 
@@ -119,7 +119,7 @@ def test_a_candidate_needing_more_than_max_servers_is_refused_at_the_slo_gate(
     assert "> max servers" in str(exc.value)  # the fleet table comes with the refusal
     after = reg.get(rel.id)
     assert after.status == "gate_failed"
-    plan = capacity.CapacityPlan.model_validate(after.data["capacity"])
+    plan = CapacityPlan.model_validate(after.data["capacity"])
     assert plan.live and plan.live.servers == 3 and plan.candidate and plan.candidate.servers == 4
     gate = [e for e in reg.events(rel.id) if e.kind == "slo_gate"][-1]
     assert gate.detail["servers"] == 4 and gate.detail["vs_live"] == "3 -> 4 servers, +33% $/M output tokens"

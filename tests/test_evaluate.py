@@ -11,8 +11,9 @@ from pipeline.core import artifacts
 from pipeline.core.errors import ReleaseError, SpecError
 from pipeline.core.spec import EvalTask, load_spec
 from pipeline.entry import flow
+from pipeline.records.evaluate import TaskScore
+from pipeline.records.sources import ModelSource
 from pipeline.stages import evaluate, quantize, tiny_model
-from pipeline.stages.sources import ModelSource
 from tests.conftest import TINY_SPEC
 
 
@@ -191,7 +192,7 @@ def test_results_are_reused_only_for_bytes_that_verify(small_artifact, evaluatio
 
     def scored(model_path, task, *_):
         runs.append(task.name)
-        return evaluate.TaskScore(task=task.name, metric="acc", score=0.8, stderr=0.01, samples=200)
+        return TaskScore(task=task.name, metric="acc", score=0.8, stderr=0.01, samples=200)
 
     monkeypatch.setattr(evaluate, "run_task", scored)
     digest = artifacts.read_manifest(small_artifact).content_hash()

@@ -623,8 +623,8 @@ def test_rebenchmark_pod_holds_the_fresh_answers_to_the_gate_results_the_release
     """The pod has no registry: the light task stores the release's in-process gate results beside
     the run, the pod reads them back (`remeasure --evaluation`) and hands them to the same
     measurement a local re-benchmark runs; a release recorded without them is measured unchecked."""
+    from pipeline.records.evaluate import EvalResult, TaskScore
     from pipeline.release import rebenchmark
-    from pipeline.stages.evaluate import EvalResult, TaskScore
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
     loaded = load_spec(spec_file(PROD_SPEC, lambda d: d.update(staging={"nfs": {"path": str(tmp_path / "nfs")}})))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from pipeline.stages.benchmark import LayoutResult
+from pipeline.records.benchmark import LayoutResult
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "planner.py"
 spec = importlib.util.spec_from_file_location("planner_script", SCRIPT)

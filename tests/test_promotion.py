@@ -414,7 +414,7 @@ def test_a_release_whose_answers_got_worse_never_takes_traffic(live, tiny_spec, 
     the traffic. Engines and the check are stand-ins here: the real check failing on a real engine
     that answers through a mismatched tokenizer is the re-benchmark test's slowed engine, and a real
     rollout's checks passing step by step the local-target test above."""
-    from pipeline.stages.served_accuracy import ServedAccuracy
+    from pipeline.records.served_accuracy import ServedAccuracy
     from testkit import http_stub
 
     # answers like vLLM's /v1/completions, nothing more

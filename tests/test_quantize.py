@@ -15,8 +15,8 @@ import pytest
 from pipeline.core import artifacts
 from pipeline.core.errors import ArtifactError, ReleaseError
 from pipeline.core.spec import load_spec
+from pipeline.records.sources import ModelSource
 from pipeline.stages import quantize
-from pipeline.stages.sources import ModelSource
 from tests.conftest import TINY_SPEC
 
 

@@ -270,7 +270,7 @@ def test_a_healthy_rebenchmark_records_its_trend_point_and_alerts_nobody(
 ):
     """The layout holds the promoted figure and answers as the gate did (the measurement stands in;
     a real engine re-benchmarked: the test below, and the e2e's benchmark of the same layout)."""
-    from pipeline.stages.served_accuracy import ServedAccuracy
+    from pipeline.records.served_accuracy import ServedAccuracy
 
     reg = Registry()
     spec = quick_spec(spec_file, s3)

@@ -22,6 +22,7 @@ from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
+from pipeline.records.capacity import CapacityPlan
 from pipeline.release import local_target
 from pipeline.release.registry import cached
 from pipeline.stages import capacity, tiny_model
@@ -132,7 +133,7 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool) -> int:
         log.info("run %s is waiting for approval after %.1f min (trigger -> approval request)", run_id, waited / 60)
         log.info("  report:  %s", rel.data.get("report") if rel else "?")
         if rel and rel.data.get("capacity"):
-            plan = capacity.CapacityPlan.model_validate(rel.data["capacity"])
+            plan = CapacityPlan.model_validate(rel.data["capacity"])
             log.info("  fleet and cost (spec capacity:):\n%s", capacity.table(plan))
         log.info(
             "  UI:      %s  (Browse > Required actions, or Model releases) login %s, password in %s",

@@ -22,6 +22,12 @@ from pipeline.planner import calibration, uncertainty
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
+from pipeline.records.benchmark import LayoutResult, LoadSplit
+from pipeline.records.capacity import CapacityPlan
+from pipeline.records.evaluate import EvalResult, EvaluationPair
+from pipeline.records.quantize import QuantizedArtifact
+from pipeline.records.served_accuracy import ServedAccuracy, ServedSummary
+from pipeline.records.sources import ModelSource
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
@@ -32,8 +38,6 @@ from pipeline.release.registry import cached
 from pipeline.stages import benchmark, capacity, serving, sources
 from pipeline.stages import evaluate as evaluate_stage
 from pipeline.stages import quantize as quantize_stage
-from pipeline.stages.quantize import QuantizedArtifact
-from pipeline.stages.served_accuracy import ServedAccuracy, ServedSummary
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +75,7 @@ class ChosenFigures(BaseModel):
     p90_ttft_ms: float | None
     p90_tpot_ms: float | None
     load_seconds: list[float] | None
-    load_split: benchmark.LoadSplit | None = Field(None, description="the slowest replica's start, split by its log")
+    load_split: LoadSplit | None = Field(None, description="the slowest replica's start, split by its log")
     weights_source: str | None = Field(None, description="where the measured engines read the weights from")
 
 
@@ -151,7 +155,7 @@ def materialize_model(spec_path: str) -> dict[str, Any]:
 
 def quantize(spec_path: str, source: dict[str, Any]) -> dict[str, Any]:
     loaded = load_spec(spec_path)
-    result = quantize_stage.quantize(loaded.spec, sources.ModelSource.model_validate(source))
+    result = quantize_stage.quantize(loaded.spec, ModelSource.model_validate(source))
     return result.artifact().model_dump(mode="json")
 
 
@@ -212,8 +216,8 @@ def accuracy_gate(
 ) -> dict[str, Any]:
     loaded = load_spec(spec_path)
     decision = evaluate_stage.gate(
-        evaluate_stage.EvalResult(**baseline),
-        evaluate_stage.EvalResult(**candidate),
+        EvalResult(**baseline),
+        EvalResult(**candidate),
         loaded.spec.evaluation,
         run_dir(run_id),
     )
@@ -233,9 +237,9 @@ def accuracy_gate(
             only_from=("candidate", "gate_failed"),
             data={
                 "accuracy": decision.model_dump(),
-                "evaluation": evaluate_stage.EvaluationPair(
-                    baseline=evaluate_stage.EvalResult.model_validate(baseline),
-                    candidate=evaluate_stage.EvalResult.model_validate(candidate),
+                "evaluation": EvaluationPair(
+                    baseline=EvalResult.model_validate(baseline),
+                    candidate=EvalResult.model_validate(candidate),
                 ).model_dump(mode="json"),
                 "source_hash": baseline["model_manifest_hash"],
                 "source_path": baseline["model_path"],
@@ -431,8 +435,8 @@ def measure_layout(
     model: Path,
     run_id: str,
     predicted: LayoutPrediction | None,
-    accuracy: tuple[evaluate_stage.EvalResult, evaluate_stage.EvalResult] | None,
-) -> benchmark.LayoutResult:
+    accuracy: tuple[EvalResult, EvalResult] | None,
+) -> LayoutResult:
     """One layout's search from its prediction (when there is one), kept beside the measurement;
     what the local task and the benchmark pod both run."""
     result = benchmark.benchmark_layout(
@@ -453,7 +457,7 @@ def measure_layout(
 
 def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
     loaded = load_spec(spec_path)
-    layouts = [benchmark.LayoutResult(**r) for r in results]
+    layouts = [LayoutResult(**r) for r in results]
     selection = benchmark.select(layouts, loaded.spec.slo)
     fleet = capacity_plan(loaded, layouts, selection.best)
     refusal = fleet.refusal() if fleet else None
@@ -472,9 +476,7 @@ def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) ->
     }
 
 
-def capacity_plan(
-    loaded: LoadedSpec, layouts: list[benchmark.LayoutResult], best: str | None
-) -> capacity.CapacityPlan | None:
+def capacity_plan(loaded: LoadedSpec, layouts: list[LayoutResult], best: str | None) -> CapacityPlan | None:
     """Fleet and cost of every measured layout, the chosen one against what is live (spec `capacity:`)."""
     if loaded.spec.capacity is None:
         return None
@@ -508,7 +510,7 @@ def chosen_figures(best) -> dict[str, Any]:
 
 
 def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[str, Any]:
-    fleet = capacity.CapacityPlan.model_validate(selection["capacity"]) if selection.get("capacity") else None
+    fleet = CapacityPlan.model_validate(selection["capacity"]) if selection.get("capacity") else None
     if release_id is not None:
         chosen = selection.get("chosen") or {}
         sizing: dict[str, Any] = {}
@@ -541,7 +543,7 @@ def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[s
             },
         )
     if not selection["passed"]:
-        layouts = [benchmark.LayoutResult(**r) for r in selection["layouts"]]
+        layouts = [LayoutResult(**r) for r in selection["layouts"]]
         fleet_table = f"\n{capacity.table(fleet)}" if fleet else ""
         raise GateFailed(f"SLO gate failed: {selection['reason']}\n{benchmark.table(layouts)}{fleet_table}")
     return selection

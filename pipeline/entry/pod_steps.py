@@ -24,9 +24,9 @@ from pipeline.core.files import atomic_write
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.entry import flow
 from pipeline.k8s import pods
+from pipeline.records.benchmark import LayoutResult
+from pipeline.records.evaluate import EvalResult
 from pipeline.release import promote, rebenchmark
-from pipeline.stages import benchmark
-from pipeline.stages.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def judge_remeasured(release_id: int, run_id: str, context: Any = None) -> dict[
         body = read(uri, loaded)
     except ReleaseError as exc:
         body = {"status": "error", "error": f"the re-benchmark pod left no result: {exc} (see the measure task's log)"}
-    result = benchmark.LayoutResult.model_validate(body["result"]) if body["status"] == "ok" else None
+    result = LayoutResult.model_validate(body["result"]) if body["status"] == "ok" else None
     verdict = rebenchmark.conclude(
         reg, rel, loaded, result, body.get("error"), body.get("versions") or rebenchmark.versions(loaded), uri, context
     )

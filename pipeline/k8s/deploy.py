@@ -27,7 +27,7 @@ from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutFailed, Smok
 from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutRecord
 from pipeline.k8s import autoscaler
 from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG
-from pipeline.stages.evaluate import Endpoint
+from pipeline.records.evaluate import Endpoint
 from pipeline.stages.served_accuracy import Answers
 
 log = logging.getLogger(__name__)

@@ -50,6 +50,7 @@ from pipeline.core.spec import (
 )
 from pipeline.planner import host, step_time
 from pipeline.planner import simulate as sim
+from pipeline.records.benchmark import Probe
 from pipeline.stages import benchmark, interference, serving
 
 log = logging.getLogger(__name__)
@@ -481,7 +482,7 @@ HOST_CHECK_STEPS = (1.0, 0.8)
 
 
 def measure_host_check(
-    probe: Callable[[float, int, int], benchmark.Probe],
+    probe: Callable[[float, int, int], Probe],
     plan: serving.Placement,
     rate: float,
     steps: tuple[float, ...] = HOST_CHECK_STEPS,
@@ -642,7 +643,7 @@ def refit_at_max(
     hw: HardwareProfile,
     layout: Layout,
     coefficients: Coefficients,
-    probe: Callable[[float, int, int], benchmark.Probe],
+    probe: Callable[[float, int, int], Probe],
     plan: serving.Placement,
     top: float,
 ) -> tuple[Coefficients, list[HostCheck]]:

@@ -23,12 +23,12 @@ from pipeline.core.rollout import RolloutOutcome, ServerStep
 from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
+from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
+from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.release import analysis, controller, local_target, rollout_plan, step_review
 from pipeline.release.analysis import StepAnalysis
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import served_accuracy, serving
-from pipeline.stages.evaluate import Endpoint, EvalResult, EvaluationPair
-from pipeline.stages.served_accuracy import ServedAccuracy
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,11 @@ from pipeline.core import storage
 from pipeline.core.errors import ReleaseError, SpecError
 from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.records.benchmark import LayoutResult
+from pipeline.records.evaluate import EvalResult
 from pipeline.release import alerts, promote, report
 from pipeline.release.registry import SERVING, Registry, Release
 from pipeline.stages import benchmark
-from pipeline.stages.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def versions(loaded: LoadedSpec) -> dict[str, str]:
     return out
 
 
-def judge(rel: Release, result: benchmark.LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], dict[str, Any]]:
+def judge(rel: Release, result: LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], dict[str, Any]]:
     """Compare with the figures recorded at promotion; returns (status, reasons, measured)."""
     promoted_rate = rel.data["max_slo_rate"]
     check = next((p for p in reversed(result.probes) if p.rate == promoted_rate and not p.superseded), None)
@@ -122,7 +123,7 @@ def measure(
     promoted_rate: float,
     out_dir: Path,
     accuracy: tuple[EvalResult, EvalResult] | None = None,
-) -> benchmark.LayoutResult:
+) -> LayoutResult:
     """A fresh instance of the layout on the staged artifact (verified, then fetched): a short SLO
     search plus a probe at the promoted rate, then (with the gate's in-process results) the
     serving-path accuracy check. Raises ReleaseError when it cannot measure; answers that got
@@ -199,7 +200,7 @@ def conclude(
     reg: Registry,
     rel: Release,
     loaded: LoadedSpec,
-    result: benchmark.LayoutResult | None,
+    result: LayoutResult | None,
     error: str | None,
     found: dict[str, str],
     out_dir: Any,

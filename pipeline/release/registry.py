@@ -28,11 +28,11 @@ from pipeline.core.paths import home
 from pipeline.core.rollout import Deployment
 from pipeline.planner.calibration import Observation, PredictionRecord, observations
 from pipeline.planner.profile import Profile
+from pipeline.records.benchmark import LoadSplit
+from pipeline.records.capacity import CapacityPlan
+from pipeline.records.evaluate import EvaluationPair, GateDecision
+from pipeline.records.served_accuracy import ServedSummary
 from pipeline.stages import capacity
-from pipeline.stages.benchmark.records import LoadSplit
-from pipeline.stages.capacity import CapacityPlan
-from pipeline.stages.evaluate import EvaluationPair, GateDecision
-from pipeline.stages.served_accuracy import ServedSummary
 
 CONN_ID = "model_release_registry"
 Status = Literal[

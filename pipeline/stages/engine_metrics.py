@@ -14,7 +14,8 @@ import math
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, Field
+
+from pipeline.records.benchmark import EngineView
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +30,6 @@ HISTOGRAMS = {
 }
 
 Snapshot = dict[str, tuple[dict[float, float], float, float]]  # name -> (cumulative buckets, sum, count)
-
-
-class EngineView(BaseModel):
-    """What the engine measured during one probe (all replicas together)."""
-
-    requests: int = Field(description="requests the engine finished in the window")
-    p90_ttft_ms: float | None = Field(None, description="engine-side p90 time to first token (histogram)")
-    mean_queue_ms: float | None = None
-    mean_prefill_ms: float | None = None
-    mean_decode_ms: float | None = None
-    p90_itl_ms: float | None = None
-    mean_e2e_ms: float | None = None
 
 
 def _metrics_text(url: str, timeout: float) -> str | None:

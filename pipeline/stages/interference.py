@@ -18,26 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
+from pipeline.records.benchmark import Interference
 from pipeline.stages import serving
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-class Interference(BaseModel):
-    """CPU use during one probe, in cores (CPU seconds / wall seconds)."""
-
-    wall_s: float
-    cores: int = Field(description="CPUs of the machine")
-    busy: float = Field(description="all processes and the kernel, cores")
-    steal: float = Field(0.0, description="taken by the hypervisor for other guests, cores")
-    engine: float = Field(description="the engine's process groups")
-    client: float = Field(description="the load client (vllm bench serve)")
-    owner: float = Field(description="the search's own process (its task process when run by Airflow)")
-    other: float = Field(description="everything else: the interference")
-    load_avg_1m: float
-    top_other: list[tuple[str, float]] = Field(default_factory=list, description="biggest other processes, cores")
 
 
 def _cpu_times() -> tuple[int, int]:

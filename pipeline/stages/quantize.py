@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pydantic import BaseModel, Field
 
 from pipeline.core import artifacts, checkpoint
 from pipeline.core.errors import ArtifactError, ReleaseError
 from pipeline.core.paths import artifacts_dir
 from pipeline.core.spec import ReleaseSpec
-from pipeline.stages.sources import ModelSource
+from pipeline.records.quantize import NumericCheck, QuantizeResult
+from pipeline.records.sources import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -52,53 +52,6 @@ SCHEME_CONFIG = {  # what compressed-tensors writes for each preset
     "FP8_DYNAMIC": {"strategy": "channel", "input_strategy": "token"},
     "FP8_BLOCK": {"strategy": "block", "input_strategy": "group"},
 }
-
-
-class NumericCheck(BaseModel):
-    """FP8 vs source logits on a few prompts (transformers, CPU)."""
-
-    prompts: int = 0
-    max_rel_error: float | None = Field(None, description="max over prompts of ||fp8 - src|| / ||src|| of the logits")
-    mean_rel_error: float | None = None
-    top1_agreement: float | None = Field(None, description="share of positions where both pick the same next token")
-    skipped: str | None = None
-
-
-class QuantizeResult(BaseModel):
-    path: str
-    manifest_hash: str
-    method: str
-    scheme: str
-    source_manifest_hash: str
-    reused: bool = Field(description="an identical finished output existed; nothing was recomputed")
-    seconds: float
-    source_bytes: int
-    output_bytes: int
-    mb_per_s: float = Field(description="MB of source weights read per second")
-    tensors_quantized: int
-    tensors_kept: int
-    numeric_check: NumericCheck
-
-    def artifact(self) -> QuantizedArtifact:
-        return QuantizedArtifact(
-            path=self.path,
-            manifest_hash=self.manifest_hash,
-            method=self.method,
-            reused=self.reused,
-            mb_per_s=self.mb_per_s,
-            max_rel_error=self.numeric_check.max_rel_error,
-        )
-
-
-class QuantizedArtifact(BaseModel):
-    """What the quantize task hands on (XCom): the published FP8 artifact and how it was made."""
-
-    path: str
-    manifest_hash: str
-    method: str
-    reused: bool
-    mb_per_s: float
-    max_rel_error: float
 
 
 def versions() -> dict[str, str]:

@@ -19,55 +19,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import EvaluationSpec
+from pipeline.records.evaluate import Endpoint, EvalResult, TaskScore
+from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.stages import gx_suite
-from pipeline.stages.evaluate import Endpoint, EvalResult, TaskScore, TaskVerdict, run_task, verdicts
+from pipeline.stages.evaluate import run_task, verdicts
 
 log = logging.getLogger(__name__)
-
-
-class ServedAccuracy(BaseModel):
-    """One layout's serving-path check: the served table and its verdict."""
-
-    passed: bool
-    endpoint: str
-    limit: int | None = Field(description="first N items of each task; None: all the gate's items")
-    tasks: list[TaskVerdict] = Field(description="candidate = the served score; in_process = the candidate in-process")
-    failures: list[str] = Field(default_factory=list, description="one line per failed expectation, naming the task")
-    seconds: float = Field(description="what the check added to the layout's benchmark")
-    validation_json: str | None = None
-    validation_html: str | None = None
-
-    def summary(self) -> str:
-        """One line a table cell can hold: each task's served score vs in-process."""
-        return ", ".join(
-            f"{t.task} {t.candidate:.3f}/{t.in_process:.3f}"
-            if t.in_process is not None
-            else f"{t.task} {t.candidate:.3f}"
-            for t in self.tasks
-        )
-
-
-class ServedTask(BaseModel):
-    served: float = Field(description="the candidate's score at the layout's endpoint")
-    in_process: float | None = Field(description="the candidate in-process on the same items")
-
-
-class ServedSummary(BaseModel):
-    """One layout's serving-path check as the registry keeps it (the release's `served_accuracy`)."""
-
-    layout: str
-    passed: bool
-    seconds: float
-    tasks: dict[str, ServedTask] = Field(description="task -> served and in-process scores")
-
-    @classmethod
-    def of(cls, layout: str, served: ServedAccuracy) -> ServedSummary:
-        tasks = {t.task: ServedTask(served=t.candidate, in_process=t.in_process) for t in served.tasks}
-        return cls(layout=layout, passed=served.passed, seconds=served.seconds, tasks=tasks)
 
 
 # A rollout step's check, on either target: (step, the new release's endpoint as lm-eval reaches

@@ -11,26 +11,17 @@ import json
 import logging
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from pipeline.core import artifacts
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_json
 from pipeline.core.paths import home, models_dir
 from pipeline.core.spec import ReleaseSpec, local_source
+from pipeline.records.sources import ModelSource
 from pipeline.stages import tiny_model
 
 log = logging.getLogger(__name__)
 
 BUILTINS = {"tiny-qwen3-moe"}
-
-
-class ModelSource(BaseModel):
-    uri: str
-    path: str
-    manifest_hash: str
-    total_bytes: int
-    files: int
 
 
 def materialize(spec: ReleaseSpec, spec_dir: Path | None = None) -> ModelSource:

@@ -16,8 +16,8 @@ from typing import Any
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import HardwareProfile, SloSpec, WorkloadSpec
+from pipeline.records.benchmark import Probe
 from pipeline.stages import serving
-from pipeline.stages.benchmark.records import Probe
 from pipeline.stages.benchmark.verdict import judge, mark_client_bound, quantile_ci
 
 

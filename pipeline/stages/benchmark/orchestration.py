@@ -14,12 +14,12 @@ from typing import Any
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+from pipeline.records.benchmark import LayoutResult, LoadSplit, Probe
+from pipeline.records.evaluate import EvalResult
 from pipeline.stages import engine_metrics, interference, served_accuracy, serving
 from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, parse_result
-from pipeline.stages.benchmark.records import LayoutResult, LoadSplit, Probe
 from pipeline.stages.benchmark.search import slo_search
 from pipeline.stages.benchmark.selection import finish
-from pipeline.stages.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import SloSpec
-from pipeline.stages.benchmark.records import LayoutResult, Selection
+from pipeline.records.benchmark import LayoutResult, Selection
 
 
 def table(results: list[LayoutResult]) -> str:

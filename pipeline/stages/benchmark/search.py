@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from pipeline.core.spec import SloSpec, WorkloadSpec
-from pipeline.stages.benchmark.records import Probe, SearchOutcome
+from pipeline.records.benchmark import Probe, SearchOutcome
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ spec's minimum, and a rate as a reader must take it (a bound, unsteady, client-b
 from __future__ import annotations
 
 from pipeline.core.spec import HardwareProfile, SloSpec
-from pipeline.stages.benchmark.records import LayoutResult, Selection
+from pipeline.records.benchmark import LayoutResult, Selection
 
 
 def finish(result: LayoutResult, hw: HardwareProfile) -> LayoutResult:

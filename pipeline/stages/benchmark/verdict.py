@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from pipeline.core.spec import SloSpec, WorkloadSpec
-from pipeline.stages.benchmark.records import Probe
+from pipeline.records.benchmark import Probe
 
 KEEP_UP = 0.90  # achieved throughput must be at least this share of the offered rate (less sampling noise)
 

@@ -7,9 +7,44 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.stages.engine_metrics import EngineView
-from pipeline.stages.interference import Interference
-from pipeline.stages.served_accuracy import ServedAccuracy
+from pipeline.records.served_accuracy import ServedAccuracy
+
+__all__ = [
+    "EngineView",
+    "Interference",
+    "LayoutResult",
+    "LoadSplit",
+    "Probe",
+    "SearchOutcome",
+    "Selection",
+]
+
+
+class EngineView(BaseModel):
+    """What the engine measured during one probe (all replicas together)."""
+
+    requests: int = Field(description="requests the engine finished in the window")
+    p90_ttft_ms: float | None = Field(None, description="engine-side p90 time to first token (histogram)")
+    mean_queue_ms: float | None = None
+    mean_prefill_ms: float | None = None
+    mean_decode_ms: float | None = None
+    p90_itl_ms: float | None = None
+    mean_e2e_ms: float | None = None
+
+
+class Interference(BaseModel):
+    """CPU use during one probe, in cores (CPU seconds / wall seconds)."""
+
+    wall_s: float
+    cores: int = Field(description="CPUs of the machine")
+    busy: float = Field(description="all processes and the kernel, cores")
+    steal: float = Field(0.0, description="taken by the hypervisor for other guests, cores")
+    engine: float = Field(description="the engine's process groups")
+    client: float = Field(description="the load client (vllm bench serve)")
+    owner: float = Field(description="the search's own process (its task process when run by Airflow)")
+    other: float = Field(description="everything else: the interference")
+    load_avg_1m: float
+    top_other: list[tuple[str, float]] = Field(default_factory=list, description="biggest other processes, cores")
 
 
 class Probe(BaseModel):
