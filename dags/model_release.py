@@ -22,6 +22,8 @@ from airflow.sdk import Param, dag, task
 
 from pipeline.airflow import pools
 from pipeline.airflow.review_tasks import STAGED, review_and_promote
+from pipeline.records import edge
+from pipeline.records.edge import Json
 
 DEFAULT_SPEC = "configs/releases/tiny-qwen3-moe-cpu.yaml"
 
@@ -64,104 +66,100 @@ DEFAULT_SPEC = "configs/releases/tiny-qwen3-moe-cpu.yaml"
     },
 )
 def model_release():
+    # Each task hands its inputs to one `pipeline.entry.flow` function through `records.edge.call`:
+    # XCom carries records as JSON, and the function sees them typed (Json: a record's JSON form).
     @task
-    def validate(params: dict | None = None, run_id: str | None = None) -> dict:
+    def validate(params: dict | None = None, run_id: str | None = None) -> Json:
         """Type and feasibility checks (one line per problem); opens the release in the registry."""
         from pipeline.entry import flow
 
         assert params is not None  # Airflow passes the run's params
-
         overrides = {k: params.get(k) for k in ("layouts", "p90_ttft_ms", "p90_tpot_ms")}
-        return flow.validate_spec(params["spec"], run_id, overrides)
+        return edge.call(flow.validate_spec, params["spec"], run_id, overrides)
 
     @task
-    def materialize_model(spec: dict) -> dict:
+    def materialize_model(spec: Json) -> Json:
         """Resolve the model source to a local directory and its manifest hash."""
         from pipeline.entry import flow
 
-        return flow.materialize_model(spec["spec_path"])
+        return edge.call(flow.materialize_model, spec)
 
     @task
-    def quantize(spec: dict, source: dict) -> dict:
+    def quantize(spec: Json, source: Json) -> Json:
         """FP8 with llmcompressor; content-addressed, verified, published atomically. XCom: path + hash."""
         from pipeline.entry import flow
 
-        return flow.quantize(spec["spec_path"], source)
+        return edge.call(flow.quantize, spec, source)
 
     @task
-    def evaluate_baseline(spec: dict, source: dict) -> dict:
+    def evaluate_baseline(spec: Json, source: Json) -> Json:
         """lm-eval on the BF16 source (cached by manifest hash, tasks and settings)."""
         from pipeline.entry import flow
 
-        return flow.evaluate(spec["spec_path"], source, baseline=True)
+        return edge.call(flow.evaluate, spec, source, baseline=True)
 
     @task
-    def evaluate_candidate(spec: dict, quantized: dict) -> dict:
+    def evaluate_candidate(spec: Json, quantized: Json) -> Json:
         """lm-eval on the FP8 candidate, same tasks, few-shot, limit and seed."""
         from pipeline.entry import flow
 
-        return flow.evaluate(spec["spec_path"], quantized, baseline=False)
+        return edge.call(flow.evaluate, spec, quantized, baseline=False)
 
     @task(retries=0)
-    def accuracy_gate(spec: dict, baseline: dict, candidate: dict, run_id: str | None = None) -> dict:
+    def accuracy_gate(spec: Json, baseline: Json, candidate: Json, run_id: str | None = None) -> Json:
         """great-expectations validates the per-task recovery table; a failure stops the run here."""
         from pipeline.entry import flow
 
-        return flow.accuracy_gate(spec["spec_path"], baseline, candidate, run_id, spec["release_id"])
+        return edge.call(flow.accuracy_gate, spec, baseline, candidate, run_id)
 
     @task(retries=2, retry_delay=pendulum.duration(seconds=30), outlets=[STAGED])
-    def stage(spec: dict, quantized: dict, gate: dict, *, outlet_events=None) -> dict:
+    def stage(spec: Json, quantized: Json, gate: Json, *, outlet_events=None) -> Json:
         """Upload to S3/Spaces and/or NFS, manifest last; retried (network), resumes where it stopped."""
         from pipeline.entry import flow
 
-        staged = flow.stage(spec["spec_path"], quantized, spec["release_id"])
-        outlet_events[STAGED].extra = {
-            "release": spec["name"],
-            "s3_uri": staged["s3_uri"],
-            "nfs_path": staged["nfs_path"],
-            "manifest_hash": staged["manifest_hash"],
-        }
+        staged = edge.call(flow.stage, spec, quantized)
+        outlet_events[STAGED].extra = staged  # the staged record: URIs and manifest hash
         return staged
 
     @task
-    def layout_names(spec: dict, predictions: dict) -> list[str]:
+    def layout_names(spec: Json, predictions: Json) -> list[str]:
         """Every layout, or the spec's `candidates.top_k` best predicted (and the live release's)."""
         from pipeline.entry import flow
 
-        return flow.layouts_to_measure(spec["spec_path"], predictions, spec["release_id"])
+        return edge.call(flow.layouts_to_measure, spec, predictions)
 
     @task
-    def plan(spec: dict, run_id: str | None = None) -> dict:
+    def plan(spec: Json, run_id: str | None = None) -> Json:
         """The planner's max SLO rate per layout, published before any measurement; each search starts there."""
         from pipeline.entry import flow
 
-        return flow.plan_layouts(spec["spec_path"], run_id, spec["release_id"])
+        return edge.call(flow.plan_layouts, spec, run_id)
 
     # One mapped task per candidate layout. They run one at a time: layouts are compared on the
     # same machine, and two engines at once would measure each other.
     @task(max_active_tis_per_dagrun=1, pool=pools.BENCHMARK)
     def benchmark(
-        spec: dict, staged: dict, predictions: dict, accuracy: dict, layout: str, run_id: str | None = None
-    ) -> dict:
+        spec: Json, staged: Json, predictions: Json, accuracy: Json, layout: str, run_id: str | None = None
+    ) -> Json:
         """Serve the staged artifact with this layout; find its highest rate within the p90 SLO, then
         score the gate's tasks at its endpoint (serving-path accuracy)."""
         from pipeline.entry import flow
 
-        return flow.benchmark_layout(spec["spec_path"], staged, layout, run_id, predictions, accuracy)
+        return edge.call(flow.benchmark_layout, spec, staged, layout, run_id, predictions, accuracy)
 
     @task
-    def select_layout(spec: dict, results: list[dict], run_id: str | None = None) -> dict:
+    def select_layout(spec: Json, results: list[Json], run_id: str | None = None) -> Json:
         """Best layout by SLO rate per server; JSON, CSV and the latency-vs-rate PNG for the report."""
         from pipeline.entry import flow
 
-        return flow.select_layout(spec["spec_path"], list(results), run_id)
+        return edge.call(flow.select_layout, spec, list(results), run_id)
 
     @task(retries=0)
-    def slo_gate(spec: dict, selection: dict) -> dict:
+    def slo_gate(spec: Json, selection: Json) -> Json:
         """Fails the run, with the per-layout table in the log, when no layout meets the SLO."""
         from pipeline.entry import flow
 
-        return flow.slo_gate(selection, spec["release_id"])
+        return edge.call(flow.slo_gate, spec, selection)
 
     spec = validate()
     source = materialize_model(spec)

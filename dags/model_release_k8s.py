@@ -21,6 +21,8 @@ from airflow.sdk import chain, dag, task
 from pipeline.airflow.review_tasks import review_and_promote
 from pipeline.core.spec import LoadedSpec
 from pipeline.k8s import pods
+from pipeline.records import edge
+from pipeline.records.edge import Json
 
 
 def release_dag(loaded: LoadedSpec):
@@ -39,61 +41,61 @@ def release_dag(loaded: LoadedSpec):
     )
     def release():
         @task
-        def validate(run_id: str | None = None) -> dict:
+        def validate(run_id: str | None = None) -> Json:
             """Type and feasibility checks, again at run time; opens the release in the registry."""
             from pipeline.entry import flow
 
-            return flow.validate_spec(spec_path, run_id)
+            return edge.call(flow.validate_spec, spec_path, run_id)
 
         @task(retries=0)
-        def accuracy_gate(spec: dict, baseline: dict, candidate: dict, run_id: str | None = None) -> dict:
+        def accuracy_gate(spec: Json, baseline: Json, candidate: Json, run_id: str | None = None) -> Json:
             """great-expectations on the two evaluation pods' stored scores; a failure stops the run."""
             from pipeline.entry import pod_steps
 
-            return pod_steps.accuracy_gate(spec_path, baseline, candidate, run_id, spec["release_id"])
+            return edge.call(pod_steps.accuracy_gate, spec, baseline, candidate, run_id)
 
         @task
-        def record_staged(spec: dict, staged: dict) -> dict:
+        def record_staged(spec: Json, staged: Json) -> Json:
             from pipeline.entry import flow
 
-            return flow.record_staged(spec["release_id"], staged)
+            return edge.call(flow.record_staged, spec, staged)
 
         @task
-        def plan(spec: dict, run_id: str | None = None) -> dict:
+        def plan(spec: Json, run_id: str | None = None) -> Json:
             """Every layout's max SLO rate, predicted and stored before any GPU time; each search starts there."""
             from pipeline.entry import pod_steps
 
-            return pod_steps.plan_layouts(spec_path, run_id, spec["release_id"])
+            return edge.call(pod_steps.plan_layouts, spec, run_id)
 
         @task
-        def layout_names(spec: dict, predictions: dict) -> list[str]:
+        def layout_names(spec: Json, predictions: Json) -> list[str]:
             """Every layout, or the spec's `candidates.top_k` best predicted (and the live release's)."""
             from pipeline.entry import flow
 
-            return flow.layouts_to_measure(spec_path, predictions, spec["release_id"])
+            return edge.call(flow.layouts_to_measure, spec, predictions)
 
         @task
         def benchmark_arguments(
-            names: list[str], fetched: dict, predictions: dict, run_id: str | None = None
+            names: list[str], fetched: Json, predictions: Json, run_id: str | None = None
         ) -> list[list[str]]:
             """One benchmark pod's arguments per chosen layout: the fetched copy, the layout's prediction."""
             from pipeline.entry import pod_steps
 
-            return pod_steps.benchmark_arguments(spec_path, list(names), fetched, predictions, run_id)
+            return edge.call(pod_steps.benchmark_arguments, spec_path, list(names), fetched, predictions, run_id)
 
         @task
-        def select_layout(refs: list[dict], run_id: str | None = None) -> dict:
+        def select_layout(spec: Json, refs: list[Json], run_id: str | None = None) -> Json:
             """Best layout by SLO rate per server, from the benchmark pods' stored results."""
             from pipeline.entry import pod_steps
 
-            return pod_steps.select_layout(spec_path, list(refs), run_id)
+            return edge.call(pod_steps.select_layout, spec, list(refs), run_id)
 
         @task(retries=0)
-        def slo_gate(spec: dict, selection: dict) -> dict:
+        def slo_gate(spec: Json, selection: Json) -> Json:
             """Fails the run, with the per-layout table in the log, when no layout meets the SLO."""
             from pipeline.entry import flow
 
-            return flow.slo_gate(selection, spec["release_id"])
+            return edge.call(flow.slo_gate, spec, selection)
 
         quantize = pod("quantize", "quantize")
         baseline = pod("evaluate_baseline", "evaluate", side="baseline")
@@ -111,7 +113,7 @@ def release_dag(loaded: LoadedSpec):
         benchmarks = KubernetesPodOperator.partial(
             task_id="benchmark", max_active_tis_per_dagrun=1, **pods.pod_operator_partial_kwargs(loaded, "benchmark")
         ).expand(arguments=benchmark_arguments(layout_names(spec, predictions), fetch.output, predictions))
-        review_and_promote(spec, slo_gate(spec, select_layout(benchmarks.output)))
+        review_and_promote(spec, slo_gate(spec, select_layout(spec, benchmarks.output)))
 
     return release()
 

@@ -26,6 +26,8 @@ from pipeline.airflow import pools
 from pipeline.airflow.review_tasks import ENGINE_IMAGE, LIVE
 from pipeline.core.spec import load_spec
 from pipeline.k8s import pods
+from pipeline.records import edge
+from pipeline.records.edge import Json
 from pipeline.release.rebenchmark import scheduled_specs
 
 
@@ -68,11 +70,11 @@ def rebenchmark_dag(name: str, spec_path: str, cron: str, execution: str):
         if execution == "local":
 
             @task(max_active_tis_per_dagrun=1, retries=0, pool=pools.BENCHMARK)
-            def measure(release_id: int, run_id: str | None = None, **context) -> dict:
+            def measure(release_id: int, run_id: str | None = None, **context) -> Json:
                 """Fresh instance, short search + check at the promoted rate, verdict, trend point, alert."""
                 from pipeline.entry import flow
 
-                return flow.rebenchmark(release_id, run_id, context)
+                return edge.call(flow.rebenchmark, release_id, run_id, context)
 
             measure.expand(release_id=releases)
             return
@@ -85,11 +87,11 @@ def rebenchmark_dag(name: str, spec_path: str, cron: str, execution: str):
             return pod_steps.remeasure_arguments(release_ids, run_id)
 
         @task(retries=0, trigger_rule="all_done")
-        def judge(release_id: int, run_id: str | None = None, **context) -> dict:
+        def judge(release_id: int, run_id: str | None = None, **context) -> Json:
             """The pod's stored measurement against the promotion figures: trend point, verdict, alert."""
             from pipeline.entry import pod_steps
 
-            return pod_steps.judge_remeasured(release_id, run_id, context)
+            return edge.call(pod_steps.judge_remeasured, release_id, run_id, context)
 
         loaded = load_spec(spec_path)
         measure_in_pod = KubernetesPodOperator.partial(

@@ -15,6 +15,8 @@ import pendulum
 from airflow.sdk import Param, dag, task
 
 from pipeline.airflow.review_tasks import LIVE
+from pipeline.records import edge
+from pipeline.records.edge import Json
 
 
 @dag(
@@ -37,19 +39,19 @@ from pipeline.airflow.review_tasks import LIVE
 )
 def rollback():
     @task(retries=0, outlets=[LIVE])
-    def restore(params: dict | None = None, dag_run=None) -> dict:
+    def restore(params: dict | None = None, dag_run=None) -> Json:
         from pipeline.entry import flow
 
         assert params is not None  # Airflow passes the run's params
 
         actor = getattr(dag_run, "triggering_user_name", None) or "airflow"
-        return flow.rollback(params["name"], params.get("release_id"), params["reason"], actor)
+        return edge.call(flow.rollback, params["name"], params.get("release_id"), params["reason"], actor)
 
     @task(retries=1, retry_delay=pendulum.duration(seconds=20))
-    def verify(restored: dict, run_id: str | None = None) -> dict:
+    def verify(restored: Json, run_id: str | None = None) -> Json:
         from pipeline.entry import flow
 
-        return flow.verify(restored["release_id"], run_id)
+        return edge.call(flow.verify, restored, run_id)  # the restored release's PromotionOutcome
 
     verify(restore())
 

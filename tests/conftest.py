@@ -225,7 +225,8 @@ def fp8_artifact(tiny_model_dir) -> Path:
     """The tiny model's real FP8 artifact (llmcompressor), as the quantize stage publishes it."""
     from pipeline.entry import flow
 
-    return Path(flow.quantize(str(TINY_SPEC), flow.materialize_model(str(TINY_SPEC)))["path"])
+    release = flow.validate_spec(str(TINY_SPEC))
+    return Path(flow.quantize(release, flow.materialize_model(release)).path)
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ from pipeline.core.errors import SpecError
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import CapacitySpec, WorkloadSpec, load_spec
 from pipeline.entry import flow
+from pipeline.records import edge
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.capacity import CapacityPlan
-from pipeline.release.registry import Registry
+from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import capacity
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
@@ -96,10 +97,19 @@ def _measured_against_live(path, live_rate: float):
     loaded = load_spec(path)
     reg = Registry()
     live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
-    reg.record(live.id, "promoted", "pipeline", status="live", data={"layout": "single", "rate_per_server": live_rate})
+    reg.record(
+        live.id, "promoted", "pipeline", status="live", data=ReleaseData(layout="single", rate_per_server=live_rate)
+    )
     rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
-    selection = flow.select_layout(str(path), [_result("single", 150.0), _result("two-replicas", 90.0)], "run-1")
+    selection = edge.call(
+        flow.select_layout, _release(path, rel.id), [_result("single", 150.0), _result("two-replicas", 90.0)], "run-1"
+    )
     return reg, rel, selection
+
+
+def _release(path, release_id: int | None) -> dict:
+    """The validate task's record for a release the test opened, as XCom carries it."""
+    return flow.validate_spec(str(path)).model_copy(update={"release_id": release_id}).model_dump()
 
 
 def test_a_candidate_needing_more_than_max_servers_is_refused_at_the_slo_gate(
@@ -115,7 +125,7 @@ def test_a_candidate_needing_more_than_max_servers_is_refused_at_the_slo_gate(
         "capacity.max_servers is 3"
     )
     with pytest.raises(flow.GateFailed, match="capacity.max_servers is 3") as exc:
-        flow.slo_gate(selection, rel.id)
+        edge.call(flow.slo_gate, _release(path, rel.id), selection)
     assert "> max servers" in str(exc.value)  # the fleet table comes with the refusal
     after = reg.get(rel.id)
     assert after.status == "gate_failed"
@@ -134,7 +144,7 @@ def test_the_fleet_reaches_the_report_the_approval_and_releases_show(spec_file, 
     loaded = load_spec(path)
     reg, rel, selection = _measured_against_live(path, live_rate=100.0)
     assert selection["passed"]
-    flow.slo_gate(selection, rel.id)
+    edge.call(flow.slo_gate, _release(path, rel.id), selection)
     data = reg.get(rel.id).facts
     # 500 req/s with headroom: live 5 servers at 100, candidate 3.33 -> 4 at 150; $/M output -33%
     assert approval.fleet_phrase(data) == "; 5 -> 4 servers, -33% $/M output tokens"
@@ -184,7 +194,7 @@ def test_capacity_command_from_a_given_and_a_recorded_rate(spec_file, release_en
     reg = Registry()
     rel = reg.open_release("run-9", loaded.spec.name, str(path), path.read_text(), "local")
     data = {"layout": "two-replicas", "rate_per_server": 120.0, "load_seconds": [38.5, 42.0]}
-    reg.record(rel.id, "slo_gate", "gate", data=data)
+    reg.record(rel.id, "slo_gate", "gate", data=ReleaseData.model_validate(data))
     recorded = cli(str(path))
     assert recorded.returncode == 0, recorded.stderr
     assert f"measured by release {rel.id}" in recorded.stdout and "candidate (two-replicas)" in recorded.stdout
@@ -253,7 +263,7 @@ def test_the_slo_gate_refuses_a_fleet_that_cannot_scale_out_in_time(spec_file, r
     reg = Registry()
     rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
     measured = [{**_result("single", 150.0), "load_seconds": [25.0, 30.0]}, _result("two-replicas", 90.0)]
-    selection = flow.select_layout(str(path), measured, "run-1")
+    selection = edge.call(flow.select_layout, _release(path, rel.id), measured, "run-1")
     # 150 req/s at 80%: 4 servers at the 400 req/s peak, 600 req/s; spare 1/0.88 - 1 = 13.6% covers
     # 40.9 s of a doubling in 300 s; a server takes 105 s to notice + 30 s (its slowest replica) to load
     assert not selection["passed"]
@@ -262,7 +272,7 @@ def test_the_slo_gate_refuses_a_fleet_that_cannot_scale_out_in_time(spec_file, r
         "the spare 14% covers 41 s of a spike to 2 x within 300 s (capacity.autoscale.utilisation 0.8)"
     )
     with pytest.raises(flow.GateFailed) as exc:
-        flow.slo_gate(selection, rel.id)
+        edge.call(flow.slo_gate, _release(path, rel.id), selection)
     assert "load 30 s (measured by this run)" in str(exc.value)  # the lead time's sources come with it
 
 
@@ -280,7 +290,8 @@ def test_an_unsteady_client_bound_answer_is_marked_in_the_registry_and_the_appro
     for marks, run in (({"unsteady": True, "client_bound": True}, "marked"), ({}, "plain")):
         rel = reg.open_release(run, loaded.spec.name, str(path), path.read_text(), "local")
         single = {**_result("single", 150.0), **marks}
-        flow.slo_gate(flow.select_layout(str(path), [single], run), rel.id)
+        release = _release(path, rel.id)
+        edge.call(flow.slo_gate, release, edge.call(flow.select_layout, release, [single], run))
         data = reg.get(rel.id).data
         assert (data.get("unsteady"), data.get("client_bound")) == ((True, True) if marks else (False, False))
         text = approval.body(reg.get(rel.id), None, loaded, "http://airflow")

@@ -118,7 +118,7 @@ def test_damaged_candidate_fails_naming_task_and_recovery(baseline, tiny_model_d
         for line in decision.failures
     ), decision.failures
     with pytest.raises(flow.GateFailed, match=rf"(?s){failed[0].task}: .*recovery"):
-        flow.accuracy_gate(str(TINY_SPEC), baseline.model_dump(), candidate.model_dump(), "test-damaged")
+        flow.accuracy_gate(flow.validate_spec(str(TINY_SPEC)), baseline, candidate, "test-damaged")
 
 
 def test_missing_task_fails_the_gx_validation(baseline, evaluation, tmp_path):

@@ -19,7 +19,7 @@ import pytest
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import load_spec
 from pipeline.release import registry, report
-from pipeline.release.registry import Registry
+from pipeline.release.registry import Registry, ReleaseData
 from tests.conftest import TINY_SPEC
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -37,7 +37,14 @@ def replayed(tmp_path: Path) -> tuple[Registry, list[int], dict]:
             release["run"], loaded.spec.name, "configs/releases/tiny-qwen3-moe-cpu.yaml", "", "local"
         )
         for ev in release["events"]:
-            reg.record(rel.id, ev["kind"], ev["actor"], ev.get("detail"), status=ev.get("status"), data=ev.get("data"))
+            reg.record(
+                rel.id,
+                ev["kind"],
+                ev["actor"],
+                ev.get("detail"),
+                status=ev.get("status"),
+                data=ReleaseData.model_validate(ev["data"]) if ev.get("data") else None,
+            )
         ids.append(rel.id)
     return reg, ids, fixture["benchmark"]
 

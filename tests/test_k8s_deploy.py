@@ -24,9 +24,9 @@ from pipeline.core.spec import load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.k8s.deploy import ClusterUnreachable, KubernetesTarget
+from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.release import controller
-from pipeline.release.analysis import StepAnalysis
 from tests.conftest import PROD_SPEC
 from tests.k8s_fake import FakeCluster, dead_url
 

@@ -26,6 +26,11 @@ from pipeline.core.spec import load_spec
 from pipeline.entry import flow, pod_steps
 from pipeline.k8s import pods
 from pipeline.k8s.manifests import s3_secret_name
+from pipeline.records import edge
+from pipeline.records.evaluate import EvalResult
+from pipeline.records.pods import Remeasured
+from pipeline.records.release import StagedRef
+from pipeline.release.registry import ReleaseData
 from tests.conftest import PROD_SPEC
 
 K8S_VERSION = "1.31"
@@ -127,7 +132,8 @@ def rendered(dagbag, prod):
         pod = op.build_pod_request_obj(context, dry_run=True)  # dry run: no kube config needed
         out[task_id] = kubernetes.client.ApiClient().sanitize_for_serialization(pod)
     layouts = [task_id.removeprefix("benchmark[").removesuffix("]") for task_id in BENCHMARKS]
-    arguments = pod_steps.benchmark_arguments(str(PROD_SPEC), layouts, XCOMS["fetch"], {"file": PREDICTIONS}, RUN_ID)
+    plan = {"layouts": [], "file": PREDICTIONS}
+    arguments = edge.call(pod_steps.benchmark_arguments, str(PROD_SPEC), layouts, XCOMS["fetch"], plan, RUN_ID)
     for task_id, args in zip(BENCHMARKS, arguments, strict=True):
         out[task_id] = benchmark_pod(prod, args)
     return out
@@ -203,7 +209,7 @@ def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
     # the planner before any GPU time: its predictions choose the layouts and start each search
     assert up("plan") == {"validate"} and up("layout_names") == {"validate", "plan"}
     assert up("benchmark_arguments") == {"layout_names", "fetch", "plan"} and up("benchmark") == {"benchmark_arguments"}
-    assert up("select_layout") == {"benchmark"} and up("slo_gate") == {"validate", "select_layout"}
+    assert up("select_layout") == {"validate", "benchmark"} and up("slo_gate") == {"validate", "select_layout"}
     # the same review and promotion tail as the local DAG: gates in code, a reviewer, then DOKS
     assert (
         up("approve") == {"validate", "report"}  # the release it asks about: validate's output
@@ -375,9 +381,10 @@ def test_light_tasks_select_a_layout_from_the_pods_stored_results(spec_file, tmp
             per_server=per_server,
             per_device=per_server / 8,
         )
-        uri = pod_steps.write(f"{run}/benchmark/{name}.json", json.loads(layout.model_dump_json()), loaded)
+        uri = pod_steps.write(f"{run}/benchmark/{name}.json", layout, loaded)
         refs.append({"layout": name, "status": "ok", "result_uri": uri})
-    selection = pod_steps.select_layout(str(loaded.path), refs, RUN_ID)
+    release = edge.call(flow.validate_spec, str(loaded.path))
+    selection = edge.call(pod_steps.select_layout, release, refs, RUN_ID)
     assert selection["best"] == "tp4-ep4-x2" and selection["passed"]
     assert selection["files"]["json"] == f"{run}/benchmark/benchmark.json"
     assert (
@@ -400,13 +407,14 @@ def test_the_plan_is_stored_before_the_pods_and_only_the_top_k_layouts_get_one(s
 
     path = str(spec_file(PROD_SPEC, edit))
     loaded = load_spec(path)
-    release = flow.validate_spec(path, RUN_ID)["release_id"]
-    predictions = pod_steps.plan_layouts(path, RUN_ID, release)
+    validated = edge.call(flow.validate_spec, path, RUN_ID)
+    release = validated["release_id"]
+    predictions = edge.call(pod_steps.plan_layouts, validated, RUN_ID)
     stored = f"{pods.run_uri(pods.base_uri(loaded), RUN_ID)}/benchmark/predictions.json"
     assert predictions["file"] == stored and json.loads(Path(stored).read_text())["layouts"] == predictions["layouts"]
     ranked = sorted(predictions["layouts"], key=lambda p: -p["predicted_per_server"])
     assert len(ranked) == len(loaded.spec.layouts) > 2  # the spec's two and the generated ones
-    names = flow.layouts_to_measure(path, predictions, release)
+    names = edge.call(flow.layouts_to_measure, validated, predictions)
     # top_k 2, and (at most 4 more) those the planner cannot rank below the best: their intervals overlap it
     best = ranked[0]
     overlapping = [
@@ -419,7 +427,7 @@ def test_the_plan_is_stored_before_the_pods_and_only_the_top_k_layouts_get_one(s
     assert set(chosen["skipped"]) == {p["layout"] for p in ranked} - set(names)
     assert len(names) < len(ranked)  # the bound left some out
 
-    arguments = pod_steps.benchmark_arguments(path, names, XCOMS["fetch"], predictions, RUN_ID)
+    arguments = edge.call(pod_steps.benchmark_arguments, path, names, XCOMS["fetch"], predictions, RUN_ID)
     assert len(arguments) == len(names)
     for name, args in zip(names, arguments, strict=True):
         pod = benchmark_pod(loaded, args)
@@ -437,7 +445,7 @@ def test_reading_a_missing_result_names_it(prod, tmp_path):
     from pipeline.core.errors import ReleaseError
 
     with pytest.raises(ReleaseError, match="no such result"):
-        pod_steps.read(str(tmp_path / "missing.json"), prod)
+        pod_steps.read(EvalResult, str(tmp_path / "missing.json"), prod)
 
 
 # ---------------------------------------------------------------- docs and Helm values
@@ -531,12 +539,15 @@ def test_accuracy_gate_reads_both_sides_from_storage_and_publishes_its_report(sp
                 for t in loaded.spec.evaluation.tasks
             ],
         }
-        return {"side": name, "result_uri": pod_steps.write(f"{run}/evaluate-{name}.json", data, loaded)}
+        uri = pod_steps.write_bytes(f"{run}/evaluate-{name}.json", json.dumps(data).encode(), loaded)
+        return {"side": name, "result_uri": uri, "model_manifest_hash": name * 8}
 
-    decision = pod_steps.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.899), RUN_ID)
+    release = edge.call(flow.validate_spec, str(loaded.path))
+    gate = pod_steps.accuracy_gate
+    decision = edge.call(gate, release, side("baseline", 0.90), side("candidate", 0.899), RUN_ID)
     assert decision["passed"] and decision["validation_html"] == f"{run}/accuracy_validation.html"
     with pytest.raises(flow.GateFailed, match="accuracy gate failed"):
-        pod_steps.accuracy_gate(str(loaded.path), side("baseline", 0.90), side("candidate", 0.80), RUN_ID)
+        edge.call(gate, release, side("baseline", 0.90), side("candidate", 0.80), RUN_ID)
     assert "FAIL" in (tmp_path / "nfs" / "runs" / flow.run_dir(RUN_ID).name / "accuracy_validation.html").read_text()
 
 
@@ -556,15 +567,17 @@ def live_prod_release(loaded, staged: dict, rate: float = 2.2, layout: str = "tp
         "slo_gate",
         "gate",
         {"passed": True},
-        data={
-            "layout": layout,
-            "max_slo_rate": rate,
-            "rate_per_server": rate,
-            "p90_ttft_ms": 900.0,
-            "p90_tpot_ms": 40.0,
-            "manifest_hash": HASH,
-            **staged,
-        },
+        data=ReleaseData.model_validate(
+            {
+                "layout": layout,
+                "max_slo_rate": rate,
+                "rate_per_server": rate,
+                "p90_ttft_ms": 900.0,
+                "p90_tpot_ms": 40.0,
+                "manifest_hash": HASH,
+                **staged,
+            }
+        ),
     )
     reg.record(rel.id, "deploy_finished", "pipeline", status="live")
     return reg, reg.get(rel.id)
@@ -644,7 +657,7 @@ def test_rebenchmark_pod_holds_the_fresh_answers_to_the_gate_results_the_release
         return found.model_dump(mode="json")
 
     gate = {"baseline": side("bf16", 0.9), "candidate": side("fp8", 0.88)}
-    reg.record(rel.id, "accuracy_gate", "gate", {"passed": True}, data={"evaluation": gate})
+    reg.record(rel.id, "accuracy_gate", "gate", {"passed": True}, data=ReleaseData(evaluation=gate))
 
     checked, plain = pod_steps.remeasure_arguments([rel.id, unchecked.id], RUN_ID)
     args = cli.parser().parse_args(script_argv(checked))
@@ -660,8 +673,10 @@ def test_rebenchmark_pod_holds_the_fresh_answers_to_the_gate_results_the_release
     monkeypatch.setattr(rebenchmark, "measure", measure)
     staged = {"nfs_path": XCOMS["stage"]["nfs_path"], "manifest_hash": HASH}
     for release, layout, evaluation in ((rel, "tp4-ep4-x2", args.evaluation), (unchecked, "tp8-ep8", None)):
-        out = pod_steps.remeasure(str(loaded.path), release.id, layout, staged, 2.2, args.results, RUN_ID, evaluation)
-        assert out["status"] == "error"
+        out = pod_steps.remeasure(
+            str(loaded.path), release.id, layout, StagedRef(**staged), 2.2, args.results, RUN_ID, evaluation
+        )
+        assert out.status == "error"
     baseline, candidate = handed["tp4-ep4-x2"]
     assert (baseline.scores[0].score, candidate.scores[0].score) == (0.9, 0.88)
     assert baseline.model_path == "/models/bf16" and handed["tp8-ep8"] is None
@@ -679,9 +694,10 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(
     reg, rel = live_prod_release(loaded, {"nfs_path": str(nfs / "gone")})
 
     # the pod side, for real: the staged artifact is gone, so it stores the reason instead of figures
-    stored = pod_steps.remeasure(str(loaded.path), rel.id, "tp4-ep4-x2", rel.data, 2.2, pods.base_uri(loaded), RUN_ID)
-    assert stored["status"] == "error"
-    assert "gone" in pod_steps.read(stored["result_uri"], loaded)["error"]
+    staged = StagedRef.model_validate(rel.data)
+    stored = pod_steps.remeasure(str(loaded.path), rel.id, "tp4-ep4-x2", staged, 2.2, pods.base_uri(loaded), RUN_ID)
+    assert stored.status == "error"
+    assert "gone" in (pod_steps.read(Remeasured, stored.result_uri, loaded).error or "")
     with pytest.raises(ReleaseError, match="re-benchmark failed"):
         pod_steps.judge_remeasured(rel.id, RUN_ID)
     assert reg.get(rel.id).status == "live"  # no evidence of degradation
@@ -725,13 +741,11 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(
         ],
     )
     pod_steps.write(
-        stored["result_uri"],
-        {"status": "ok", "result": json.loads(slow.model_dump_json()), "versions": {"engine": "vllm 0.32.0+rocm"}},
-        loaded,
+        stored.result_uri, Remeasured(status="ok", result=slow, versions={"engine": "vllm 0.32.0+rocm"}), loaded
     )
     verdict = pod_steps.judge_remeasured(rel.id, RUN_ID)
-    assert verdict["status"] == "degraded" and reg.get(rel.id).status == "degraded"
-    assert any("SLO fails at the promoted rate" in r for r in verdict["reasons"])
+    assert verdict.status == "degraded" and reg.get(rel.id).status == "degraded"
+    assert any("SLO fails at the promoted rate" in r for r in verdict.reasons)
     point = [e for e in reg.events(rel.id) if e.kind == "trend_point"][-1]
     assert point.detail["max_slo_rate"] == 0.7 and point.detail["engine"] == "vllm 0.32.0+rocm"
 

@@ -18,6 +18,9 @@ from pipeline.core.spec import Architecture, DevicePerformance, Efficiency, Layo
 from pipeline.planner import plan as planner
 from pipeline.planner import simulate as sim
 from pipeline.planner.step_time import Batch, StepModel
+from pipeline.records import edge
+from pipeline.records.release import Overrides
+from pipeline.release.registry import ReleaseData
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
 PERF = DevicePerformance(
@@ -227,7 +230,7 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
     monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
-    out = flow.plan_layouts(str(TINY_SPEC), "manual__plan-test")
+    out = edge.call(flow.plan_layouts, flow.validate_spec(str(TINY_SPEC)), "manual__plan-test")  # as XCom holds it
     predictions = flow.Predictions.model_validate(out)
     assert [p.layout for p in predictions.layouts] == ["single", "two-replicas"]
     assert json.loads(Path(predictions.file).read_text()) == out  # on disk, for the benchmarks to start from
@@ -251,8 +254,8 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
          "calibration_key": two.calibration_key, "bound_only": True},  # a bound teaches nothing
     ]  # fmt: skip
     rel = reg.open_release("earlier", loaded.spec.name, str(TINY_SPEC), TINY_SPEC.read_text(), "local")
-    reg.record(rel.id, "slo_gate", "gate", {}, data={"predictions": measured})
-    again = flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__calibrated"))
+    reg.record(rel.id, "slo_gate", "gate", {}, data=ReleaseData(predictions=measured))
+    again = flow.plan_layouts(flow.validate_spec(str(TINY_SPEC)), "manual__calibrated")
     single2, two2 = again.layouts
     assert single2.calibrated and single2.predicted_max_slo_rate == pytest.approx(single.planner_rate * 0.4, 1e-3)
     assert single2.planner_rate == single.planner_rate  # kept apart: the next ratio is taken against the model
@@ -261,8 +264,9 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
 
     bare = load_spec(TINY_SPEC)
     bare.hardware.performance = None  # a profile without datasheet figures: no prior, the run goes on
+    release = flow.validate_spec(str(TINY_SPEC))
     monkeypatch.setattr(flow, "load_spec", lambda path: bare)
-    assert flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__bare")).layouts == []
+    assert flow.plan_layouts(release, "manual__bare").layouts == []
 
 
 def test_calibration_takes_the_median_of_the_last_measurements_of_the_same_key():
@@ -318,13 +322,13 @@ def test_the_report_shows_the_planners_error_across_releases(tmp_path):
         rel = reg.open_release(f"run-{i}", "tiny", "spec.yaml", "name: tiny", "local")
         record = dict(layout="single", planner_rate=planner_rate, predicted_max_slo_rate=predicted, max_slo_rate=rate)
         record.update(calibration_key=key, calibration=calibrated, bound_only=False)
-        reg.record(rel.id, "slo_gate", "gate", {}, data={"predictions": [record]})
+        reg.record(rel.id, "slo_gate", "gate", {}, data=ReleaseData(predictions=[record]))
         releases.append(reg.get(rel.id))
     html = report._section_planner(reg, releases[-1])
     assert "Planner error across releases" in html and html.count("<tr><td>") == 3
     assert f"<td>{releases[-1].id} ★</td>" in html and "54.2 (calibrated)" in html
     own, used = calibration.median_abs_errors(
-        calibration.observations((r.id, r.data["predictions"]) for r in releases)[key]
+        calibration.observations((r.id, r.data["predictions"]) for r in releases).of(key)
     )
     assert own == pytest.approx(1 - 55.0 / 128) and used == pytest.approx(57.4 / 51.0 - 1)  # medians of 3
     assert f"planner alone {own:.1%}" in html and f"existed) {used:.1%}" in html
@@ -362,7 +366,8 @@ def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file,
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
     monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
     path = spec_file(TINY_SPEC, candidates)
-    predictions = flow.plan_layouts(str(path), "manual__topk")
+    release = edge.call(flow.validate_spec, str(path))
+    predictions = edge.call(flow.plan_layouts, release, "manual__topk")
     ranked = sorted(flow.Predictions.model_validate(predictions).layouts, key=lambda p: -p.predicted_per_server)
     assert len(ranked) == 5
     names = [lay.name for lay in load_spec(path).spec.layouts]
@@ -370,33 +375,34 @@ def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file,
     assert all(p.predicted_low is not None and p.predicted_low <= p.predicted_per_server for p in ranked)
     overlapping = [p.layout for p in ranked[2:] if p.predicted_high >= ranked[0].predicted_low][:4]
     best = [p.layout for p in ranked[:2]] + overlapping
-    assert flow.layouts_to_measure(str(path), predictions) == [n for n in names if n in best]
+    assert edge.call(flow.layouts_to_measure, release, predictions) == [n for n in names if n in best]
     # without intervals (points) only the best two
     points = {
         **predictions,
         "layouts": [{**p, "predicted_low": None, "predicted_high": None} for p in predictions["layouts"]],
     }
     two = [p.layout for p in ranked[:2]]
-    assert flow.layouts_to_measure(str(path), points) == [n for n in names if n in two]
+    assert edge.call(flow.layouts_to_measure, release, points) == [n for n in names if n in two]
 
     # the live release's layout is measured whatever its prediction, beside the best two
     reg = flow.registry()
     worst = ranked[-1].layout
     live = reg.open_release("live", load_spec(path).spec.name, str(path), path.read_text(), "local")
-    reg.record(live.id, "promoted", "test", {}, status="live", data={"layout": worst})
+    reg.record(live.id, "promoted", "test", {}, status="live", data=ReleaseData(layout=worst))
     rel = reg.open_release("now", load_spec(path).spec.name, str(path), path.read_text(), "local")
-    measured = flow.layouts_to_measure(str(path), points, rel.id)
+    measured = edge.call(flow.layouts_to_measure, {**release, "release_id": rel.id}, points)
     assert measured == [n for n in names if n in {*two, worst}]
     [chosen] = [e.detail for e in reg.events(rel.id) if e.kind == "layouts_chosen"]
     assert set(chosen["skipped"]) == set(names) - {*two, worst} and "live release's" in chosen["reason"]
 
     # without top_k every layout is measured; naming layouts in the run's params measures exactly those
     every = spec_file(TINY_SPEC, lambda d: candidates(d, top_k=None), name="every.yaml")
-    assert flow.layouts_to_measure(str(every), flow.plan_layouts(str(every), "manual__every")) == names
-    copy = flow.apply_overrides(path, {"layouts": ["tp1-x2-seqs16", "single"]}, tmp_path / "run")
+    plain = flow.validate_spec(str(every))
+    assert flow.layouts_to_measure(plain, flow.plan_layouts(plain, "manual__every")) == names
+    copy = flow.apply_overrides(path, Overrides(layouts=["tp1-x2-seqs16", "single"]), tmp_path / "run")
     assert [lay.name for lay in load_spec(copy).spec.layouts] == ["tp1-x2-seqs16", "single"]
     with pytest.raises(ReleaseError, match=r"param layouts: \['tp9'\] not in .* \(known: single, two-replicas, tp1"):
-        flow.apply_overrides(path, {"layouts": ["tp9"]}, tmp_path / "run2")
+        flow.apply_overrides(path, Overrides(layouts=["tp9"]), tmp_path / "run2")
 
 
 def test_a_profile_fit_recovers_known_coefficients_and_the_plan_then_uses_them(tmp_path, monkeypatch):
@@ -465,7 +471,7 @@ def test_a_profile_fit_recovers_known_coefficients_and_the_plan_then_uses_them(t
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
     monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
-    before = flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__datasheet"))
+    before = flow.plan_layouts(flow.validate_spec(str(TINY_SPEC)), "manual__datasheet")
     kept = flow.registry().keep_profile(
         profiling.Profile(
             hardware=hw.name, engine_image=spec.serving.engine_image, layout="single", measured_at=datetime.now(UTC),
@@ -474,7 +480,7 @@ def test_a_profile_fit_recovers_known_coefficients_and_the_plan_then_uses_them(t
     )  # fmt: skip
     assert flow.registry().profile(hw.name, spec.serving.engine_image) == kept and kept.id
     assert flow.registry().profile(hw.name, "another-engine:1") is None
-    after = flow.Predictions.model_validate(flow.plan_layouts(str(TINY_SPEC), "manual__profiled"))
+    after = flow.plan_layouts(flow.validate_spec(str(TINY_SPEC)), "manual__profiled")
     direct = planner.predict(spec, kept.hardware_at_hand(hw), single, 64, 16, True)
     assert after.of("single").planner_rate == pytest.approx(direct.rate_per_replica, 1e-3)
     assert after.of("single").planner_rate != before.of("single").planner_rate

@@ -13,7 +13,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import RolloutOutcome
 from pipeline.core.spec import load_spec
 from pipeline.release import local_target, promote, report
-from pipeline.release.registry import Registry, audit_trail
+from pipeline.release.registry import Registry, ReleaseData, audit_trail
 from pipeline.stages import evaluate
 from testkit.s3server import free_port
 from tests.conftest import PROD_SPEC, TINY_SPEC
@@ -76,7 +76,7 @@ def passing_steps(monkeypatch):
     """Every Kubernetes rollout step passes its analysis (the cluster's Prometheus, in short), and the
     controller polls the fake cluster without waiting seconds."""
     from pipeline.k8s import deploy as k8s_deploy
-    from pipeline.release.analysis import StepAnalysis
+    from pipeline.records.rollout import StepAnalysis
 
     def judge(*args, **kwargs):
         return lambda step, fraction, pods: StepAnalysis(
@@ -106,11 +106,11 @@ def candidate(
     target = loaded.spec.promotion.target
     rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), target)
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
-    reg.record(rel.id, "staged", "pipeline", data={"s3_uri": staged.s3_uri, "manifest_hash": staged.manifest_hash})
+    reg.record(rel.id, "staged", "pipeline", data=ReleaseData(s3_uri=staged.s3_uri, manifest_hash=staged.manifest_hash))
     if accuracy is not None:
-        reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy}, data={"evaluation": evaluation})
+        reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy}, data=ReleaseData(evaluation=evaluation))
     if slo is not None:
-        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data={"layout": layout, "rate_per_server": rate})
+        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data=ReleaseData(layout=layout, rate_per_server=rate))
     if approver:
         reg.record(rel.id, "approved", approver, {"comment": "ok"}, status="approved")
     return rel, staged
@@ -212,8 +212,8 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
         "accuracy_gate",
         "gate",
         {"passed": True},
-        data={
-            "accuracy": {
+        data=ReleaseData(
+            accuracy={
                 "passed": True,
                 "failures": [],
                 "validation_html": "/x/accuracy_validation.html",
@@ -237,7 +237,7 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
                     }
                 ],
             }
-        },
+        ),
     )
     run = tmp_path / "run"
     (run / "benchmark").mkdir(parents=True)
@@ -342,7 +342,7 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
         url = local_target.endpoint(load_spec(spec).spec)
         assert live.status == "live" and live.data["endpoint"] == url
         assert completion(url)  # the FP8 model (BF16 copy on this CPU) answers on the spec's port
-        assert promote.verify(reg, first.id)["text"]
+        assert promote.verify(reg, first.id).text
 
         # the gate's in-process scores of this artifact: each step's smoke test holds the new
         # release's served answers to them, on the first 20 items of each task (answers that got
@@ -459,7 +459,7 @@ def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_sp
     one through the same controller as a promotion (`controller.rollout`, here a stand-in that
     records its call: the real controller's steps, analysis and abort are the local-target test
     above); who and why go on both releases, and a rollback that fails changes no status."""
-    from pipeline.release.analysis import StepAnalysis
+    from pipeline.records.rollout import StepAnalysis
 
     reg = Registry()
     spec = tiny_spec(lambda d: d.update(name="tiny-rollback"))
@@ -545,16 +545,17 @@ def test_cli_releases_show_prints_the_audit_trail(tiny_spec, small_artifact, cap
 
 
 def test_the_registry_refuses_data_outside_its_schema_and_reads_old_names(tmp_path):
-    from pipeline.core.errors import ReleaseError
+    from pydantic import ValidationError
 
     reg = Registry(f"sqlite:///{tmp_path / 'r.db'}")
     rel = reg.open_release("run-s", "x", "x.yaml", "", "local")
-    with pytest.raises(ReleaseError, match=r"release \d+: data\.artifact_url: Extra inputs are not permitted"):
-        reg.record(rel.id, "staged", "pipeline", data={"artifact_url": "s3://b/k"})
-    with pytest.raises(ReleaseError, match=r"data\.rate_per_server: Input should be a valid number"):
-        reg.record(rel.id, "slo_gate", "gate", data={"rate_per_server": "fast"})
+    # what a step writes is a ReleaseData: a misspelt fact or a wrong type is refused, named, before any write
+    with pytest.raises(ValidationError, match=r"ReleaseData\nartifact_url\n  Extra inputs are not permitted"):
+        reg.record(rel.id, "staged", "pipeline", data=ReleaseData(artifact_url="s3://b/k"))  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match=r"ReleaseData\nrate_per_server\n  Input should be a valid number"):
+        reg.record(rel.id, "slo_gate", "gate", data=ReleaseData(rate_per_server="fast"))  # type: ignore[arg-type]
     assert reg.get(rel.id).data == {} and [e.kind for e in reg.events(rel.id)] == ["created"]  # nothing written
-    reg.record(rel.id, "slo_gate", "gate", data={"layout": "single", "rate_per_server": 12.5})
+    reg.record(rel.id, "slo_gate", "gate", data=ReleaseData(layout="single", rate_per_server=12.5))
     assert reg.get(rel.id).facts.rate_per_server == 12.5
     with reg._session() as s:  # a registry written before the one-name rule
         s.execute(sqlalchemy.text("UPDATE releases SET data = :d"), {"d": json.dumps({"artifact_uri": "s3://b/k"})})
@@ -581,7 +582,7 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         kinds = [e.kind for e in reg.events(rel.id)]
         for kind in ("manifests_rendered", "smoke_test", "rollout_step", "rollout_complete", "deploy_finished"):
             assert kind in kinds, kinds
-        assert promote.verify(reg, rel.id, k8s_client=fake.client())["text"] == " Paris."
+        assert promote.verify(reg, rel.id, k8s_client=fake.client()).text == " Paris."
         assert fake.requests[-1].path.endswith(f"/services/qwen3-235b-a22b-fp8-r{rel.id}:8000/proxy/v1/completions")
         assert [c.weights for c in fake.route_changes] == [{f"qwen3-235b-a22b-fp8-r{rel.id}": 10_000}]
 
@@ -624,8 +625,8 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(pr
     import time
 
     from pipeline.k8s import deploy as k8s_deploy
+    from pipeline.records.rollout import StepAnalysis, StepReview
     from pipeline.release import analysis, step_review
-    from pipeline.release.analysis import StepAnalysis, StepReview
     from tests.k8s_fake import FakeCluster
 
     def passes(url, new, old, step, fraction, slo, rollout, settle_s):  # the cluster's Prometheus, in short

@@ -14,7 +14,7 @@ from pipeline.core import storage
 from pipeline.core.spec import load_spec
 from pipeline.entry import flow
 from pipeline.release import rebenchmark, report
-from pipeline.release.registry import Registry
+from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import benchmark
 from testkit.s3server import free_port
 from tests.conftest import TINY_SPEC
@@ -115,16 +115,16 @@ def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promo
         "deploy_finished",
         "pipeline",
         status="live",
-        data={
-            "s3_uri": staged.s3_uri,
-            "manifest_hash": staged.manifest_hash,
-            "layout": "single",
-            "max_slo_rate": max_slo_rate,
-            "rate_per_server": max_slo_rate,
-            "p90_ttft_ms": 100.0,
-            "p90_tpot_ms": 20.0,
-            "evaluation": evaluation,
-        },
+        data=ReleaseData(
+            s3_uri=staged.s3_uri,
+            manifest_hash=staged.manifest_hash,
+            layout="single",
+            max_slo_rate=max_slo_rate,
+            rate_per_server=max_slo_rate,
+            p90_ttft_ms=100.0,
+            p90_tpot_ms=20.0,
+            evaluation=evaluation,
+        ),
     )
     return reg.get(rel.id)
 
@@ -388,4 +388,4 @@ def test_a_rebenchmark_whose_engine_is_stopped_is_a_cancellation_without_alert(
     assert "rebenchmark_cancelled" in kinds
     assert not {"rebenchmark_failed", "alert", "trend_point"} & set(kinds)
     assert mailbox.messages == [] and reg.get(rel.id).status == "live"
-    assert rebenchmark.settle(reg, verdict)["status"] == "cancelled"  # the task ends without failing
+    assert rebenchmark.settle(reg, verdict).status == "cancelled"  # the task ends without failing

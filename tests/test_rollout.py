@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from pipeline.core.spec import RolloutSpec, SloSpec, load_spec
 from pipeline.release import analysis, local_prometheus, local_target
+from pipeline.release.registry import ReleaseData
 from testkit import http_stub
 from tests.conftest import TINY_SPEC
 
@@ -134,7 +135,7 @@ def test_a_step_passes_on_good_live_metrics_and_fails_with_its_evidence(promethe
         assert any(r.startswith("inconclusive: 0 requests") for r in quiet.reasons), quiet.reasons
         assert "inconclusive (too little traffic)" in quiet.summary()
         # a reviewer who knows why may Continue it; unanswered, it stays an abort
-        from pipeline.release.analysis import StepReview
+        from pipeline.records.rollout import StepReview
 
         assert quiet.decided(StepReview(step=4, decision="continue", actor="sre")).passed
         assert not quiet.decided(StepReview(step=4, decision="continue", actor="nobody", by_default=True)).passed
@@ -194,7 +195,7 @@ def test_the_front_log_counts_what_the_new_engines_failed_even_where_a_retry_sav
     import urllib.error
     import urllib.request
 
-    from pipeline.release.analysis import StepAnalysis
+    from pipeline.records.rollout import StepAnalysis
     from pipeline.stages import serving
     from testkit.s3server import free_port
     from tests.k8s_fake import dead_url
@@ -335,7 +336,9 @@ def test_rollout_plan_of_a_registered_release_on_the_local_target(tmp_path, monk
     ids = []
     for run, rate, load in (("a", 40.0, [30.0]), ("b", 55.0, [28.0])):
         rel = reg.open_release(run, loaded.spec.name, str(TINY_SPEC), TINY_SPEC.read_text(), "local")
-        reg.record(rel.id, "slo_gate", "gate", data={"layout": "single", "rate_per_server": rate, "load_seconds": load})
+        reg.record(
+            rel.id, "slo_gate", "gate", data=ReleaseData(layout="single", rate_per_server=rate, load_seconds=load)
+        )
         ids.append(rel.id)
     reg.record(ids[0], "deploy_finished", "pipeline", status="live")
     assert cli.main(["rollout-plan", str(TINY_SPEC), "--release", str(ids[1])]) == 0

@@ -197,10 +197,11 @@ def test_cron_expressions_and_presets_are_accepted(spec_file, schedule):
 
 def test_the_run_copy_of_a_spec_keeps_its_relative_local_source(spec_file, tmp_path):
     from pipeline.entry import flow
+    from pipeline.records.release import Overrides
 
     path = spec_file(PROD_SPEC, lambda d: d["model"].update(source="model"))
     (path.parent / "model").mkdir()
     (path.parent / "model" / "config.json").write_text("{}")
-    copy = flow.apply_overrides(path, {"p90_ttft_ms": 2000}, tmp_path / "run")
+    copy = flow.apply_overrides(path, Overrides(p90_ttft_ms=2000), tmp_path / "run")
     assert copy.parent != path.parent
     assert load_spec(copy).spec.model.source == str((path.parent / "model").resolve())

@@ -8,8 +8,8 @@ import textwrap
 import threading
 import time
 
+from pipeline.records.rollout import Query, StepAnalysis, StepReview
 from pipeline.release import step_review
-from pipeline.release.analysis import Query, StepAnalysis, StepReview
 from pipeline.release.registry import Registry
 from tests.conftest import TINY_SPEC
 
@@ -163,7 +163,7 @@ STEP_DAG = textwrap.dedent(
         def rollout(spec: dict) -> list:
             from pipeline.entry import flow
             from pipeline.release import promote
-            from pipeline.release.analysis import Query, StepAnalysis
+            from pipeline.records.rollout import Query, StepAnalysis
 
             reg = flow.registry()
             rel = reg.get(spec["release_id"])

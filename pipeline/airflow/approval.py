@@ -17,8 +17,10 @@ from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
 from pipeline.core import platform
-from pipeline.core.spec import duration_seconds
-from pipeline.release.registry import ReleaseData
+from pipeline.core.spec import LoadedSpec, duration_seconds
+from pipeline.records import edge
+from pipeline.records.release import ValidatedRelease
+from pipeline.release.registry import Release, ReleaseData
 from pipeline.stages import capacity
 
 log = logging.getLogger(__name__)
@@ -61,49 +63,48 @@ def fleet_lines(facts: ReleaseData) -> str:
     )
 
 
-def read_with_care(d: dict[str, Any]) -> str:
+def read_with_care(facts: ReleaseData) -> str:
     """What the chosen rate must be read with, as the report marks it: runs that disagreed (unsteady),
     a load client that sent late (client-bound); empty for neither."""
     notes = [
         text
-        for key, text in (
-            ("unsteady", "**unsteady**: its runs disagreed beyond workload.max_spread even at the longer probes"),
-            ("client_bound", "**client-bound**: the load client sent requests late in the runs that decided it"),
+        for flagged, text in (
+            (facts.unsteady, "**unsteady**: its runs disagreed beyond workload.max_spread even at the longer probes"),
+            (facts.client_bound, "**client-bound**: the load client sent requests late in the runs that decided it"),
         )
-        if d.get(key)
+        if flagged
     ]
     return f"Read this rate with care: {'; '.join(notes)} (see the report).\n\n" if notes else ""
 
 
-def body(rel, live, loaded, base_url: str) -> str:
+def body(rel: Release, live: Release | None, loaded: LoadedSpec, base_url: str) -> str:
     """The evidence in markdown: short enough to decide from, with a link to the full report."""
-    d, slo = rel.data, loaded.spec.slo
-    acc = d.get("accuracy") or {}
+    facts, slo = rel.facts, loaded.spec.slo
+    acc = facts.accuracy
     rows = "\n".join(
-        f"| {t['task']} | {t['baseline']:.3f} | {t['candidate']:.3f} | "
-        f"{_fmt(t['recovery'], '.3f')} | {t['min_recovery']:.2f} | {'pass' if t['passed'] else 'FAIL'} |"
-        for t in acc.get("tasks", [])
+        f"| {t.task} | {t.baseline:.3f} | {t.candidate:.3f} | "
+        f"{_fmt(t.recovery, '.3f')} | {t.min_recovery:.2f} | {'pass' if t.passed else 'FAIL'} |"
+        for t in (acc.tasks if acc else [])
     )
-    if live is not None and live.data.get("rate_per_server"):
-        vs_live = (
-            f"live release {live.id} ({live.data.get('layout')}): {_fmt(live.data['rate_per_server'])} req/s per "
-            f"server → **{d['rate_per_server'] / live.data['rate_per_server']:.2f}x**"
-        )
+    theirs = live.facts.rate_per_server if live is not None else None
+    if live is not None and theirs:
+        ratio = f"**{facts.rate_per_server / theirs:.2f}x**" if facts.rate_per_server else "—"
+        vs_live = f"live release {live.id} ({live.facts.layout}): {_fmt(theirs)} req/s per server → {ratio}"
     else:
         vs_live = "no live release yet"
     link = f"{base_url.rstrip('/')}{PLUGIN_PATH}/releases/{rel.id}"
     return (
         f"**Release {rel.id}: {loaded.spec.model.name} → {loaded.spec.promotion.target}**\n\n"
-        f"Accuracy gate: **{'passed' if acc.get('passed') else 'FAILED'}** (lm-eval, great-expectations)\n\n"
+        f"Accuracy gate: **{'passed' if acc and acc.passed else 'FAILED'}** (lm-eval, great-expectations)\n\n"
         f"| task | baseline | FP8 | recovery | min | result |\n|---|---|---|---|---|---|\n{rows}\n\n"
-        f"Chosen layout **{d.get('layout')}**: **{'at least ' if d.get('bound_only') else ''}"
-        f"{_fmt(d.get('rate_per_server'))} req/s per server** "
-        f"({_fmt(d.get('per_device'))} per {loaded.hardware.kind.upper()}) within the SLO; {vs_live}.\n\n"
-        f"{read_with_care(d)}"
-        f"At that rate: p90 TTFT {_fmt(d.get('p90_ttft_ms'), '.0f')} ms (limit {slo.p90_ttft_ms:g}), "
-        f"p90 TPOT {_fmt(d.get('p90_tpot_ms'), '.1f')} ms (limit {slo.p90_tpot_ms:g}).\n\n"
-        f"{fleet_lines(rel.facts)}"
-        f"Artifact `{d.get('s3_uri') or d.get('nfs_path')}` (manifest {str(d.get('manifest_hash'))[:16]}…)\n\n"
+        f"Chosen layout **{facts.layout}**: **{'at least ' if facts.bound_only else ''}"
+        f"{_fmt(facts.rate_per_server)} req/s per server** "
+        f"({_fmt(facts.per_device)} per {loaded.hardware.kind.upper()}) within the SLO; {vs_live}.\n\n"
+        f"{read_with_care(facts)}"
+        f"At that rate: p90 TTFT {_fmt(facts.p90_ttft_ms, '.0f')} ms (limit {slo.p90_ttft_ms:g}), "
+        f"p90 TPOT {_fmt(facts.p90_tpot_ms, '.1f')} ms (limit {slo.p90_tpot_ms:g}).\n\n"
+        f"{fleet_lines(facts)}"
+        f"Artifact `{facts.s3_uri or facts.nfs_path}` (manifest {str(facts.manifest_hash)[:16]}…)\n\n"
         f"[Full report and audit trail]({link})"
     )
 
@@ -135,7 +136,10 @@ class ReleaseApproval(ApprovalOperator):
         self.params = ParamsDict(comment_form())
 
     def _release_id(self, context) -> int:
-        return int(self.release["release_id"])
+        release = edge.from_json(ValidatedRelease, self.release, f"{self.task_id}'s release")
+        if release.release_id is None:
+            raise ValueError(f"{self.task_id}: the run opened no release (validate ran without a run id)")
+        return release.release_id
 
     def execute(self, context):
         # the release machinery loads when the task runs; DAG files import this module, and their

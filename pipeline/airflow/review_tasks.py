@@ -12,6 +12,8 @@ from airflow.sdk import Asset, task
 
 from pipeline.airflow.approval import ReleaseApproval
 from pipeline.airflow.step_review import review_each_step
+from pipeline.records import edge
+from pipeline.records.edge import Json
 
 STAGED = Asset("model-release://staged-artifact")  # a newly staged artifact (URI, manifest hash)
 LIVE = Asset("model-release://live-release")  # a promotion or rollback: re-benchmark the new live release
@@ -19,16 +21,16 @@ ENGINE_IMAGE = Asset("model-release://engine-image")  # CI emits an event when i
 
 
 @task
-def report(spec: dict, gate: dict, run_id: str | None = None) -> dict:
+def report(spec: Json, gate: Json, run_id: str | None = None) -> Json:
     """The reviewer's page: accuracy, latency-vs-load curves, chosen layout vs live, audit trail."""
     from pipeline.entry import flow
 
     assert run_id is not None  # Airflow passes the run's id from the context
-    return flow.report(spec["release_id"], run_id)
+    return edge.call(flow.report, spec, run_id)
 
 
 @task(retries=1, retry_delay=pendulum.duration(seconds=30), outlets=[LIVE])
-def promote(spec: dict, run_id: str | None = None, *, ti=None, outlet_events=None) -> dict:
+def promote(spec: Json, run_id: str | None = None, *, ti=None, outlet_events=None) -> Json:
     """Re-checks every gate and the approval in code, then rolls out; restores the previous release on failure.
     Its retry runs only when the first try's controller died (worker killed, task terminated): it
     finishes or undoes that rollout from the state it left, and never rolls out twice."""
@@ -36,22 +38,18 @@ def promote(spec: dict, run_id: str | None = None, *, ti=None, outlet_events=Non
 
     assert run_id is not None  # Airflow passes the run's id from the context
     first_try = ti is None or ti.try_number <= 1
-    result = flow.promote(spec["release_id"], run_id, step_reviews=True, first_try=first_try)
-    outlet_events[LIVE].extra = {
-        "release": spec["name"],
-        "release_id": result["release_id"],
-        "endpoint": result["endpoint"],
-    }
-    return result
+    outcome = edge.call(flow.promote, spec, run_id, step_reviews=True, first_try=first_try)
+    outlet_events[LIVE].extra = outcome  # the PromotionOutcome: release, name, status, endpoint
+    return outcome
 
 
 @task(retries=1, retry_delay=pendulum.duration(seconds=20))
-def verify(spec: dict, promoted: dict, run_id: str | None = None) -> dict:
+def verify(spec: Json, promoted: Json, run_id: str | None = None) -> Json:
     """The live endpoint answers a completion after the switch, not only during it."""
     from pipeline.entry import flow
 
     assert run_id is not None  # Airflow passes the run's id from the context
-    return flow.verify(spec["release_id"], run_id)
+    return edge.call(flow.verify, spec, run_id)
 
 
 def review_and_promote(spec, gate, pool: str | None = None):

@@ -26,6 +26,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from pipeline.airflow.approval import PLUGIN_PATH, comment_form
 from pipeline.airflow.rest import SETTLE_S
 from pipeline.core import platform
+from pipeline.core.spec import SloSpec
+from pipeline.records import edge
+from pipeline.records.edge import Json
+from pipeline.records.release import ValidatedRelease
+from pipeline.records.rollout import PendingStep, StepReview
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +41,23 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value * 1000:.0f} ms"
 
 
-def body(release_id: int, pending: dict[str, Any], slo: Any, base_url: str) -> str:
+def body(release_id: int, pending: PendingStep, slo: SloSpec, base_url: str) -> str:
     """The step's evidence in markdown: the new release beside the old one in the same window."""
-    step = pending["analysis"]
-    q = {k: v.get("value") for k, v in step["queries"].items()}
-    verdict = "passed" if step["passed"] else "FAILED"
-    if step.get("inconclusive"):
+    step = pending.analysis
+    q = {k: v.value for k, v in step.queries.items()}
+    verdict = "passed" if step.passed else "FAILED"
+    if step.inconclusive:
         verdict = "inconclusive (too little traffic: Continue only if you know why)"
-    reasons = "".join(f"- {r}\n" for r in step.get("reasons", []))
+    reasons = "".join(f"- {r}\n" for r in step.reasons)
     return (
-        f"**Release {release_id}, rollout step {step['step']}: {step['fraction']:.0%} of traffic on it.** "
-        f"Live analysis over {step['window_s']} s: **{verdict}**.\n\n"
+        f"**Release {release_id}, rollout step {step.step}: {step.fraction:.0%} of traffic on it.** "
+        f"Live analysis over {step.window_s} s: **{verdict}**.\n\n"
         f"| | new release | old release | SLO |\n|---|---|---|---|\n"
         f"| p90 TTFT | {_ms(q.get('new_p90_ttft'))} | {_ms(q.get('old_p90_ttft'))} | {slo.p90_ttft_ms:g} ms |\n"
         f"| p90 TPOT | {_ms(q.get('new_p90_tpot'))} | {_ms(q.get('old_p90_tpot'))} | {slo.p90_tpot_ms:g} ms |\n"
         f"| requests finished | {q.get('new_requests') or 0:.0f} | {q.get('old_requests') or 0:.0f} | |\n\n"
         + (f"{reasons}\n" if reasons else "")
-        + f"No answer in {pending['timeout_s']:.0f} s: **{CONTINUE if step['passed'] else ABORT}** "
+        + f"No answer in {pending.timeout_s:.0f} s: **{CONTINUE if step.passed else ABORT}** "
         f"(the analysis verdict). The step holds its traffic until then.\n\n"
         f"[Release report]({base_url.rstrip('/')}{PLUGIN_PATH}/releases/{release_id})"
     )
@@ -82,7 +87,8 @@ class StepJudged(BaseTrigger):
         while (found := await asyncio.to_thread(flow.pending_step, self.release_id, self.step)) is False:
             await asyncio.sleep(self.poll_s)
         await asyncio.sleep(max(0.0, started + self.settle_s - time.monotonic()))
-        yield TriggerEvent({"status": "ended"} if found is None else {"status": "judged", "pending": found})
+        judged = {"status": "judged", "pending": edge.to_json(found)}
+        yield TriggerEvent({"status": "ended"} if found is None else judged)
 
 
 class RolloutStepReview(HITLOperator):
@@ -105,8 +111,14 @@ class RolloutStepReview(HITLOperator):
         """Only the comment field (the DAG's run params are merged into every task's)."""
         self.params = ParamsDict(comment_form())
 
+    def _release_id(self) -> int:
+        release = edge.from_json(ValidatedRelease, self.release, f"{self.task_id}'s release")
+        if release.release_id is None:
+            raise ValueError(f"{self.task_id}: the run opened no release (validate ran without a run id)")
+        return release.release_id
+
     def execute(self, context):
-        release_id = int(self.release["release_id"])
+        release_id = self._release_id()
         log.info("release %d: waiting for rollout step %d's analysis", release_id, self.step)
         self.defer(
             trigger=StepJudged(release_id, int(self.step), self.poll_s),
@@ -122,26 +134,26 @@ class RolloutStepReview(HITLOperator):
         if event["status"] == "ended":
             raise AirflowSkipException(f"rollout step {self.step} was never reached (the rollout ended before it)")
         self._own_form()
-        pending = event["pending"]
-        release_id = int(self.release["release_id"])
-        step = pending["analysis"]
+        pending = edge.from_json(PendingStep, event["pending"], "the step's trigger event")
+        release_id = self._release_id()
+        step = pending.analysis
         loaded = release_spec(flow.registry().get(release_id))
         reviewers = loaded.spec.promotion.reviewers
         self.assigned_users = [{"id": name, "name": name} for name in reviewers] or None
-        self.defaults = [CONTINUE if step["passed"] else ABORT]
+        self.defaults = [CONTINUE if step.passed else ABORT]
         self.subject = (
-            f"Release {release_id}, rollout step {step['step']} ({step['fraction']:.0%} of traffic): "
-            f"analysis {'passed' if step['passed'] else 'FAILED'}. Continue?"
+            f"Release {release_id}, rollout step {step.step} ({step.fraction:.0%} of traffic): "
+            f"analysis {'passed' if step.passed else 'FAILED'}. Continue?"
         )
         self.body = body(release_id, pending, loaded.spec.slo, platform.current().base_url())
-        self.response_timeout = timedelta(seconds=float(pending["timeout_s"]))
+        self.response_timeout = timedelta(seconds=pending.timeout_s)
         log.info(
             "step %d of release %d: asking %s; %s in %.0f s if nobody answers",
-            step["step"],
+            step.step,
             release_id,
             reviewers,
             self.defaults[0],
-            pending["timeout_s"],
+            pending.timeout_s,
         )
         return super().execute(context)
 
@@ -149,34 +161,34 @@ class RolloutStepReview(HITLOperator):
         from pipeline.entry import flow
 
         self._own_form()
-        release_id = int(self.release["release_id"])
+        release_id = self._release_id()
         if not event.get("chosen_options"):
             # Airflow 3.3's timeout sweep fills in the defaults; should an event come without them, the
             # verdict is the default (a resumed task is a fresh operator: nothing from ask() survives)
             found = flow.pending_step(release_id, int(self.step))
-            passed = isinstance(found, dict) and bool(found["analysis"]["passed"])
+            passed = isinstance(found, PendingStep) and found.analysis.passed
             event = {**event, "chosen_options": [CONTINUE if passed else ABORT]}
         user = event.get("responded_by_user") or {}
         chosen = event["chosen_options"][0]
-        review = {
-            "step": int(self.step),
-            "decision": "continue" if chosen == CONTINUE else "abort",
+        review = StepReview(
+            step=int(self.step),
+            decision="continue" if chosen == CONTINUE else "abort",
             # Airflow authorises assigned users by id; record the id
-            "actor": user.get("id") or user.get("name") or f"timeout (default: {chosen})",
-            "comment": (event.get("params_input") or {}).get("comment", ""),
-            "by_default": not user,
-        }
+            actor=user.get("id") or user.get("name") or f"timeout (default: {chosen})",
+            comment=(event.get("params_input") or {}).get("comment", ""),
+            by_default=not user,
+        )
         flow.record_step_review(release_id, review)
-        log.info("step %d of release %d: %s by %s", self.step, release_id, chosen, review["actor"])
+        log.info("step %d of release %d: %s by %s", self.step, release_id, chosen, review.actor)
         return super().execute_complete(context, event)
 
 
 @task
-def review_steps(spec: dict) -> list[int]:
+def review_steps(spec: Json) -> list[int]:
     """One review per step of this release's rollout; none without `rollout.review_timeout` or a live release."""
     from pipeline.entry import flow
 
-    return flow.review_steps(int(spec["release_id"]))
+    return edge.call(flow.review_steps, spec)
 
 
 def review_each_step(spec: Any, after: Any) -> Any:

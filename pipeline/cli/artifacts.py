@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from pipeline.cli.common import emit, need_dir
+from pipeline.cli.common import emit, emit_record, need_dir
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -14,10 +13,11 @@ def _stage(args: argparse.Namespace) -> int:
 
     spec_path = str(Path(args.spec).resolve())
     need_dir(args.artifact, "--artifact")
-    staged = (
-        flow.stage_artifact(spec_path, str(Path(args.artifact).resolve())) if args.artifact else flow.stage(spec_path)
-    )
-    emit(json.dumps(staged, indent=2))
+    if args.artifact:
+        staged = flow.stage_artifact(spec_path, str(Path(args.artifact).resolve()))
+    else:
+        staged = flow.stage(flow.validate_spec(spec_path))
+    emit_record(staged)
     return 0
 
 

@@ -4,12 +4,16 @@ value before anything starts, and the checks of a directory or artifact a comman
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from pipeline.core.errors import ReleaseError
+from pipeline.records import edge
 
 # Results go to the real stdout; while a command runs, sys.stdout points at stderr, because the
 # libraries we drive (llmcompressor's loguru sink, tqdm, lm-eval) print progress to stdout.
@@ -18,6 +22,11 @@ _results = sys.stdout
 
 def emit(text: str) -> None:
     print(text, file=_results, flush=True)
+
+
+def emit_record(record: BaseModel) -> None:
+    """A command's result record as its JSON (`records.edge`): what a step pod's XCom holds."""
+    emit(json.dumps(edge.to_json(record), indent=2))
 
 
 @contextmanager

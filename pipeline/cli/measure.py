@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from pipeline.cli.common import emit, hash_of, need_dir, positive_float
+from pipeline.cli.common import emit, emit_record, hash_of, need_dir, positive_float
 from pipeline.core.errors import ReleaseError
+from pipeline.records.release import ModelRef, StagedRef
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -23,16 +23,17 @@ def _evaluate(args: argparse.Namespace) -> int:
             raise ReleaseError("evaluate --side needs --results URI (where the pod writes its result)")
         if args.side == "candidate" and not args.candidate:
             raise ReleaseError("evaluate --side candidate needs --candidate DIR")
-        emit(json.dumps(pod_steps.evaluate_side(spec_path, args.side, args.results, args.run_id, args.candidate)))
+        emit_record(pod_steps.evaluate_side(spec_path, args.side, args.results, args.run_id, args.candidate))
         return 0
     # a given candidate is verified before the source is materialized (a tiny-model build takes minutes)
-    given = {"path": args.candidate, "manifest_hash": hash_of(args.candidate)} if args.candidate else None
-    source = flow.materialize_model(spec_path)
-    candidate = given or flow.quantize(spec_path, source)
-    baseline = flow.evaluate(spec_path, source, baseline=True)
-    result = flow.evaluate(spec_path, candidate, baseline=False)
-    decision = flow.accuracy_gate(spec_path, baseline, result, args.run_id)
-    emit(f"accuracy gate passed; GX validation report: {decision['validation_html']}")
+    given = ModelRef(path=args.candidate, manifest_hash=hash_of(args.candidate)) if args.candidate else None
+    release = flow.validate_spec(spec_path)
+    source = flow.materialize_model(release)
+    candidate = given or ModelRef.model_validate(flow.quantize(release, source).model_dump())
+    baseline = flow.evaluate(release, ModelRef.model_validate(source.model_dump()), baseline=True)
+    result = flow.evaluate(release, candidate, baseline=False)
+    decision = flow.accuracy_gate(release, baseline, result, args.run_id)
+    emit(f"accuracy gate passed; GX validation report: {decision.validation_html}")
     return 0
 
 
@@ -41,11 +42,9 @@ def _benchmark(args: argparse.Namespace) -> int:
     from pipeline.entry import pod_steps
 
     need_dir(args.model, "--model")
-    emit(
-        json.dumps(
-            pod_steps.benchmark_layout(
-                str(Path(args.spec).resolve()), args.layout, args.model, args.results, args.run_id, args.predictions
-            )
+    emit_record(
+        pod_steps.benchmark_layout(
+            str(Path(args.spec).resolve()), args.layout, args.model, args.results, args.run_id, args.predictions
         )
     )
     return 0
@@ -62,19 +61,17 @@ def _remeasure(args: argparse.Namespace) -> int:
     load_spec(args.spec).layout(args.layout)
     if not (args.s3_uri or args.nfs_path):
         raise ReleaseError("remeasure: give --s3-uri or --nfs-path (where the release's artifact is staged)")
-    staged = {"s3_uri": args.s3_uri, "nfs_path": args.nfs_path, "manifest_hash": args.manifest_hash}
-    emit(
-        json.dumps(
-            pod_steps.remeasure(
-                str(Path(args.spec).resolve()),
-                args.release,
-                args.layout,
-                staged,
-                args.promoted_rate,
-                args.results,
-                args.run_id,
-                args.evaluation,
-            )
+    staged = StagedRef(s3_uri=args.s3_uri, nfs_path=args.nfs_path, manifest_hash=args.manifest_hash)
+    emit_record(
+        pod_steps.remeasure(
+            str(Path(args.spec).resolve()),
+            args.release,
+            args.layout,
+            staged,
+            args.promoted_rate,
+            args.results,
+            args.run_id,
+            args.evaluation,
         )
     )
     return 0

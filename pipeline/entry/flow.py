@@ -1,4 +1,5 @@
-"""What each DAG task calls: spec path in, small JSON out (XCom carries only this).
+"""What each DAG task calls: records in, a record out (`records.edge.call` turns them into the
+JSON that XCom carries, and back).
 
 Kept free of Airflow imports so the same calls run from the CLI, a pod or a test.
 """
@@ -11,8 +12,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from pipeline.core import storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
@@ -22,19 +21,29 @@ from pipeline.planner import calibration, uncertainty
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
-from pipeline.records.benchmark import LayoutResult, LoadSplit
-from pipeline.records.capacity import CapacityPlan
-from pipeline.records.evaluate import EvalResult, EvaluationPair
+from pipeline.records.benchmark import LayoutResult
+from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
+from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, Predictions
 from pipeline.records.quantize import QuantizedArtifact
-from pipeline.records.served_accuracy import ServedAccuracy, ServedSummary
+from pipeline.records.release import (
+    ModelRef,
+    Overrides,
+    PromotionOutcome,
+    ReleaseRef,
+    ReportPage,
+    ValidatedRelease,
+    Verification,
+)
+from pipeline.records.rollout import StepReview
+from pipeline.records.selection import ChosenFigures, LayoutSelection
+from pipeline.records.served_accuracy import ServedSummary
 from pipeline.records.sources import ModelSource
 from pipeline.release import promote as promotion
 from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
 from pipeline.release import rollout_plan, step_review
-from pipeline.release.analysis import StepReview
 from pipeline.release.promote import release_spec
-from pipeline.release.registry import cached
+from pipeline.release.registry import Registry, ReleaseData, cached
 from pipeline.stages import benchmark, capacity, serving, sources
 from pipeline.stages import evaluate as evaluate_stage
 from pipeline.stages import quantize as quantize_stage
@@ -48,56 +57,18 @@ def resolve_spec_path(path: str) -> Path:
     return candidate if candidate.is_absolute() else PROJECT_ROOT / candidate
 
 
-def registry():
+def registry() -> Registry:
     return cached()
 
 
-class ValidatedRelease(BaseModel):
-    """What the validate task hands on (XCom): the spec every later task loads, and the release."""
-
-    spec_path: str = Field(description="the spec as this run uses it (a copy with the trigger's overrides)")
-    name: str
-    layouts: list[str]
-    release_id: int | None = Field(None, description="the registry's release, when a run opened one")
-
-
-class ChosenFigures(BaseModel):
-    """The chosen layout's figures: what the registry records at the SLO gate, the approval shows
-    and the re-benchmarks compare against."""
-
-    layout: str
-    rate_per_server: float | None
-    per_device: float | None
-    max_slo_rate: float | None
-    bound_only: bool = Field(False, description="max_slo_rate is a lower bound (LayoutResult.bound_only)")
-    unsteady: bool = Field(False, description="its runs disagreed beyond workload.max_spread (LayoutResult.unsteady)")
-    client_bound: bool = Field(False, description="the load client sent late in the runs deciding it (.client_bound)")
-    p90_ttft_ms: float | None
-    p90_tpot_ms: float | None
-    load_seconds: list[float] | None
-    load_split: LoadSplit | None = Field(None, description="the slowest replica's start, split by its log")
-    weights_source: str | None = Field(None, description="where the measured engines read the weights from")
-
-
-class PromotionOutcome(BaseModel):
-    release_id: int
-    status: str
-    endpoint: str | None = None
-
-
-class ReportPage(BaseModel):
-    release_id: int
-    path: str
-
-
-def validate_spec(path: str, run_key: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def validate_spec(path: str, run_key: str | None = None, overrides: Overrides | None = None) -> ValidatedRelease:
     """Check the spec; with `run_key`, open this run's release in the registry (status candidate).
 
     `overrides` (DAG params: layouts to try, SLO limits) are applied to a copy of the spec
     written into the run's directory, so every later task and the registry see the same spec.
     """
     spec_path = resolve_spec_path(path)
-    if overrides and any(v not in (None, "", []) for v in overrides.values()) and run_key:
+    if overrides and overrides.any() and run_key:
         spec_path = apply_overrides(spec_path, overrides, run_dir(run_key))
     loaded = load_spec(spec_path)
     spec = loaded.spec
@@ -115,15 +86,15 @@ def validate_spec(path: str, run_key: str | None = None, overrides: dict[str, An
         )
         out.release_id = rel.id
         log.info("release %d opened in the registry (%s)", rel.id, registry().safe_url)
-    return out.model_dump(mode="json", exclude_none=True)
+    return out
 
 
-def apply_overrides(spec_path: Path, overrides: dict[str, Any], out_dir: Path) -> Path:
+def apply_overrides(spec_path: Path, overrides: Overrides, out_dir: Path) -> Path:
     """A copy of the spec with the trigger form's overrides; validated like any spec."""
     import yaml
 
     data = yaml.safe_load(spec_path.read_text())
-    if layouts := overrides.get("layouts"):
+    if layouts := overrides.layouts:
         known = {layout["name"]: layout for layout in data["layouts"]}
         if data.get("candidates"):  # generated layouts are named too: the loaded spec knows them
             generated = load_spec(spec_path).spec.layouts
@@ -136,37 +107,37 @@ def apply_overrides(spec_path: Path, overrides: dict[str, Any], out_dir: Path) -
         data["layouts"] = [known[name] for name in layouts]
         data.pop("candidates", None)  # the layouts named are the ones measured: none generated, none skipped
     for key in ("p90_ttft_ms", "p90_tpot_ms"):
-        if overrides.get(key):
-            data["slo"][key] = float(overrides[key])
+        if (limit := getattr(overrides, key)) is not None:
+            data["slo"][key] = float(limit)
     # the copy lives in the run's directory: a relative local model source stays the original's
     source = (data.get("model") or {}).get("source")
     local = local_source(source, spec_path.parent) if isinstance(source, str) and source else None
     if local is not None:
         data["model"]["source"] = str(local.resolve())
     out = out_dir / "spec.yaml"
-    atomic_write(out, f"# {spec_path} with trigger overrides {overrides}\n" + yaml.safe_dump(data, sort_keys=False))
+    note = overrides.model_dump_json(exclude_defaults=True)
+    atomic_write(out, f"# {spec_path} with trigger overrides {note}\n" + yaml.safe_dump(data, sort_keys=False))
     return out
 
 
-def materialize_model(spec_path: str) -> dict[str, Any]:
-    loaded = load_spec(spec_path)
-    return sources.materialize(loaded.spec, loaded.path.parent).model_dump()
+def materialize_model(release: ValidatedRelease) -> ModelSource:
+    loaded = load_spec(release.spec_path)
+    return sources.materialize(loaded.spec, loaded.path.parent)
 
 
-def quantize(spec_path: str, source: dict[str, Any]) -> dict[str, Any]:
-    loaded = load_spec(spec_path)
-    result = quantize_stage.quantize(loaded.spec, ModelSource.model_validate(source))
-    return result.artifact().model_dump(mode="json")
+def quantize(release: ValidatedRelease, source: ModelSource) -> QuantizedArtifact:
+    loaded = load_spec(release.spec_path)
+    return quantize_stage.quantize(loaded.spec, source).artifact()
 
 
-def stage(spec_path: str, quantized: dict[str, Any] | None = None, release_id: int | None = None) -> dict[str, Any]:
+def stage(release: ValidatedRelease, quantized: QuantizedArtifact | None = None) -> storage.StagedArtifact:
     """Stage the FP8 artifact; without `quantized`, quantize first (a finished output is reused)."""
     if quantized is None:
-        quantized = quantize(spec_path, materialize_model(spec_path))
-    return stage_artifact(spec_path, QuantizedArtifact.model_validate(quantized).path, release_id)
+        quantized = quantize(release, materialize_model(release))
+    return stage_artifact(release.spec_path, quantized.path, release.release_id)
 
 
-def stage_artifact(spec_path: str, artifact_dir: str, release_id: int | None = None) -> dict[str, Any]:
+def stage_artifact(spec_path: str, artifact_dir: str, release_id: int | None = None) -> storage.StagedArtifact:
     """Stage a published artifact directory by its manifest (`model-release stage --artifact`): a
     missing manifest, a missing, truncated or changed file is refused, naming it, before any
     manifest is committed anywhere."""
@@ -174,114 +145,75 @@ def stage_artifact(spec_path: str, artifact_dir: str, release_id: int | None = N
     artifact = Path(artifact_dir)
     staged = storage.stage(artifact, loaded.spec.staging, name=artifact.name)
     if release_id is not None:
-        record_staged(release_id, {**staged.model_dump(), "quantized_path": str(artifact)})
-    return staged.model_dump()
+        _record_staged(release_id, staged, str(artifact))
+    return staged
 
 
-def record_staged(release_id: int, staged: dict[str, Any]) -> dict[str, Any]:
+def record_staged(release: ValidatedRelease, staged: storage.StagedArtifact) -> storage.StagedArtifact:
+    """The Kubernetes DAG's record of what its stage pod staged (the local `stage` records its own)."""
+    if release.release_id is not None:
+        _record_staged(release.release_id, staged, None)
+    return staged
+
+
+def _record_staged(release_id: int, staged: storage.StagedArtifact, quantized_path: str | None) -> None:
     """Where the release's weights are, by manifest hash: what promotion re-verifies and deploys."""
     registry().record(
         release_id,
         "staged",
         "pipeline",
-        {k: staged.get(k) for k in ("s3_uri", "nfs_path", "manifest_hash", "bytes_sent")},
-        data={
-            "s3_uri": staged.get("s3_uri"),
-            "nfs_path": staged.get("nfs_path"),
-            "manifest_hash": staged["manifest_hash"],
-            "quantized_path": staged.get("quantized_path"),
-        },
+        staged.model_dump(include={"s3_uri", "nfs_path", "manifest_hash", "bytes_sent"}),
+        data=ReleaseData(
+            s3_uri=staged.s3_uri,
+            nfs_path=staged.nfs_path,
+            manifest_hash=staged.manifest_hash,
+            quantized_path=quantized_path,
+        ),
     )
-    return staged
 
 
 class GateFailed(ReleaseError):
     """A gate said no; the message carries the per-task table so the task log shows why."""
 
 
-def evaluate(spec_path: str, model: dict[str, Any], *, baseline: bool) -> dict[str, Any]:
+def evaluate(release: ValidatedRelease, model: ModelRef, *, baseline: bool) -> EvalResult:
     """lm-eval on one side, cached by (manifest hash, tasks, settings): a re-run or a second release of
     the same bytes (the quantize step reuses a finished output) is not measured again."""
-    loaded = load_spec(spec_path)
+    loaded = load_spec(release.spec_path)
     side = "baseline" if baseline else "candidate"
-    result = evaluate_stage.evaluate(
-        Path(model["path"]), model["manifest_hash"], loaded.spec.evaluation, use_cache=True
-    )
+    result = evaluate_stage.evaluate(Path(model.path), model.manifest_hash, loaded.spec.evaluation, use_cache=True)
     log.info("evaluate %s: %s", side, "cached result (same bytes, tasks, settings)" if result.cached else "measured")
-    return result.model_dump()
+    return result
 
 
-def accuracy_gate(
-    spec_path: str, baseline: dict[str, Any], candidate: dict[str, Any], run_id: str, release_id: int | None = None
-) -> dict[str, Any]:
-    loaded = load_spec(spec_path)
-    decision = evaluate_stage.gate(
-        EvalResult(**baseline),
-        EvalResult(**candidate),
-        loaded.spec.evaluation,
-        run_dir(run_id),
-    )
+def accuracy_gate(release: ValidatedRelease, baseline: EvalResult, candidate: EvalResult, run_id: str) -> GateDecision:
+    loaded = load_spec(release.spec_path)
+    decision = evaluate_stage.gate(baseline, candidate, loaded.spec.evaluation, run_dir(run_id))
     log.info(
         "accuracy gate %s (GX validation: %s)\n%s",
         "PASSED" if decision.passed else "FAILED",
         decision.validation_html,
         decision.table(),
     )
-    if release_id is not None:
+    if release.release_id is not None:
         registry().record(
-            release_id,
+            release.release_id,
             "accuracy_gate",
             "gate",
             {"passed": decision.passed, "failures": decision.failures},
             status="candidate" if decision.passed else "gate_failed",
             only_from=("candidate", "gate_failed"),
-            data={
-                "accuracy": decision.model_dump(),
-                "evaluation": EvaluationPair(
-                    baseline=EvalResult.model_validate(baseline),
-                    candidate=EvalResult.model_validate(candidate),
-                ).model_dump(mode="json"),
-                "source_hash": baseline["model_manifest_hash"],
-                "source_path": baseline["model_path"],
-                "quantized_path": candidate["model_path"],
-            },
+            data=ReleaseData(
+                accuracy=decision,
+                evaluation=EvaluationPair(baseline=baseline, candidate=candidate),
+                source_hash=baseline.model_manifest_hash,
+                source_path=baseline.model_path,
+                quantized_path=candidate.model_path,
+            ),
         )
     if not decision.passed:
         raise GateFailed("accuracy gate failed:\n" + "\n".join(decision.failures) + "\n" + decision.table())
-    return decision.model_dump()
-
-
-class LayoutPrediction(BaseModel):
-    """The planner's figures for one layout of the run, before any measurement."""
-
-    layout: str
-    predicted_max_slo_rate: float = Field(
-        description="req/s at the layout's endpoint (all its replicas): the planner's rate x the calibration"
-    )
-    planner_rate: float = Field(description="the step-time model's own rate, before calibration")
-    predicted_per_server: float = Field(description="what top_k ranks by: req/s per server, calibrated alike")
-    predicted_low: float | None = Field(None, description="the interval's low end, req/s per server, calibrated alike")
-    predicted_high: float | None = Field(None, description="the interval's high end, req/s per server")
-    binding_slo: str
-    bound: str
-    calibrated: bool = Field(
-        description="True: scaled by what earlier releases measured here (`calibration`); False: datasheet "
-        "figures x the profile's efficiency factors"
-    )
-    calibration_key: str = Field(description="hardware | engine image | layout shape: what a measurement transfers to")
-    calibration: str | None = Field(None, description="the factor and the measurements it comes from")
-
-
-class Predictions(BaseModel):
-    """What the release DAG's `plan` task publishes: every layout it will measure, predicted."""
-
-    layouts: list[LayoutPrediction]
-    file: str
-    step_times: str = Field("", description="where the planner's step times came from: datasheet or profiling run")
-
-    def of(self, layout: str) -> LayoutPrediction | None:
-        found = next((p for p in self.layouts if p.layout == layout), None)
-        return found if found and found.predicted_max_slo_rate > 0 else None
+    return decision
 
 
 def profile_engine(
@@ -305,11 +237,12 @@ def profile_engine(
     return registry().keep_profile(profiled) if save else profiled
 
 
-def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> dict[str, Any]:
+def plan_layouts(release: ValidatedRelease, run_id: str) -> Predictions:
     """Predict each layout's max SLO rate (the planner; seconds, no engine), calibrated on what earlier
     releases measured on the same hardware and engine, and publish it before any benchmark starts:
     each search starts there, and the result keeps it beside the measurement."""
-    loaded = load_spec(spec_path)
+    loaded = load_spec(release.spec_path)
+    release_id = release.release_id
     spec = loaded.spec
     found = []
     if loaded.hardware.performance is None:
@@ -365,24 +298,15 @@ def plan_layouts(spec_path: str, run_id: str, release_id: int | None = None) -> 
             "planner",
             {"layouts": [p.model_dump() for p in found], "step_times": out.step_times},
         )
-    return out.model_dump(mode="json")
+    return out
 
 
-class MeasuredLayouts(BaseModel):
-    """Which layouts the run measures: all, or `candidates.top_k` by predicted rate per server plus the
-    live release's layout; the rest are named with their predictions, skipped."""
-
-    measure: list[str]
-    skipped: dict[str, float] = Field(default_factory=dict, description="layout -> predicted req/s per server")
-    reason: str
-
-
-def layouts_to_measure(spec_path: str, predictions: dict[str, Any], release_id: int | None = None) -> list[str]:
-    loaded = load_spec(spec_path)
+def layouts_to_measure(release: ValidatedRelease, predictions: Predictions) -> list[str]:
+    loaded = load_spec(release.spec_path)
     spec = loaded.spec
     names = [layout.name for layout in spec.layouts]
     top_k = spec.candidates.top_k if spec.candidates else None
-    ranked = sorted(Predictions.model_validate(predictions).layouts, key=lambda p: -p.predicted_per_server)
+    ranked = sorted(predictions.layouts, key=lambda p: -p.predicted_per_server)
     if top_k is None or top_k >= len(names):
         chosen = MeasuredLayouts(measure=names, reason="every layout of the spec")
     elif len(ranked) < len(names):
@@ -405,28 +329,27 @@ def layouts_to_measure(spec_path: str, predictions: dict[str, Any], release_id: 
         chosen.reason,
         ", ".join(f"{n} ({r:.4g} req/s/server predicted)" for n, r in chosen.skipped.items()) or "none",
     )
-    if release_id is not None and chosen.skipped:
-        registry().record(release_id, "layouts_chosen", "planner", chosen.model_dump())
+    if release.release_id is not None and chosen.skipped:
+        registry().record(release.release_id, "layouts_chosen", "planner", chosen.model_dump())
     return chosen.measure
 
 
 def benchmark_layout(
-    spec_path: str,
-    staged: dict[str, Any],
+    release: ValidatedRelease,
+    staged: storage.StagedArtifact,
     layout: str,
     run_id: str,
-    predictions: dict[str, Any] | None = None,
-    accuracy: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """`accuracy`: {"baseline", "candidate"} in-process results (the evaluate tasks' records);
-    with them the layout's endpoint is scored on the same items after its search."""
-    loaded = load_spec(spec_path)
+    predictions: Predictions | None = None,
+    accuracy: EvaluationPair | None = None,
+) -> LayoutResult:
+    """`accuracy`: the evaluate tasks' in-process results; with them the layout's endpoint is scored on
+    the same items after its search."""
+    loaded = load_spec(release.spec_path)
     loaded.layout(layout)  # an unknown name fails before the serving copy is made
-    model = serving.serving_copy(loaded, staged)
-    predicted = Predictions.model_validate(predictions).of(layout) if predictions else None
-    reference = promotion.evaluation_pair(accuracy) if accuracy else None
-    result = measure_layout(loaded, layout, model, run_id, predicted, reference)
-    return json.loads(result.model_dump_json())  # inf/nan as strings: XCom is strict JSON
+    model = serving.serving_copy(loaded, staged.manifest_hash, staged.s3_uri, staged.nfs_path)
+    predicted = predictions.of(layout) if predictions else None
+    reference = accuracy.pair() if accuracy else None
+    return measure_layout(loaded, layout, model, run_id, predicted, reference)
 
 
 def measure_layout(
@@ -435,7 +358,7 @@ def measure_layout(
     model: Path,
     run_id: str,
     predicted: LayoutPrediction | None,
-    accuracy: tuple[EvalResult, EvalResult] | None,
+    accuracy: tuple[evaluate_stage.EvalResult, evaluate_stage.EvalResult] | None,
 ) -> LayoutResult:
     """One layout's search from its prediction (when there is one), kept beside the measurement;
     what the local task and the benchmark pod both run."""
@@ -455,9 +378,9 @@ def measure_layout(
     return result
 
 
-def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
-    loaded = load_spec(spec_path)
-    layouts = [LayoutResult(**r) for r in results]
+def select_layout(release: ValidatedRelease, results: list[LayoutResult], run_id: str) -> LayoutSelection:
+    loaded = load_spec(release.spec_path)
+    layouts = results
     selection = benchmark.select(layouts, loaded.spec.slo)
     fleet = capacity_plan(loaded, layouts, selection.best)
     refusal = fleet.refusal() if fleet else None
@@ -467,16 +390,18 @@ def select_layout(spec_path: str, results: list[dict[str, Any]], run_id: str) ->
     log.info("layouts measured:\n%s\nselection: %s\nfiles: %s", benchmark.table(layouts), selection.reason, files)
     if fleet:
         log.info("fleet and cost:\n%s", capacity.table(fleet))
-    return {
-        **json.loads(selection.model_dump_json(exclude={"layouts"})),
-        "files": files,
-        "layouts": [json.loads(r.model_dump_json(exclude={"probes"})) for r in layouts],
-        "chosen": chosen_figures(next((r for r in layouts if r.layout == selection.best), None)),
-        "capacity": fleet.model_dump(mode="json") if fleet else None,
-    }
+    return LayoutSelection(
+        best=selection.best,
+        passed=selection.passed,
+        reason=selection.reason,
+        files=files,
+        layouts=[r.model_copy(update={"probes": []}) for r in layouts],
+        chosen=chosen_figures(next((r for r in layouts if r.layout == selection.best), None)),
+        capacity=fleet,
+    )
 
 
-def capacity_plan(loaded: LoadedSpec, layouts: list[LayoutResult], best: str | None) -> CapacityPlan | None:
+def capacity_plan(loaded: LoadedSpec, layouts: list[LayoutResult], best: str | None) -> capacity.CapacityPlan | None:
     """Fleet and cost of every measured layout, the chosen one against what is live (spec `capacity:`)."""
     if loaded.spec.capacity is None:
         return None
@@ -487,10 +412,10 @@ def capacity_plan(loaded: LoadedSpec, layouts: list[LayoutResult], best: str | N
     return capacity.plan(loaded, rates, best, versus, load_seconds=loads, load_source="measured by this run")
 
 
-def chosen_figures(best) -> dict[str, Any]:
+def chosen_figures(best: LayoutResult | None) -> ChosenFigures | None:
     """What the registry, the approval and later re-benchmarks need of the chosen layout."""
     if best is None:
-        return {}
+        return None
 
     probe = report_page.chosen_probe(json.loads(best.model_dump_json())) or {}
     return ChosenFigures(
@@ -506,78 +431,82 @@ def chosen_figures(best) -> dict[str, Any]:
         load_seconds=best.load_seconds,
         load_split=max(best.load_splits, key=lambda split: split.to_healthy_s, default=None),
         weights_source=best.weights_source or None,
-    ).model_dump(mode="json")
+    )
 
 
-def slo_gate(selection: dict[str, Any], release_id: int | None = None) -> dict[str, Any]:
-    fleet = CapacityPlan.model_validate(selection["capacity"]) if selection.get("capacity") else None
-    if release_id is not None:
-        chosen = selection.get("chosen") or {}
+def slo_gate(release: ValidatedRelease, selection: LayoutSelection) -> LayoutSelection:
+    fleet = selection.capacity
+    if release.release_id is not None:
+        chosen = selection.chosen.model_dump(mode="json") if selection.chosen else {}
         sizing: dict[str, Any] = {}
         if fleet and fleet.candidate:
             sizing = {"servers": fleet.candidate.servers, "usd_per_hour": fleet.candidate.usd_per_hour}
             if fleet.change:
                 sizing["vs_live"] = fleet.change.summary()
         registry().record(
-            release_id,
+            release.release_id,
             "slo_gate",
             "gate",
-            {"passed": selection["passed"], "reason": selection["reason"], **chosen, **sizing},
-            status="candidate" if selection["passed"] else "gate_failed",
+            {"passed": selection.passed, "reason": selection.reason, **chosen, **sizing},
+            status="candidate" if selection.passed else "gate_failed",
             only_from=("candidate", "gate_failed"),
-            data={
-                **chosen,
-                "benchmark_files": selection.get("files", {}),
-                "capacity": selection.get("capacity"),
-                "predictions": [
+            data=ReleaseData(
+                **(selection.chosen.model_dump() if selection.chosen else {}),
+                benchmark_files=selection.files,
+                capacity=fleet,
+                predictions=[
                     calibration.PredictionRecord.model_validate(
-                        {k: r.get(k) for k in calibration.PredictionRecord.model_fields}
-                    ).model_dump()
-                    for r in selection.get("layouts", [])
+                        {k: getattr(r, k, None) for k in calibration.PredictionRecord.model_fields}
+                    )
+                    for r in selection.layouts
                 ],
-                "served_accuracy": [
-                    ServedSummary.of(r["layout"], ServedAccuracy.model_validate(served)).model_dump(mode="json")
-                    for r in selection.get("layouts", [])
-                    if (served := r.get("served_accuracy"))
+                served_accuracy=[
+                    ServedSummary.of(r.layout, r.served_accuracy) for r in selection.layouts if r.served_accuracy
                 ],
-            },
+            ),
         )
-    if not selection["passed"]:
-        layouts = [LayoutResult(**r) for r in selection["layouts"]]
+    if not selection.passed:
         fleet_table = f"\n{capacity.table(fleet)}" if fleet else ""
-        raise GateFailed(f"SLO gate failed: {selection['reason']}\n{benchmark.table(layouts)}{fleet_table}")
+        raise GateFailed(f"SLO gate failed: {selection.reason}\n{benchmark.table(selection.layouts)}{fleet_table}")
     return selection
 
 
-def report(release_id: int, run_id: str) -> dict[str, Any]:
+def report(release: ReleaseRef | int, run_id: str) -> ReportPage:
     """Write the reviewer report; re-rendered later steps keep the same path."""
+    release_id = _release_id(release)
     reg = registry()
     rel = reg.get(release_id)
     path = report_page.write(reg, rel, release_spec(rel), run_dir(run_id))
     if rel.data.get("report") != str(path):
-        reg.record(release_id, "report", "pipeline", {"path": str(path)}, data={"report": str(path)})
+        reg.record(release_id, "report", "pipeline", {"path": str(path)}, data=ReleaseData(report=str(path)))
     log.info("reviewer report: %s", path)
-    return ReportPage(release_id=release_id, path=str(path)).model_dump(mode="json")
+    return ReportPage(release_id=release_id, path=str(path))
 
 
-def promote(release_id: int, run_id: str, step_reviews: bool = False, first_try: bool = True) -> dict[str, Any]:
+def _release_id(release: ReleaseRef | int) -> int:
+    """The registry id of a run's release: a task has a record naming it, the CLI the number."""
+    return release if isinstance(release, int) else release.release_id
+
+
+def promote(
+    release: ReleaseRef | int, run_id: str, step_reviews: bool = False, first_try: bool = True
+) -> PromotionOutcome:
     """`first_try` False (the task's retry): only a rollout whose controller died is picked up."""
+    release_id = _release_id(release)
     reg = registry()
     try:
         rel = promotion.promote(reg, release_id, step_reviews=step_reviews, first_try=first_try)
     finally:
         report(release_id, run_id)  # the audit trail in the report includes the outcome
     log.info("release %d is %s at %s", rel.id, rel.status, rel.data.get("endpoint"))
-    return PromotionOutcome(release_id=rel.id, status=rel.status, endpoint=rel.data.get("endpoint")).model_dump(
-        mode="json"
-    )
+    return PromotionOutcome(release_id=rel.id, name=rel.name, status=rel.status, endpoint=rel.data.get("endpoint"))
 
 
-def review_steps(release_id: int) -> list[int]:
+def review_steps(release: ReleaseRef | int) -> list[int]:
     """The rollout steps a reviewer will be asked about: none when the spec sets no
     `rollout.review_timeout` or nothing is live to roll over (the first release switches at once)."""
     reg = registry()
-    rel = reg.get(release_id)
+    rel = reg.get(_release_id(release))
     loaded = release_spec(rel)
     live = reg.live(rel.name, rel.target)
     if not loaded.spec.rollout.review_timeout or live is None or live.id == rel.id:
@@ -588,18 +517,18 @@ def review_steps(release_id: int) -> list[int]:
     return list(range(1, count + 1))
 
 
-def pending_step(release_id: int, step: int) -> dict[str, Any] | bool | None:
-    """The step's analysis for its review task once judged (PendingStep), False while not yet, None
-    when the rollout ended without it."""
-    found = step_review.pending(registry(), release_id, step)
-    return found.model_dump(mode="json") if isinstance(found, step_review.PendingStep) else found
+def pending_step(release_id: int, step: int) -> step_review.PendingStep | bool | None:
+    """The step's analysis for its review task once judged, False while not yet, None when the
+    rollout ended without it."""
+    return step_review.pending(registry(), release_id, step)
 
 
-def record_step_review(release_id: int, review: dict[str, Any]) -> None:
-    step_review.record(registry(), release_id, StepReview.model_validate(review))
+def record_step_review(release_id: int, review: StepReview) -> None:
+    step_review.record(registry(), release_id, review)
 
 
-def verify(release_id: int, run_id: str) -> dict[str, Any]:
+def verify(release: ReleaseRef | int, run_id: str) -> Verification:
+    release_id = _release_id(release)
     result = promotion.verify(registry(), release_id)
     rebench.refresh_report(registry(), release_id)  # same page, now with the verification in its trail
     return result
@@ -612,17 +541,17 @@ def live_release_ids(name: str, only: int | None = None) -> list[int]:
     return ids
 
 
-def rebenchmark(release_id: int, run_id: str, context: Any = None) -> dict[str, Any]:
+def rebenchmark(release_id: int, run_id: str, context: Any = None) -> rebench.Verdict:
     reg = registry()
     verdict = rebench.rebenchmark(reg, release_id, run_dir(run_id) / f"rebenchmark-{release_id}", context=context)
     return rebench.settle(reg, verdict)
 
 
-def rollback(name: str, release_id: int | None, reason: str, actor: str) -> dict[str, Any]:
+def rollback(name: str, release_id: int | None, reason: str, actor: str) -> PromotionOutcome:
     reg = registry()
     candidates = reg.releases(name=name)
     if not candidates:
         raise ReleaseError(f"param name: no releases named {name!r} in the registry")
     target = reg.get(release_id).target if release_id else candidates[0].target
     rel = promotion.rollback(reg, name, target, actor, reason, to=release_id)
-    return {"release_id": rel.id, "status": rel.status, "endpoint": rel.data.get("endpoint")}
+    return PromotionOutcome(release_id=rel.id, name=rel.name, status=rel.status, endpoint=rel.data.get("endpoint"))

@@ -105,7 +105,19 @@ class Calibration(BaseModel):
         return f"x{self.factor:.3g}: median of measured / planner ({evidence})"
 
 
-def observations(releases: Iterable[tuple[int, list[dict[str, Any]]]]) -> dict[str, list[Observation]]:
+class Measurements(BaseModel):
+    """Every usable measurement of a layout against the planner, per calibration key, oldest first:
+    what the next plan calibrates on and the report's planner table shows."""
+
+    by_key: dict[str, list[Observation]] = Field(
+        default_factory=dict, description="calibration key -> its measurements"
+    )
+
+    def of(self, key: str) -> list[Observation]:
+        return self.by_key.get(key, [])
+
+
+def observations(releases: Iterable[tuple[int, list[dict[str, Any]]]]) -> Measurements:
     """Per key, the usable measurements in the registry's release records (release id, its
     `predictions`), oldest first. A layout that failed, whose answer is only a bound (probe budget,
     capacity), that the load client bound (it sent late in the runs that decided it: the ratio would be
@@ -133,12 +145,12 @@ def observations(releases: Iterable[tuple[int, list[dict[str, Any]]]]) -> dict[s
                     calibrated=bool(record.get("calibration")),
                 )
             )
-    return found
+    return Measurements(by_key=found)
 
 
-def calibrate(found: dict[str, list[Observation]], for_key: str, last: int = LAST) -> Calibration | None:
+def calibrate(found: Measurements, for_key: str, last: int = LAST) -> Calibration | None:
     """The median ratio of the last `last` measurements for `for_key`; None when there are none."""
-    recent = found.get(for_key, [])[-last:]
+    recent = found.of(for_key)[-last:]
     if not recent:
         return None
     return Calibration(key=for_key, factor=round(statistics.median(o.ratio for o in recent), 4), observations=recent)

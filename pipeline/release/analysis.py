@@ -12,13 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Literal
 
 import requests
-from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import RolloutSpec, SloSpec, duration_seconds
+from pipeline.records.rollout import Query, StepAnalysis
 
 log = logging.getLogger(__name__)
 
@@ -34,75 +33,6 @@ HTTP = "http_requests_total"
 
 class PrometheusError(ReleaseError):
     pass
-
-
-class Query(BaseModel):
-    promql: str
-    value: float | None = Field(description="None: no data in the window (no samples, or no requests)")
-
-
-class StepReview(BaseModel):
-    """A person's Continue / Abort on one rollout step, or the analysis verdict when nobody answered."""
-
-    step: int
-    decision: Literal["continue", "abort"]
-    actor: str = Field(description="the reviewer (Airflow user id), or who decided for nobody")
-    comment: str = ""
-    by_default: bool = Field(False, description="nobody answered in time: the analysis verdict stood")
-
-
-class StepAnalysis(BaseModel):
-    """One analysis window of one rollout step: the verdict and every query behind it."""
-
-    step: int
-    fraction: float
-    window_s: int
-    passed: bool
-    reasons: list[str] = Field(default_factory=list, description="why it failed; empty when it passed")
-    inconclusive: bool = Field(
-        False,
-        description="too little traffic on either release to judge: never a pass (a reviewer may "
-        "Continue it; unanswered, it aborts)",
-    )
-    queries: dict[str, Query]
-    analysis_passed: bool | None = Field(None, description="the PromQL verdict, when a reviewer's decision differs")
-    review: StepReview | None = None
-
-    def decided(self, review: StepReview) -> StepAnalysis:
-        """The step as its reviewer decided: Abort fails a step that passed its analysis, Continue
-        passes one that failed; the analysis verdict and its reasons stay on record beside it."""
-        proceed = review.decision == "continue"
-        if review.by_default or proceed == self.passed:
-            return self.model_copy(update={"review": review})
-        said = f"{review.actor}: {review.comment}" if review.comment else review.actor
-        reason = (
-            f"continued by reviewer {said} despite the failed analysis" if proceed else f"aborted by reviewer {said}"
-        )
-        return self.model_copy(
-            update={
-                "passed": proceed,
-                "analysis_passed": self.passed,
-                "reasons": [*self.reasons, reason],
-                "review": review,
-            }
-        )
-
-    def summary(self) -> str:
-        q = {k: v.value for k, v in self.queries.items()}
-
-        def ms(key: str) -> str:
-            v = q.get(key)
-            return "-" if v is None else f"{v * 1000:.0f} ms"
-
-        verdict = "inconclusive (too little traffic)" if self.inconclusive else "passed" if self.passed else "FAILED"
-        if self.review and not self.review.by_default:
-            verdict += f", {self.review.decision} by {self.review.actor}"
-        return (
-            f"step {self.step} ({self.fraction:.0%} of traffic, {self.window_s} s): {verdict}; "
-            f"new p90 TTFT {ms('new_p90_ttft')} (old {ms('old_p90_ttft')}), "
-            f"p90 TPOT {ms('new_p90_tpot')} (old {ms('old_p90_tpot')}), "
-            f"{q.get('new_requests') or 0:.0f} requests" + (f"; {'; '.join(self.reasons)}" if self.reasons else "")
-        )
 
 
 def query(url: str, promql: str, timeout: float = 10) -> float | None:

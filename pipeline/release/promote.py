@@ -24,10 +24,11 @@ from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, loa
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
+from pipeline.records.release import Verification
+from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.release import analysis, controller, local_target, rollout_plan, step_review
-from pipeline.release.analysis import StepAnalysis
-from pipeline.release.registry import Registry, Release
+from pipeline.release.registry import Registry, Release, ReleaseData
 from pipeline.stages import served_accuracy, serving
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,9 @@ def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
         data = opened.live_data() if live else {}
     restored = previous is not None and previous.id != rel.id and not live
     if live:
-        reg.record(rel.id, "deploy_finished", actor, {"recovered": True}, status="live", data=data)
+        reg.record(
+            rel.id, "deploy_finished", actor, {"recovered": True}, status="live", data=ReleaseData.model_validate(data)
+        )
         if previous and previous.id != rel.id:
             reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
     else:
@@ -220,12 +223,7 @@ def reviewer(reg: Registry, rel: Release, loaded: LoadedSpec) -> step_review.Rev
 
 def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
     """What the local engines load: the staged artifact, fetched and verified (BF16 copy on CPU)."""
-    staged = {
-        "s3_uri": data.get("s3_uri"),
-        "nfs_path": data.get("nfs_path"),
-        "manifest_hash": data["manifest_hash"],
-    }
-    return serving.serving_copy(loaded, staged)
+    return serving.serving_copy(loaded, data["manifest_hash"], data.get("s3_uri"), data.get("nfs_path"))
 
 
 def _rollout_check(rel: Release, loaded: LoadedSpec) -> tuple[tuple[EvalResult, EvalResult], EvaluationSpec] | None:
@@ -456,7 +454,7 @@ def _rendered(reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, serve
         "manifests_rendered",
         actor,
         {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objs], "file": str(kept), "servers": servers},
-        data={"manifests": objs, "manifests_file": str(kept)},
+        data=ReleaseData(manifests=objs, manifests_file=str(kept)),
     )
     return objs
 
@@ -499,10 +497,17 @@ def _deploy(
             + (f"release {previous.id} still serving" if restored and previous else "nothing serving")
             + f"): {outcome.error}"
         )
-    reg.record(rel.id, "deploy_finished", actor, {"target": rel.target, **data}, status="live", data=data)
+    reg.record(
+        rel.id,
+        "deploy_finished",
+        actor,
+        {"target": rel.target, **data},
+        status="live",
+        data=ReleaseData.model_validate(data),
+    )
 
 
-def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> dict[str, Any]:
+def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Verification:
     """After promotion: the live endpoint answers a completion now (not only at switch time)."""
     rel = reg.get(release_id)
     if rel.status != "live":
@@ -516,7 +521,7 @@ def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: 
         reg.record(rel.id, "verify_failed", actor, {"error": str(exc)[:2000]})
         raise
     reg.record(rel.id, "verified", actor, {"url": url, "text": text})
-    return {"release_id": rel.id, "endpoint": url, "text": text}
+    return Verification(release_id=rel.id, endpoint=url, text=text)
 
 
 def rollback(
@@ -573,7 +578,14 @@ def rollback(
         "events": [k for k, _ in outcome.events],
         **data,
     }
-    reg.record(rel.id, "rollback_finished", actor, {"reason": reason, **detail}, status="live", data=data)
+    reg.record(
+        rel.id,
+        "rollback_finished",
+        actor,
+        {"reason": reason, **detail},
+        status="live",
+        data=ReleaseData.model_validate(data),
+    )
     if live and live.id != rel.id:
         reg.record(live.id, "rolled_back", actor, {"reason": reason, "restored": rel.id}, status="rolled_back")
     return reg.get(rel.id)

@@ -187,13 +187,13 @@ def cancelled(reg: Registry, rel: Release, reason: str, found: dict[str, str]) -
     return verdict
 
 
-def settle(reg: Registry, verdict: Verdict) -> dict[str, Any]:
+def settle(reg: Registry, verdict: Verdict) -> Verdict:
     """The end of a re-benchmark task: the report shows the new point, and a failed measurement
     (already alerted and recorded) fails the task so the run shows it too."""
     refresh_report(reg, verdict.release_id)
     if verdict.status == "error":
         raise ReleaseError(f"release {verdict.release_id}: re-benchmark failed: {verdict.reasons[0]}")
-    return verdict.model_dump()
+    return verdict
 
 
 def conclude(

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -26,7 +26,7 @@ from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
 from pipeline.core.rollout import Deployment
-from pipeline.planner.calibration import Observation, PredictionRecord, observations
+from pipeline.planner.calibration import Measurements, PredictionRecord, observations
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LoadSplit
 from pipeline.records.capacity import CapacityPlan
@@ -117,7 +117,7 @@ class ReleaseData(BaseModel):
     evaluation: EvaluationPair | None = Field(
         None, description="the gate's in-process results, per item: what served answers are held to"
     )
-    # SLO gate: the chosen layout's figures (flow.ChosenFigures) and the fleet
+    # SLO gate: the chosen layout's figures (records.selection.ChosenFigures) and the fleet
     layout: str | None = None
     rate_per_server: float | None = None
     per_device: float | None = None
@@ -183,6 +183,11 @@ class Release(BaseModel):
         return ReleaseData.model_validate({k: v for k, v in self.data.items() if k in ReleaseData.model_fields})
 
 
+# An event's evidence, as the audit trail shows it: free-form per kind (a gate's figures, a rollout
+# step's analysis, an approval's comment), JSON. The one untyped edge: kinds come and go with steps.
+EventDetail = dict[str, Any]
+
+
 class Event(BaseModel):
     id: int
     release_id: int
@@ -190,7 +195,7 @@ class Event(BaseModel):
     kind: str
     actor: str
     status_after: str | None
-    detail: dict[str, Any]
+    detail: EventDetail
 
 
 class UnknownRelease(ReleaseError):
@@ -238,9 +243,7 @@ class Registry:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
 
-    def open_release(
-        self, run_key: str, name: str, spec_path: str, spec_yaml: str, target: str, data: dict[str, Any] | None = None
-    ) -> Release:
+    def open_release(self, run_key: str, name: str, spec_path: str, spec_yaml: str, target: str) -> Release:
         """The release of this run; created on first call (task retries find the same row)."""
         with self._session() as s:
             row = s.scalar(select(ReleaseRow).where(ReleaseRow.run_key == run_key))
@@ -253,7 +256,7 @@ class Registry:
                     spec_yaml=spec_yaml,
                     target=target,
                     status="candidate",
-                    data=_json_safe(checked_data(f"of run {run_key}", data or {})),
+                    data={},
                     created_at=now,
                     updated_at=now,
                 )
@@ -276,13 +279,14 @@ class Registry:
         release_id: int,
         kind: str,
         actor: str,
-        detail: dict[str, Any] | None = None,
+        detail: EventDetail | None = None,
         *,
         status: str | None = None,
-        data: dict[str, Any] | None = None,
+        data: ReleaseData | None = None,
         only_from: tuple[str, ...] | None = None,
     ) -> Event:
-        """Append an event; optionally move the release to `status` and merge `data` into its record.
+        """Append an event; optionally move the release to `status` and merge the facts `data` sets
+        (the fields given, None included) into its record.
 
         `only_from`: change the status only if the release is (still) in one of these, checked in
         the same transaction (a verdict measured for minutes must not revive a superseded release).
@@ -298,8 +302,8 @@ class Registry:
                 status = None
             if status is not None:
                 row.status = status
-            if data:
-                row.data = {**row.data, **_json_safe(checked_data(release_id, data))}
+            if data is not None:
+                row.data = {**row.data, **_json_safe(data.model_dump(mode="json", exclude_unset=True))}
             row.updated_at = now
             ev = EventRow(
                 release_id=release_id,
@@ -334,7 +338,7 @@ class Registry:
         with self._session() as s:
             return [Release.model_validate(r, from_attributes=True) for r in s.scalars(query)]
 
-    def measured_predictions(self) -> dict[str, list[Observation]]:
+    def measured_predictions(self) -> Measurements:
         """Every release's benchmarked layouts against the planner, per calibration key, oldest first:
         what the next plan calibrates on and the report's planner table shows."""
         return observations((r.id, r.data.get("predictions") or []) for r in self.releases())
@@ -459,16 +463,6 @@ def audit_trail(reg: Registry, release_id: int) -> str:
             f"  {ev.at:%Y-%m-%d %H:%M:%S}  {ev.kind:<18} by {ev.actor}{status}" + (f"  ({detail})" if detail else "")
         )
     return "\n".join(lines)
-
-
-def checked_data(release: int | str, data: dict[str, Any]) -> dict[str, Any]:
-    """`data` if every key is a ReleaseData field of the right type; else a ReleaseError naming them."""
-    try:
-        ReleaseData.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"data.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ReleaseError(f"release {release}: {problems}") from None
-    return data
 
 
 def _json_safe(value: Any) -> Any:

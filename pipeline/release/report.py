@@ -313,7 +313,7 @@ def _planner_view(reg: Registry, rel: Release) -> dict[str, Any] | None:
     if not keys:
         return None
     found = reg.measured_predictions()
-    rows = [o for key in dict.fromkeys(keys) for o in found.get(key, [])[-10:]]
+    rows = [o for key in dict.fromkeys(keys) for o in found.of(key)[-10:]]
     if not rows:
         return None
     own, used = calibration.median_abs_errors(rows)

@@ -13,9 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from pydantic import BaseModel
-
-from pipeline.release.analysis import StepAnalysis, StepReview
+from pipeline.records.rollout import PendingStep, StepAnalysis, StepReview
 from pipeline.release.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -30,13 +28,6 @@ GRACE_S = 120.0
 
 # a step's analysis -> a reviewer's Continue / Abort (the verdict when nobody answers)
 Reviewer = Callable[[StepAnalysis], StepReview]
-
-
-class PendingStep(BaseModel):
-    """A judged step waiting for its reviewer: what the review task shows and how long it waits."""
-
-    analysis: StepAnalysis
-    timeout_s: float
 
 
 def default(verdict: StepAnalysis, actor: str) -> StepReview:

