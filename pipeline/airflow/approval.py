@@ -19,7 +19,7 @@ from airflow.sdk.definitions.param import ParamsDict
 from pipeline.core import platform
 from pipeline.core.spec import LoadedSpec, duration_seconds
 from pipeline.records import edge
-from pipeline.records.release import ValidatedRelease
+from pipeline.records.release import ReleaseRef
 from pipeline.release.registry import Release, ReleaseData
 from pipeline.stages import capacity
 
@@ -136,10 +136,8 @@ class ReleaseApproval(ApprovalOperator):
         self.params = ParamsDict(comment_form())
 
     def _release_id(self, context) -> int:
-        release = edge.from_json(ValidatedRelease, self.release, f"{self.task_id}'s release")
-        if release.release_id is None:
-            raise ValueError(f"{self.task_id}: the run opened no release (validate ran without a run id)")
-        return release.release_id
+        # the run's validated record, or any record naming the release (a ReleaseRef reads either)
+        return edge.from_json(ReleaseRef, self.release, f"{self.task_id}'s release").release_id
 
     def execute(self, context):
         # the release machinery loads when the task runs; DAG files import this module, and their

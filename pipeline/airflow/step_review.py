@@ -29,7 +29,7 @@ from pipeline.core import platform
 from pipeline.core.spec import SloSpec
 from pipeline.records import edge
 from pipeline.records.edge import Json
-from pipeline.records.release import ValidatedRelease
+from pipeline.records.release import ReleaseRef
 from pipeline.records.rollout import PendingStep, StepReview
 
 log = logging.getLogger(__name__)
@@ -112,10 +112,8 @@ class RolloutStepReview(HITLOperator):
         self.params = ParamsDict(comment_form())
 
     def _release_id(self) -> int:
-        release = edge.from_json(ValidatedRelease, self.release, f"{self.task_id}'s release")
-        if release.release_id is None:
-            raise ValueError(f"{self.task_id}: the run opened no release (validate ran without a run id)")
-        return release.release_id
+        # the run's validated record, or any record naming the release (a ReleaseRef reads either)
+        return edge.from_json(ReleaseRef, self.release, f"{self.task_id}'s release").release_id
 
     def execute(self, context):
         release_id = self._release_id()
