@@ -257,6 +257,31 @@ def test_a_prior_below_the_truth_closes_from_below_on_the_line_through_two_passe
     assert not outcome.bound_only  # the fail above caps it
 
 
+def test_after_the_engine_falls_behind_no_probe_goes_far_above_what_it_served():
+    """The fidelity run at 965e82b: passes at 102, 204 and 219 req/s (the last with a lower p90 than
+    the one before, noise) let the step reach 876, where the engine fell behind serving 249; the
+    secant from the pass to that fail's zero margin then aimed at 706, 580, 399 and 309, each a
+    client-bound fail, and the budget ran out with 219 "a lower bound". A probe that fell behind says
+    what the engine served: the next one goes no further than just above that."""
+    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=50, resolution=0.05)
+    served = 249.0
+
+    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+        if math.isinf(rate):
+            return fixed_probe(rate, n, 344, slo, 204)
+        if rate > 300:  # falls behind: serves 249, queues the rest
+            return fixed_probe(rate, n, 17742, slo, served)
+        return fixed_probe(rate, n, 30 if rate < 150 else 157 if rate < 210 else 122 if rate < 250 else 600, slo)
+
+    outcome = benchmark.slo_search(run, WorkloadSpec(input_len=1, output_len=2), slo)
+    rates = [p.rate for p in outcome.probes]
+    behind = next(i for i, p in enumerate(outcome.probes) if benchmark.search.hopeless(p))
+    assert rates[behind] > 4 * 204 * 0.9  # the step that overshoots is still taken (the margins allowed it)
+    assert all(r <= served * (1 + slo.resolution / 2) for r in rates[behind + 1 :]), rates
+    assert 240 <= outcome.max_slo_rate < 250 and not outcome.bound_only, outcome.stop_reason
+    assert len(rates) <= 12, rates  # 16, the whole budget, before
+
+
 def test_a_bracket_no_wider_than_the_resolution_closes_on_its_secant():
     """Near the edge a verdict is a coin toss within the latencies' noise: a bracket no wider than
     the resolution whose pass-to-fail line meets the edge within half the resolution above the pass

@@ -204,6 +204,17 @@ def slo_search(
         worst = min(margin(p, slo) for p in runs[rate])
         return rate, max(worst, 1.0) if holds(rate) else min(worst, NEAR_MISS)
 
+    def below_served(rate: float, hi: float, least: float, aim: float) -> float:
+        """`rate`, capped where the engine fell behind at `hi` (failed on pace or errors): it served no
+        more than the highest rate any counted probe achieved, so the edge is near or below that, not
+        where a line to the fail's zero margin puts it (after falling behind at 249 req/s when offered
+        876, the line aimed at 706, 580, 399 and 309, each a client-bound fail, spending 4 probes of
+        16). At most `aim` x that rate, never below `least`."""
+        if not any(hopeless(p) for p in runs[hi]):
+            return rate
+        served = max(p.achieved_rate for r in runs for p in runs[r])
+        return min(rate, max(served * aim, least))
+
     def secant_close(lo: float, hi: float) -> bool:
         """The line from the pass to the fail meets the edge within half the resolution above the pass."""
         edge = crossing([point(lo), point(hi)])
@@ -275,6 +286,7 @@ def slo_search(
                 rate, step = floor, min(step * step, MAX_STEP)
             else:
                 rate = max(min(edge * (1 - AIM * res), hi * (1 - res / 2)), floor)
+            rate = below_served(rate, hi, 0.0, 1 - AIM * res)  # the edge is below what it served
             if rate < start * FLOOR:
                 return finish(None, f"SLO missed even at {hi:.3g} req/s")
             if spent():
@@ -294,6 +306,7 @@ def slo_search(
             else:
                 rate = edge * (1 + AIM * res if last_passed else 1 - AIM * res)
                 rate = min(max(rate, lo + width / 10), hi - width / 10)
+            rate = below_served(rate, hi, lo * (1 + res / 2), 1 + res / 2)
             verdicts.append(probe(rate).passed)
             continue
         elif len(runs[lo]) < 1 + workload.repeats:
