@@ -52,6 +52,7 @@ from pipeline.core.spec import load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
+from pipeline.records.benchmark import LayoutResult, Probe
 from pipeline.release import promote
 from pipeline.release.registry import cached
 from pipeline.stages import benchmark, interference, tiny_model
@@ -122,7 +123,7 @@ def rebenchmark_door(spec: Path, layout_name: str, model: Path, promoted: float,
     return json.loads(result.model_dump_json())
 
 
-def fixed_rates(spec: Path, layout_name: str, model: Path, rates: list[float], work: Path) -> list[benchmark.Probe]:
+def fixed_rates(spec: Path, layout_name: str, model: Path, rates: list[float], work: Path) -> list[Probe]:
     loaded = load_spec(spec)
     layout = next(lay for lay in loaded.spec.layouts if lay.name == layout_name)
     out = []
@@ -138,7 +139,7 @@ INDEPENDENT_CLIENT = ROOT / "benchmarks" / "open_loop_client.py"
 
 def independent_door(
     spec: Path, layout_name: str, model: Path, answer: float, work: Path, check_seconds: float, max_probes: int
-) -> tuple[dict, list[tuple[str, benchmark.Probe]]]:
+) -> tuple[dict, list[tuple[str, Probe]]]:
     """A fresh engine of the layout (placement and isolation as the search's). The independent client,
     pinned to the cores vLLM's client is pinned to, at `answer` and 1.25x it, each beside vLLM's client
     at the same rate and length; then the SLO search with the independent client measuring its probes.
@@ -148,13 +149,13 @@ def independent_door(
     slo, workload = loaded.spec.slo, loaded.spec.workload
     vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
     work.mkdir(parents=True, exist_ok=True)
-    checks: list[tuple[str, benchmark.Probe]] = []
+    checks: list[tuple[str, Probe]] = []
     with benchmark.running_layout(loaded.spec, loaded.hardware, layout, model, work) as (engine, prober):
         prober.bench.ensure()  # its cores are the ones the independent client gets
         cores = prober.bench.cores
         numbers = iter(range(1, 10_000))
 
-        def independent(rate: float, n: int, seed: int) -> benchmark.Probe:
+        def independent(rate: float, n: int, seed: int) -> Probe:
             if not engine.alive():
                 raise engine.exit_error("during the independent client's probe")
             out = work / f"independent-{next(numbers):02d}.json"
@@ -178,7 +179,7 @@ def independent_door(
             checks.append(("vllm", prober(rate, n, 20_000 + i)))
         log.info("independent door: the SLO search from %.3g req/s with the independent client", answer)
         outcome = benchmark.slo_search(independent, workload, slo, max_probes, prior=answer)
-    result = benchmark.LayoutResult(
+    result = LayoutResult(
         layout=layout.name, tp=layout.tp, dp=layout.dp, ep=layout.ep, pp=layout.pp, replicas=layout.replicas,
         devices=layout.devices, status="ok", capacity_rps=outcome.capacity, max_slo_rate=outcome.max_slo_rate,
         bound_only=outcome.bound_only, stop_reason=outcome.stop_reason, spread=outcome.spread,

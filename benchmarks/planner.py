@@ -42,6 +42,7 @@ from pipeline.core.files import atomic_write
 from pipeline.core.spec import Layout, load_spec
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
+from pipeline.records.benchmark import LayoutResult
 from pipeline.stages import benchmark, sources
 
 SPEED_LOOPS = 300_000
@@ -99,7 +100,7 @@ def span(readings: list[float], form: str) -> str:
     return f"{min(readings):{form}}-{max(readings):{form}}"
 
 
-def apart(results: list[benchmark.LayoutResult]) -> str:
+def apart(results: list[LayoutResult]) -> str:
     """How far a layout's second measurement lies from its first."""
     rates = [r.max_slo_rate for r in results]
     return f"{rates[1] / rates[0] - 1:+.1%}" if len(rates) == 2 and rates[0] and rates[1] else "n/a"
@@ -111,26 +112,26 @@ def swapped(by_prediction: list[str], by_measurement: list[str]) -> list[tuple[s
     return [(a, b) for i, a in enumerate(by_prediction) for b in by_prediction[i + 1 :] if place[a] > place[b]]
 
 
-def bounds(results: list[benchmark.LayoutResult]) -> tuple[float, float]:
+def bounds(results: list[LayoutResult]) -> tuple[float, float]:
     """A layout's lowest and highest measurement (one that found no rate counts as 0)."""
     rates = [r.max_slo_rate or 0.0 for r in results]
     return min(rates), max(rates)
 
 
-def overlap(a: list[benchmark.LayoutResult], b: list[benchmark.LayoutResult]) -> bool:
+def overlap(a: list[LayoutResult], b: list[LayoutResult]) -> bool:
     """Whether two layouts' measurements (lowest to highest of each) overlap: then this run does not
     order them, whatever their means say."""
     (low_a, high_a), (low_b, high_b) = bounds(a), bounds(b)
     return max(low_a, low_b) <= min(high_a, high_b)
 
 
-def extent(results: list[benchmark.LayoutResult]) -> str:
+def extent(results: list[LayoutResult]) -> str:
     """A layout's measurements, lowest to highest."""
     low, high = bounds(results)
     return f"{low:.4g}-{high:.4g}" if len(results) > 1 else f"{low:.4g}"
 
 
-def twice(results: list[benchmark.LayoutResult]) -> str:
+def twice(results: list[LayoutResult]) -> str:
     """A layout's two measurements and how far apart they are."""
     shown = " / ".join(f"{r.max_slo_rate or math.nan:.4g}" for r in results)
     return f"{shown:>15} {apart(results):>7}"
@@ -199,13 +200,11 @@ def main() -> None:
             "bound": fitted.bound,
         }
     atomic_write(out / "predictions.json", json.dumps(predicted, indent=2))  # before any measurement
-    runs: dict[str, list[benchmark.LayoutResult]] = {}
+    runs: dict[str, list[LayoutResult]] = {}
     for index, layout in enumerate(layouts + (layouts[::-1] if args.twice else [])):
         folder = out / (layout.name if index < len(layouts) else f"{layout.name}-2")
         read(layout.name)
-        result = benchmark.benchmark_layout(
-            spec, hw, layout, model, folder, predicted=predicted[layout.name]["profiled"]
-        )
+        result = benchmark.benchmark_layout(spec, hw, layout, model, folder, prior=predicted[layout.name]["profiled"])
         read(layout.name)
         runs.setdefault(layout.name, []).append(result)
 
@@ -219,7 +218,7 @@ def main() -> None:
         first = layouts[0]
         read(f"{first.name} again")
         again = benchmark.benchmark_layout(
-            spec, hw, first, model, out / f"{first.name}-again", predicted=predicted[first.name]["profiled"]
+            spec, hw, first, model, out / f"{first.name}-again", prior=predicted[first.name]["profiled"]
         )
         read(f"{first.name} again")
         read("profile again")
@@ -233,8 +232,9 @@ def main() -> None:
     atomic_write(out / "speeds.json", json.dumps({"loops_per_ms": speeds, "gb_per_s": bandwidths}, indent=2))
     wall = time.monotonic() - started
 
-    print(f"\n{spec.name} on {hw.name}: {wl.input_len} in / {wl.output_len} out, p90 TTFT {spec.slo.p90_ttft_ms:g} ms,"
-          f" p90 TPOT {spec.slo.p90_tpot_ms:g} ms; {wall / 60:.1f} min in all")  # fmt: skip
+    slo = spec.slo
+    print(f"\n{spec.name} on {hw.name}: {wl.input_len} in / {wl.output_len} out, p90 TTFT {slo.max_p90_ttft_ms:g} ms,"
+          f" p90 TPOT {slo.max_p90_tpot_ms:g} ms; {wall / 60:.1f} min in all")  # fmt: skip
     print(profiling.table(profiled))
     print(profiled.summary())
     print(

@@ -294,7 +294,7 @@ def main() -> int:
     spec, hw, layout = loaded.spec, loaded.hardware, loaded.layout(args.layout)
     slow = layout.model_copy(update={"engine_args": {**layout.engine_args, **SLOW_ARGS}})
     url = local_target.endpoint(spec)
-    slo_ttft, slo_tpot = spec.slo.p90_ttft_ms, spec.slo.p90_tpot_ms
+    slo_ttft, slo_tpot = spec.slo.max_p90_ttft_ms, spec.slo.max_p90_tpot_ms
     print(
         f"slot {spec.name} at {url}, home {home()}, model {model}; rollout steps {spec.rollout.steps}, "
         f"window {spec.rollout.analysis_window}; SLO p90 TTFT {slo_ttft:g} ms, TPOT {slo_tpot:g} ms; "

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.core import measurements
 from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.records.benchmark import Probe
 from pipeline.stages import benchmark, serving, tiny_model
 from testkit.simserver import true_max_rate
 
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.1, help="--in-process: relative p90 noise (uniform)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    slo = SloSpec(p90_ttft_ms=args.ttft_ms, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=args.ttft_ms, max_p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(
         input_len=16, output_len=8, num_prompts=args.prompts, seed=0, min_probe_seconds=args.min_probe_seconds
     )
@@ -80,7 +81,7 @@ def main() -> None:
     client = [str(serving.SERVE_PYTHON), str(serving.VLLM_CLI)]
     counter = [0]
 
-    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def run(rate: float, n: int, seed: int) -> Probe:
         counter[0] += 1
         name = f"p{counter[0]:03d}.json"
         cmd = benchmark.bench_command(client, url, str(tokenizer), workload, slo, rate, n, seed, work, name)

@@ -8,13 +8,14 @@ import math
 import random
 
 from pipeline.core.spec import SloSpec
+from pipeline.records.benchmark import Probe
 from pipeline.stages import benchmark
 
 
-def fixed_probe(rate: float, n: int, p90: float, slo: SloSpec, achieved: float | None = None) -> benchmark.Probe:
+def fixed_probe(rate: float, n: int, p90: float, slo: SloSpec, achieved: float | None = None) -> Probe:
     """A judged probe whose p90 TTFT is `p90` ms (TPOT 5 ms), as a stand-in engine would give."""
     achieved = rate if achieved is None else achieved
-    probe = benchmark.Probe(
+    probe = Probe(
         rate=rate,
         num_prompts=n,
         achieved_rate=achieved,
@@ -40,7 +41,7 @@ def mm1_run(mu: float, slo: SloSpec, noise: float = 0.0, seed: int = 0):
     """A probe from the M/M/1 model itself (p90 TTFT = ln 10 / (mu - rate)), with optional noise."""
     rng = random.Random(seed)
 
-    def run(rate: float, n: int, _seed: int) -> benchmark.Probe:
+    def run(rate: float, n: int, _seed: int) -> Probe:
         achieved = min(rate, mu * 0.98) if not math.isinf(rate) else mu
         p90 = math.log(10) / max(mu - rate, 1e-3) * 1000 if rate < mu else 1e6
         p90 *= 1 + rng.uniform(-noise, noise)

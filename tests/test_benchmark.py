@@ -15,6 +15,9 @@ import time
 import pytest
 
 from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
+from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Probe, SearchOutcome
+from pipeline.records.plan import LayoutPrediction
+from pipeline.records.rebenchmark import Verdict
 from pipeline.stages import affinity_guard, benchmark, serving
 from pipeline.stages.benchmark import orchestration
 from testkit.probes import fixed_probe, mm1_run
@@ -133,7 +136,7 @@ def test_quantile_interval_covers_the_true_p90():
     assert covered / 200 >= 0.9
 
 
-def capped(outcome: benchmark.SearchOutcome) -> bool:
+def capped(outcome: SearchOutcome) -> bool:
     """Whether a counted probe above the answer failed: without one the answer is a lower bound."""
     return any(
         not p.passed and p.rate > outcome.max_slo_rate
@@ -144,7 +147,7 @@ def capped(outcome: benchmark.SearchOutcome) -> bool:
 
 @pytest.mark.parametrize("mu,limit", [(60.0, 200.0), (10.0, 1500.0), (100.0, 50.0)])
 def test_search_finds_the_true_rate_with_half_the_runs_of_a_sweep(mu, limit):
-    slo = SloSpec(p90_ttft_ms=limit, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=limit, max_p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=16, output_len=8, num_prompts=200)
     outcome = benchmark.slo_search(mm1_run(mu, slo), workload, slo)
     truth = true_max_rate(mu, limit)
@@ -163,7 +166,7 @@ def burst_limited_run(mu: float, burst: float, slo: SloSpec):
     """An engine whose short burst reads far below what it sustains (start-up dominates a burst)."""
     steady = mm1_run(mu, slo)
 
-    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def run(rate: float, n: int, seed: int) -> Probe:
         probe = steady(rate, n, seed)
         if math.isinf(rate):
             probe.achieved_rate = burst
@@ -175,7 +178,7 @@ def burst_limited_run(mu: float, burst: float, slo: SloSpec):
 def test_a_low_burst_does_not_cap_the_answer():
     """The issue's second defect: a 100-request burst at 26.6 req/s capped the answer at 26.6
     as 'a lower bound'. The bracket must come from steady probes that go above it."""
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     outcome = benchmark.slo_search(burst_limited_run(60.0, 10.0, slo), WorkloadSpec(input_len=1, output_len=2), slo)
     truth = true_max_rate(60.0, 200.0)
     assert outcome.burst_rps == 10.0
@@ -186,7 +189,7 @@ def test_a_low_burst_does_not_cap_the_answer():
 
 
 def test_a_prior_starts_the_bracket_and_a_failed_repeat_moves_the_answer_down():
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     truth = true_max_rate(60.0, 200.0)
     outcome = benchmark.slo_search(mm1_run(60.0, slo), WorkloadSpec(input_len=1, output_len=2), slo, prior=truth * 0.9)
     assert not any(math.isinf(p.rate) for p in outcome.probes)  # no burst when the scale is known
@@ -196,7 +199,7 @@ def test_a_prior_starts_the_bracket_and_a_failed_repeat_moves_the_answer_down():
     seen: dict[float, int] = {}
     failed: list[float] = []
 
-    def flaky(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def flaky(rate: float, n: int, seed: int) -> Probe:
         probe = mm1_run(60.0, slo)(rate, n, seed)
         seen[rate] = seen.get(rate, 0) + 1
         if seen[rate] == 2 and not failed:  # the answer's first repeat fails (noise, a neighbour)
@@ -213,7 +216,7 @@ def test_a_prior_starts_the_bracket_and_a_failed_repeat_moves_the_answer_down():
 def test_a_prior_25_percent_off_needs_fewer_probes_than_no_prior_and_lands_within_5_percent():
     """The planner's promise: a prediction off by 25% either way saves probes. The margins of two
     probes put the next one near the edge (a secant), where halving the bracket took 9-10 runs."""
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2)
     truth = true_max_rate(60.0, 200.0)
     with_prior, without = [], []
@@ -235,7 +238,7 @@ def test_a_prior_below_the_truth_closes_from_below_on_the_line_through_two_passe
     from a prior 25% low (five when every answer needed a fail above it). With no probe above it
     failed, that answer is a lower bound, and says so. Not when the margins say otherwise: a line that
     puts the edge further up is only where the next probe goes."""
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     truth = true_max_rate(60.0, 200.0)
     outcome = benchmark.slo_search(mm1_run(60.0, slo), WorkloadSpec(input_len=1, output_len=2), slo, prior=truth * 0.75)
     assert [p.passed for p in outcome.probes] == [True, True, True, True]
@@ -263,10 +266,10 @@ def test_after_the_engine_falls_behind_no_probe_goes_far_above_what_it_served():
     secant from the pass to that fail's zero margin then aimed at 706, 580, 399 and 309, each a
     client-bound fail, and the budget ran out with 219 "a lower bound". A probe that fell behind says
     what the engine served: the next one goes no further than just above that."""
-    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=500, max_p90_tpot_ms=50, resolution=0.05)
     served = 249.0
 
-    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def run(rate: float, n: int, seed: int) -> Probe:
         if math.isinf(rate):
             return fixed_probe(rate, n, 344, slo, 204)
         if rate > 300:  # falls behind: serves 249, queues the rest
@@ -286,10 +289,10 @@ def test_a_bracket_no_wider_than_the_resolution_closes_on_its_secant():
     """Near the edge a verdict is a coin toss within the latencies' noise: a bracket no wider than
     the resolution whose pass-to-fail line meets the edge within half the resolution above the pass
     is not narrowed further. A server whose margin falls steeply just past the truth (the knee)."""
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     truth = 50.0
 
-    def knee(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def knee(rate: float, n: int, seed: int) -> Probe:
         # margin 1.3 at 0.92 x truth falling linearly to 1 at the truth, then to 0.8 at 1.04 x truth
         x = rate / truth
         margin = 1 + (1 - x) * 0.3 / 0.08 if x <= 1 else 1 - (x - 1) * 5
@@ -305,10 +308,10 @@ def test_a_bracket_no_wider_than_the_resolution_closes_on_its_secant():
 def test_an_engine_failing_every_request_is_called_missed_in_growing_steps():
     """Fast latencies from an engine whose every request errors say nothing about the edge: the
     search steps down blind (1.25x, then squared) instead of creeping by its margin."""
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     steady = mm1_run(1e6, slo)
 
-    def broken(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def broken(rate: float, n: int, seed: int) -> Probe:
         probe = steady(rate, n, seed)
         probe.failed, probe.failed_fraction = n, 1.0
         benchmark.judge(probe, slo)
@@ -322,12 +325,12 @@ def test_an_engine_failing_every_request_is_called_missed_in_growing_steps():
 def test_a_probe_beside_a_cpu_hog_is_measured_again_and_flagged_when_it_stays_dirty():
     from pipeline.records.benchmark import Interference
 
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2, max_interference=0.2, interference_retries=2)
     steady = mm1_run(60.0, slo)
     calls = []
 
-    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def run(rate: float, n: int, seed: int) -> Probe:
         probe = steady(rate, n, seed)
         calls.append(rate)
         hog = 0.9 if len(calls) > 1 and rate == calls[1] else 0.0  # a hog beside the first steady probe, every try
@@ -358,9 +361,9 @@ def test_a_far_low_prior_on_flat_latencies_widens_its_steps():
     growing, as with no line at all. CI's re-benchmark of a live release promoted at 10 req/s climbed
     by 1.5625x to the end of its 5 probes (10, 12.5, 19.5, 30.5, 47.7: a lower bound that a starved
     engine then matched); a line's edge beyond the step now squares it like no edge does."""
-    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=1000, resolution=0.05)  # TTFT the latency nearest its limit
+    slo = SloSpec(max_p90_ttft_ms=500, max_p90_tpot_ms=1000, resolution=0.05)  # TTFT the latency nearest its limit
 
-    def creeping(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def creeping(rate: float, n: int, seed: int) -> Probe:
         return fixed_probe(rate, n, 10 + rate / 20, slo)  # margin ~50 at 10 req/s, 1 near 10,000
 
     outcome = benchmark.slo_search(creeping, WorkloadSpec(input_len=1, output_len=2), slo, prior=10.0, max_probes=5)
@@ -372,7 +375,7 @@ def test_a_far_low_prior_on_flat_latencies_widens_its_steps():
 
 
 def test_search_reports_a_bound_when_the_budget_runs_out():
-    slo = SloSpec(p90_ttft_ms=1e9, p90_tpot_ms=50)
+    slo = SloSpec(max_p90_ttft_ms=1e9, max_p90_tpot_ms=50)
     outcome = benchmark.slo_search(mm1_run(1e6, slo), WorkloadSpec(input_len=1, output_len=2), slo, max_probes=6)
     assert outcome.bound_only and "lower bound" in outcome.stop_reason and outcome.max_slo_rate
 
@@ -384,7 +387,7 @@ def unsteady_run(mu: float, slo: SloSpec, workload: WorkloadSpec, short: float, 
     base = mm1_run(mu, slo)
     seen: dict[float, int] = {}
 
-    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def run(rate: float, n: int, seed: int) -> Probe:
         probe = base(rate, n, seed)
         if math.isinf(rate):
             return probe
@@ -399,9 +402,9 @@ def unsteady_run(mu: float, slo: SloSpec, workload: WorkloadSpec, short: float, 
     return run
 
 
-def layout_result(outcome: benchmark.SearchOutcome) -> benchmark.LayoutResult:
+def layout_result(outcome: SearchOutcome) -> LayoutResult:
     """A LayoutResult as benchmark_layout fills it from a search."""
-    return benchmark.LayoutResult(
+    return LayoutResult(
         layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok",
         max_slo_rate=outcome.max_slo_rate, per_server=outcome.max_slo_rate, per_device=outcome.max_slo_rate,
         bound_only=outcome.bound_only, spread=outcome.spread, deciding_p90_ttft_ms=outcome.deciding_p90_ttft_ms,
@@ -413,7 +416,7 @@ def layout_result(outcome: benchmark.SearchOutcome) -> benchmark.LayoutResult:
 def test_runs_at_the_answer_that_disagree_are_measured_again_with_longer_probes():
     """#44 item 4: a repeat 50% apart from its first run (over the 25% allowance) sends the answer back
     for longer probes, which alone count; when those agree, the answer stands and is not unsteady."""
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2)
     assert workload.max_spread == 0.25  # the default allowance
     outcome = benchmark.slo_search(unsteady_run(60.0, slo, workload, short=0.5, long=0.0), workload, slo)
@@ -435,7 +438,7 @@ def test_an_answer_that_stays_unsteady_is_marked_in_the_record_verdict_and_repor
     from pipeline.release.registry import Release
 
     loaded = load_spec(TINY_SPEC)
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2)
     outcome = benchmark.slo_search(unsteady_run(60.0, slo, workload, short=0.5, long=0.5), workload, slo)
     assert outcome.unsteady and outcome.spread == pytest.approx(0.5, abs=0.01)
@@ -449,13 +452,11 @@ def test_an_answer_that_stays_unsteady_is_marked_in_the_record_verdict_and_repor
         created_at="2026-12-05T00:00:00", updated_at="2026-12-05T00:00:00",
     )  # fmt: skip
     _, _, measured = rebenchmark.judge(rel, result, loaded)
-    assert measured["unsteady"] is True and measured["client_bound"] is False
-    verdict = rebenchmark.Verdict(
-        release_id=1, status="degraded", reasons=[], expected={}, measured=measured, versions={}
-    )
+    assert measured.unsteady is True and measured.client_bound is False
+    verdict = Verdict(release_id=1, status="degraded", reasons=[], measured=measured)
     _, body = alerts.text(rel, verdict, "http://airflow")
     assert f"measured {outcome.max_slo_rate:.3g} (unsteady)" in body
-    bench = {"layouts": [json.loads(result.model_dump_json())], "selection": None}
+    bench = BenchmarkFile(layouts=[result])
     from pipeline.release.registry import ReleaseData
 
     row = report._section_performance(bench, ReleaseData(), None, loaded, None)
@@ -469,7 +470,7 @@ def test_an_answer_that_stays_unsteady_is_marked_in_the_record_verdict_and_repor
 def test_a_longer_run_that_fails_moves_the_answer_down():
     """Longer probes build the queue short ones did not (p90 1.6x the model's): the first answer fails
     them and the search goes on below it, so the gate takes the lower of the two measurements."""
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2)
     outcome = benchmark.slo_search(
         unsteady_run(60.0, slo, workload, short=0.5, long=0.0, long_factor=1.6), workload, slo, max_probes=30
@@ -482,7 +483,7 @@ def test_a_longer_run_that_fails_moves_the_answer_down():
 
 def test_select_and_gate():
     def result(name, rate):
-        return benchmark.LayoutResult(
+        return LayoutResult(
             layout=name,
             tp=1,
             dp=1,
@@ -496,14 +497,12 @@ def test_select_and_gate():
             per_device=rate,
         )
 
-    slo = SloSpec(p90_ttft_ms=100, p90_tpot_ms=10, min_rate_per_server=2.0)
+    slo = SloSpec(max_p90_ttft_ms=100, max_p90_tpot_ms=10, min_rate_per_server=2.0)
     chosen = benchmark.select([result("a", 1.0), result("b", 3.0)], slo)
     assert chosen.passed and chosen.best == "b"
     low = benchmark.select([result("a", 1.0)], slo)
     assert not low.passed and "below the required 2" in low.reason
-    failed = benchmark.LayoutResult(
-        layout="c", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="failed", error="x"
-    )
+    failed = LayoutResult(layout="c", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="failed", error="x")
     assert not benchmark.select([failed], slo).passed
 
 
@@ -512,9 +511,12 @@ def test_the_prediction_is_kept_beside_the_measurement_with_its_error():
     from tests.conftest import TINY_SPEC
 
     hw = load_spec(TINY_SPEC).hardware
-    measured = benchmark.LayoutResult(
+    measured = LayoutResult(
         layout="a", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=150.0,
-        predicted_max_slo_rate=120.0,
+        prediction=LayoutPrediction(
+            layout="a", predicted_max_slo_rate=120.0, planner_rate=100.0, predicted_per_server=120.0,
+            binding_slo="p90 TTFT", bound="compute", calibrated=True, calibration_key="k",
+        ),
     )  # fmt: skip
     benchmark.finish(measured, hw)
     assert measured.prediction_error == 0.25 and measured.per_server == 150.0
@@ -591,10 +593,10 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
 
 def test_keeping_up_allows_for_poisson_sampling_noise():
     """A short probe's achieved rate varies with its random arrivals; a long one's hardly does."""
-    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=50)
+    slo = SloSpec(max_p90_ttft_ms=500, max_p90_tpot_ms=50)
 
-    def probe(rate: float, n: int, achieved: float) -> benchmark.Probe:
-        p = benchmark.Probe(
+    def probe(rate: float, n: int, achieved: float) -> Probe:
+        p = Probe(
             rate=rate, num_prompts=n, achieved_rate=achieved, completed=n, failed=0, failed_fraction=0.0,
             duration_s=n / achieved, output_tok_s=0.0, p50_ttft_ms=30, p90_ttft_ms=52, p99_ttft_ms=80,
             p50_tpot_ms=5, p90_tpot_ms=9, p99_tpot_ms=12, p90_itl_ms=9, p90_e2el_ms=200,
@@ -649,7 +651,6 @@ def test_an_engine_stopped_from_outside_is_a_cancellation_and_a_killed_one_a_fai
 def mismatched_tokenizer(model_dir, out):
     """A copy of the model's tokenizer with the ids of '1' and '7' swapped: a tokenizer from
     another revision of the model, on the engine's path only (prompts and answers both pass it)."""
-    import json
     import shutil
 
     out.mkdir()
@@ -825,7 +826,7 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
 
     monkeypatch.setattr(orchestration, "running_layout", running)
     monkeypatch.setattr(
-        orchestration, "slo_search", lambda *args, **kwargs: benchmark.SearchOutcome(probes=[], max_slo_rate=held)
+        orchestration, "slo_search", lambda *args, **kwargs: SearchOutcome(probes=[], max_slo_rate=held)
     )
     monkeypatch.setattr(served_accuracy, "check", check)
     gate = EvalResult.model_construct()

@@ -56,7 +56,7 @@ CASES = [
     # validate: the model for every other command's errors
     Case("validate-ok", "validate {prod}", 0, r"ok: .* on mi325x-8"),
     Case("validate-missing", "validate {tmp}/nope.yaml", 1, r"nope\.yaml: file not found"),
-    Case("validate-bad-field", "validate {bad_spec}", 1, r"slo\.p90_ttft_ms"),
+    Case("validate-bad-field", "validate {bad_spec}", 1, r"slo\.max_p90_ttft_ms"),
     Case(
         "tiny-accuracy-no-model",
         "tiny-accuracy --model {tmp}/nope --task tiny_add --limit 5",
@@ -275,7 +275,7 @@ def world(tmp_path, spec_file, s3, small_artifact):
 
     tiny = spec_file(TINY_SPEC, to_s3(s3.url), "tiny.yaml")
     unreachable = spec_file(TINY_SPEC, to_s3("http://127.0.0.1:9"), "unreachable.yaml")
-    bad_spec = spec_file(TINY_SPEC, lambda d: d["slo"].update(p90_ttft_ms="fast"), "bad.yaml")
+    bad_spec = spec_file(TINY_SPEC, lambda d: d["slo"].update(max_p90_ttft_ms="fast"), "bad.yaml")
 
     def damaged(name, change):
         root = tmp_path / name

@@ -101,7 +101,7 @@ def test_release_dag_runs_gates_then_review_then_promotion(af_env):
     assert order["plan"] == ["benchmark", "layout_names"] and order["stage"] == ["benchmark"]
     assert order["layout_names"] == ["benchmark"]  # which layouts are measured follows the predictions (top_k)
     assert info["approve"] == "ApprovalOperator" and info["defaults"] == ["Reject"]  # no answer in time: Reject
-    assert info["params"] == ["layouts", "p90_tpot_ms", "p90_ttft_ms", "spec"]
+    assert info["params"] == ["layouts", "max_p90_tpot_ms", "max_p90_ttft_ms", "spec"]
     assert info["retries"]["accuracy_gate"] == 0 and info["retries"]["slo_gate"] == 0 and info["retries"]["stage"] == 2
     # its retry only finishes or undoes a rollout whose controller died (promote.recover), never a second one
     assert info["retries"]["promote"] == 1

@@ -204,8 +204,11 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     )
     # the planner's predictions went on record before any measurement, and stay beside the measured rates
     assert kinds.index(("predicted", "planner")) < kinds.index(("slo_gate", "gate"))
-    assert [p["layout"] for p in first.data["predictions"]] == ["single", "two-replicas"]
-    assert all(p["predicted_max_slo_rate"] > 0 and p["prediction_error"] is not None for p in first.data["predictions"])
+    firsts = first.facts.predictions or []
+    assert [c.layout for c in firsts] == ["single", "two-replicas"]
+    assert all(
+        c.prediction and c.prediction.predicted_max_slo_rate > 0 and c.prediction_error is not None for c in firsts
+    )
     assert "published before the measurement" in Path(first.data["report"]).read_text()
     # the registry keeps each layout's serving-path accuracy; the report shows it beside the rate
     assert [a["layout"] for a in first.data["served_accuracy"]] == ["single", "two-replicas"]
@@ -227,7 +230,8 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     assert not any(e.kind.startswith("deploy") for e in reg.events(second.id))
     # run 2 ranked its layout and the generated ones and measured the best predicted (top_k 1), the live
     # release's layout; the two ranked below it are on record with their predictions
-    measured = [p["layout"] for p in second.data["predictions"]]
+    seconds = second.facts.predictions or []
+    measured = [c.layout for c in seconds]
     chosen = next(e.detail for e in reg.events(second.id) if e.kind == "layouts_chosen")
     assert measured == [first.data["layout"]], (measured, chosen)
     ranked = {layout.name for layout in load_spec(next_spec).spec.layouts}
@@ -235,15 +239,18 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     # what run 1 measured calibrated run 2's plan (same hardware, engine, shape), its searches started
     # there; unless run 1's answer taught nothing: a bound, or client-bound (the load client's rate, not
     # the engine's), and then run 2 says it is uncalibrated (calibration.observations)
-    assert not any(p["calibration"] for p in first.data["predictions"])  # nothing on record before run 1
-    for again in second.data["predictions"]:
-        before = next(p for p in first.data["predictions"] if p["calibration_key"] == again["calibration_key"])
-        if before["client_bound"] or (before["bound_only"] and not before["extrapolated"]):
-            assert again["calibration"] is None, (before, again)
+    assert not any(c.prediction and c.prediction.calibration for c in firsts)  # nothing on record before run 1
+    for check in seconds:
+        again = check.prediction
+        assert again is not None
+        before = next(c for c in firsts if c.prediction and c.prediction.calibration_key == again.calibration_key)
+        if before.client_bound or (before.bound_only and not before.extrapolated):
+            assert again.calibration is None, (before, again)
             continue
-        assert again["calibration"] and f"release {first.id} {before['layout']}" in again["calibration"]
-        factor = before["max_slo_rate"] / before["planner_rate"]
-        assert again["predicted_max_slo_rate"] == pytest.approx(again["planner_rate"] * factor, rel=1e-2)
+        assert again.calibration and f"release {first.id} {before.layout}" in again.calibration
+        assert before.prediction and before.max_slo_rate
+        factor = before.max_slo_rate / before.prediction.planner_rate
+        assert again.predicted_max_slo_rate == pytest.approx(again.planner_rate * factor, rel=1e-2)
     check_benchmark_outputs(second.data["benchmark_files"], measured)  # each first probe at its prediction
     # both releases keep their load time split by the engine log; run 2's report sets it beside the live one's
     assert first.data["load_split"]["to_healthy_s"] == max(first.data["load_seconds"]), first.data["load_split"]
@@ -343,8 +350,9 @@ def check_benchmark_outputs(files: dict[str, str], layouts: list[str], broken: s
         assert r["max_slo_rate"] is not None and r["per_server"] is not None
         assert all(p["completed"] > 0 for p in r["probes"])
         # the search started at the planner's prediction, published before it; the error is kept
-        assert r["predicted_max_slo_rate"] > 0 and r["probes"][0]["rate"] == pytest.approx(r["predicted_max_slo_rate"])
-        assert r["prediction_error"] == pytest.approx(r["max_slo_rate"] / r["predicted_max_slo_rate"] - 1, abs=1e-3)
+        predicted = r["prediction"]["predicted_max_slo_rate"]
+        assert predicted > 0 and r["probes"][0]["rate"] == pytest.approx(predicted)
+        assert r["prediction_error"] == pytest.approx(r["max_slo_rate"] / predicted - 1, abs=1e-3)
         # the gate's tasks were scored at the layout's endpoint after its search, on the gate's first items
         served = r["served_accuracy"]
         assert served["passed"] and served["seconds"] > 0 and served["endpoint"].startswith("http://127.0.0.1:")

@@ -18,6 +18,7 @@ import pytest
 
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import load_spec
+from pipeline.records.benchmark import BenchmarkFile
 from pipeline.release import registry, report
 from pipeline.release.registry import Registry, ReleaseData
 from tests.conftest import TINY_SPEC
@@ -26,7 +27,7 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("MODEL_RELEASE_UPDATE_GOLDEN") == "1"
 
 
-def replayed(tmp_path: Path) -> tuple[Registry, list[int], dict]:
+def replayed(tmp_path: Path) -> tuple[Registry, list[int], BenchmarkFile]:
     """The fixture's releases, their events recorded in order into an empty registry."""
     fixture = json.loads((GOLDEN / "registry.json").read_text())
     reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
@@ -46,7 +47,7 @@ def replayed(tmp_path: Path) -> tuple[Registry, list[int], dict]:
                 data=ReleaseData.model_validate(ev["data"]) if ev.get("data") else None,
             )
         ids.append(rel.id)
-    return reg, ids, fixture["benchmark"]
+    return reg, ids, BenchmarkFile.model_validate(fixture["benchmark"])
 
 
 def masked(text: str, tmp_path: Path) -> str:
@@ -88,11 +89,26 @@ def test_the_report_escapes_what_it_shows(tmp_path):
     """Autoescape: a value from a spec, a registry event or an engine log is text on the page, never
     markup: a layout named `<script>` shows as that text, and no script element appears."""
     reg, ids, bench = replayed(tmp_path)
-    bench = json.loads(json.dumps(bench))
-    bench["layouts"][0]["layout"] = "<script>alert(1)</script>"
-    bench["layouts"][0]["stop_reason"] = "a 'quoted' & <b>bold</b> reason"
+    bench.layouts[0].layout = "<script>alert(1)</script>"
+    bench.layouts[0].stop_reason = "a 'quoted' & <b>bold</b> reason"
     reg.record(ids[-1], "note", "<img src=x onerror=alert(1)>", {"said": "<script>x</script>"})
     page = report.render(reg, reg.get(ids[-1]), load_spec(TINY_SPEC), bench, None)
     assert "<script>" not in page and "<img src=x" not in page and "<b>bold</b>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "a &#39;quoted&#39; &amp; &lt;b&gt;bold&lt;/b&gt; reason" in page
+
+
+def test_a_damaged_benchmark_file_is_refused_naming_it_and_no_page_is_written(tmp_path):
+    """The report reads benchmark.json as its record: a file that is not one (a field lost) fails
+    naming the file and the field, and leaves no half-rendered page a reviewer could open."""
+    from pipeline.core.errors import ReleaseError
+
+    reg, ids, bench = replayed(tmp_path)
+    run = tmp_path / "run"
+    (run / "benchmark").mkdir(parents=True)
+    data = json.loads(bench.model_dump_json())
+    del data["layouts"][0]["tp"]
+    (run / "benchmark" / "benchmark.json").write_text(json.dumps(data))
+    with pytest.raises(ReleaseError, match=r"benchmark\.json: not a BenchmarkFile: layouts\.0\.tp: Field required"):
+        report.write(reg, reg.get(ids[-1]), load_spec(TINY_SPEC), run)
+    assert not (run / "report.html").exists()

@@ -27,6 +27,7 @@ from pipeline.entry import flow, pod_steps
 from pipeline.k8s import pods
 from pipeline.k8s.manifests import s3_secret_name
 from pipeline.records import edge
+from pipeline.records.benchmark import LayoutResult, Probe
 from pipeline.records.evaluate import EvalResult
 from pipeline.records.pods import Remeasured
 from pipeline.records.release import StagedRef
@@ -360,7 +361,6 @@ def test_nfs_only_spec_fetches_from_nfs_and_keeps_results_there(spec_file, tmp_p
 
 
 def test_light_tasks_select_a_layout_from_the_pods_stored_results(spec_file, tmp_path, monkeypatch):
-    from pipeline.stages import benchmark
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
     loaded = load_spec(spec_file(PROD_SPEC, lambda d: d.update(staging={"nfs": {"path": str(tmp_path / "nfs")}})))
@@ -368,7 +368,7 @@ def test_light_tasks_select_a_layout_from_the_pods_stored_results(spec_file, tmp
     assert run.endswith("/" + flow.run_dir(RUN_ID).name)  # same directory name as a local run
     refs = []
     for name, tp, per_server in (("tp8-ep8", 8, 12.5), ("tp4-ep4-x2", 4, 18.1)):  # the fleet fits max_servers
-        layout = benchmark.LayoutResult(
+        layout = LayoutResult(
             layout=name,
             tp=tp,
             dp=1,
@@ -686,7 +686,6 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(
     spec_file, release_env, tmp_path, monkeypatch
 ):
     from pipeline.core.errors import ReleaseError
-    from pipeline.stages import benchmark
 
     monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path / "worker-home"))
     nfs = tmp_path / "nfs"
@@ -704,7 +703,7 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(
     assert [e.kind for e in reg.events(rel.id)][-2:] == ["rebenchmark_failed", "alert"]
 
     # a measurement at a third of the promoted capacity: degraded, with a trend point
-    slow = benchmark.LayoutResult(
+    slow = LayoutResult(
         layout="tp4-ep4-x2",
         tp=4,
         dp=1,
@@ -718,7 +717,7 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(
         per_server=0.7,
         per_device=0.7 / 8,
         probes=[
-            benchmark.Probe(
+            Probe(
                 rate=2.2,
                 num_prompts=200,
                 achieved_rate=0.9,

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.records.benchmark import BenchmarkFile, Probe
 from pipeline.stages import affinity_guard, benchmark, engine_metrics, interference
 
 # measures CPU use or latency: never beside the tiny model's training (conftest)
@@ -81,12 +82,12 @@ def test_the_frontend_is_the_engine_group_less_vllms_engine_core_and_workers():
 def test_the_search_measures_again_beside_a_real_hog_and_keeps_the_clean_run():
     """A hog started beside the first steady probe: that probe is unclean, superseded, and
     measured again once the hog is gone; the search's answer rests on clean runs only."""
-    slo = SloSpec(p90_ttft_ms=200, p90_tpot_ms=50, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=200, max_p90_tpot_ms=50, resolution=0.05)
     workload = WorkloadSpec(input_len=1, output_len=2, max_interference=0.3, interference_retries=2)
     mu = 60.0
     calls: list[float] = []
 
-    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def run(rate: float, n: int, seed: int) -> Probe:
         calls.append(rate)
         hog = subprocess.Popen([sys.executable, "-c", HOG]) if len(calls) == 2 else None
         try:
@@ -98,7 +99,7 @@ def test_the_search_measures_again_beside_a_real_hog_and_keeps_the_clean_run():
                 hog.kill()
                 hog.wait()
         p90 = math.log(10) / max(mu - rate, 1e-3) * 1000 if rate < mu else 1e6
-        probe = benchmark.Probe(
+        probe = Probe(
             rate=rate,
             num_prompts=n,
             achieved_rate=min(rate, mu),
@@ -345,7 +346,6 @@ def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_r
     client-bound and the light one is not. The heavy probe decides the answer (the fail capping it, or
     its only pass), so the result is marked, and the report's layout row, probe table and note say so.
     ~8 s on a quiet machine (a server, two 0.8 s probes and their drain), 20 s at a load of 15."""
-    import json
     import socket
 
     from pipeline.core.spec import load_spec
@@ -370,13 +370,13 @@ def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_r
         ]
     )
     # a generous SLO (a loaded machine slows the stand-in server too) and a limit of 5% of it: 100 ms
-    slo = SloSpec(p90_ttft_ms=2000, p90_tpot_ms=200, resolution=0.05)
+    slo = SloSpec(max_p90_ttft_ms=2000, max_p90_tpot_ms=200, resolution=0.05)
     workload = WorkloadSpec(
         input_len=16, output_len=8, num_prompts=10, min_probe_seconds=0.8, repeats=0, max_client_lag=0.05
     )
     burns: list[float] = []
 
-    def run(rate: float, n: int, seed: int) -> benchmark.Probe:
+    def run(rate: float, n: int, seed: int) -> Probe:
         burn = 8.0 if rate > 100.0 else 0.0  # light at the prior, CPU work injected above it
         burns.append(burn)
         out = tmp_path / f"probe-{len(burns)}.json"
@@ -402,7 +402,7 @@ def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_r
         server.wait()
     light, heavy = [p for p in outcome.probes if not p.superseded]  # (a light run may be repeated, inconclusive)
     assert burns[0] == 0.0 and burns[-1] == 8.0 and light.rate == 100.0 and heavy.rate > light.rate
-    limit = workload.max_client_lag * slo.p90_ttft_ms
+    limit = workload.max_client_lag * slo.max_p90_ttft_ms
     assert not light.client_bound and light.client_lag_p90_ms is not None and light.client_lag_p90_ms <= limit
     assert heavy.client_bound and heavy.client_lag_p90_ms is not None and heavy.client_lag_p90_ms > limit
     assert heavy.client_note.startswith("client-bound: p90 send lag") and "limit 100 ms" in heavy.client_note
@@ -411,7 +411,7 @@ def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_r
     assert outcome.client_bound and outcome.client_bound_rates == [heavy.rate]
     assert f"client-bound at {heavy.rate:.3g} req/s (deciding the answer" in outcome.stop_reason
     result = layout_result(outcome)
-    bench = {"layouts": [json.loads(result.model_dump_json())], "selection": None}
+    bench = BenchmarkFile(layouts=[result])
     from pipeline.release.registry import ReleaseData
 
     row = report._section_performance(bench, ReleaseData(), None, load_spec(TINY_SPEC), None)
@@ -438,10 +438,10 @@ def test_a_client_on_schedule_is_not_client_bound_at_any_rate_and_one_late_at_th
         t += rng.expovariate(rate)
         due.append(t)
     due = [d * n / rate / due[-1] for d in due]
-    slo, workload = SloSpec(p90_ttft_ms=500, p90_tpot_ms=50), WorkloadSpec(input_len=1, output_len=2)
+    slo, workload = SloSpec(max_p90_ttft_ms=500, max_p90_tpot_ms=50), WorkloadSpec(input_len=1, output_len=2)
     late = [d + (0.1 + due[0] if i >= 0.8 * n else 0.0) for i, d in enumerate(due)]
     for starts, bound in ((due, False), (late, True)):
-        probe = benchmark.Probe(
+        probe = Probe(
             rate=rate, num_prompts=n, achieved_rate=rate, completed=n, failed=0, failed_fraction=0.0,
             duration_s=n / rate, output_tok_s=0.0, p50_ttft_ms=1, p90_ttft_ms=1, p99_ttft_ms=1, p50_tpot_ms=1,
             p90_tpot_ms=1, p99_tpot_ms=1, p90_itl_ms=1, p90_e2el_ms=1,

@@ -19,6 +19,7 @@ from pipeline.planner import plan as planner
 from pipeline.planner import simulate as sim
 from pipeline.planner.step_time import Batch, StepModel
 from pipeline.records import edge
+from pipeline.records.plan import LayoutPrediction, PredictionCheck
 from pipeline.records.release import Overrides
 from pipeline.release.registry import ReleaseData
 from tests.conftest import PROD_SPEC, TINY_SPEC
@@ -248,10 +249,9 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
     single, two = predictions.layouts
     reg = flow.registry()
     measured = [
-        {"layout": "single", "planner_rate": single.planner_rate, "max_slo_rate": single.planner_rate * 0.4,
-         "calibration_key": single.calibration_key, "bound_only": True, "extrapolated": True},  # closed by its line
-        {"layout": "two-replicas", "planner_rate": two.planner_rate, "max_slo_rate": 30.0,
-         "calibration_key": two.calibration_key, "bound_only": True},  # a bound teaches nothing
+        PredictionCheck(layout="single", prediction=single, max_slo_rate=single.planner_rate * 0.4,
+                        bound_only=True, extrapolated=True),  # closed by its line
+        PredictionCheck(layout="two-replicas", prediction=two, max_slo_rate=30.0, bound_only=True),  # teaches nothing
     ]  # fmt: skip
     rel = reg.open_release("earlier", loaded.spec.name, str(TINY_SPEC), TINY_SPEC.read_text(), "local")
     reg.record(rel.id, "slo_gate", "gate", {}, data=ReleaseData(predictions=measured))
@@ -269,6 +269,19 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
     assert flow.plan_layouts(release, "manual__bare").layouts == []
 
 
+def checked(
+    key: str, planner_rate: float, measured: float | None, predicted: float | None = None, calibration=None, **flags
+) -> PredictionCheck:
+    """A layout's prediction (the planner's own rate, calibrated to `predicted` where given) beside what
+    its search measured, as the registry keeps it."""
+    prediction = LayoutPrediction(
+        layout="single", predicted_max_slo_rate=predicted or planner_rate, planner_rate=planner_rate,
+        predicted_per_server=predicted or planner_rate, binding_slo="p90 TTFT", bound="compute",
+        calibrated=calibration is not None, calibration_key=key, calibration=calibration,
+    )  # fmt: skip
+    return PredictionCheck(layout="single", prediction=prediction, max_slo_rate=measured, **flags)
+
+
 def test_calibration_takes_the_median_of_the_last_measurements_of_the_same_key():
     from pipeline.core.spec import Layout
     from pipeline.planner import calibration
@@ -276,17 +289,18 @@ def test_calibration_takes_the_median_of_the_last_measurements_of_the_same_key()
     tp1 = calibration.key("cpu-local", "vllm-cpu:0.32.0", Layout(name="a", tp=1, replicas=1))
     assert tp1 == calibration.key("cpu-local", "vllm-cpu:0.32.0", Layout(name="renamed", tp=1, replicas=1))
     other_engine = calibration.key("cpu-local", "vllm-cpu:0.33.0", Layout(name="a", tp=1, replicas=1))
-    records = [
-        (i, [{"layout": "a", "planner_rate": 100.0, "max_slo_rate": ratio * 100, "calibration_key": tp1}])
-        for i, ratio in enumerate([0.9, 0.2, 0.4, 0.5, 0.6, 0.45], start=1)
-    ]
-    records.append(
-        (7, [{"layout": "a", "planner_rate": 100.0, "max_slo_rate": 300.0, "calibration_key": other_engine}])
-    )
-    records.append((8, [{"layout": "a", "planner_rate": 100.0, "max_slo_rate": None, "calibration_key": tp1}]))
+    records = [(i, [checked(tp1, 100.0, ratio * 100)]) for i, ratio in enumerate([0.9, 0.2, 0.4, 0.5, 0.6, 0.45], 1)]
+    records.append((7, [checked(other_engine, 100.0, 300.0)]))
+    records.append((8, [checked(tp1, 100.0, None)]))
     # a rate the load client bound measured the client: never a ratio, however recent
-    client = {"layout": "a", "planner_rate": 100.0, "max_slo_rate": 5.0, "calibration_key": tp1, "client_bound": True}
-    records.append((9, [client]))
+    records.append((9, [checked(tp1, 100.0, 5.0, client_bound=True)]))
+    # a registry record from before the one prediction record (flat prediction fields) still reads, and
+    # teaches nothing: too little of the prediction was kept to make one
+    flat = {"layout": "a", "planner_rate": 100.0, "predicted_max_slo_rate": 100.0, "max_slo_rate": 5.0,
+            "calibration_key": tp1, "calibration": None, "prediction_error": -0.95, "bound_only": None}  # fmt: skip
+    legacy = ReleaseData.model_validate({"predictions": [flat]}).predictions or []
+    assert [(c.layout, c.prediction, c.max_slo_rate, c.bound_only) for c in legacy] == [("a", None, 5.0, False)]
+    records.append((10, legacy))
     found = calibration.observations(reversed(records))  # the registry lists newest first
     cal = calibration.calibrate(found, tp1, last=5)
     assert cal and [o.release_id for o in cal.observations] == [2, 3, 4, 5, 6]  # the oldest (0.9) aged out
@@ -320,15 +334,14 @@ def test_the_report_shows_the_planners_error_across_releases(tmp_path):
     releases = []
     for i, (planner_rate, predicted, calibrated, rate) in enumerate(measured):
         rel = reg.open_release(f"run-{i}", "tiny", "spec.yaml", "name: tiny", "local")
-        record = dict(layout="single", planner_rate=planner_rate, predicted_max_slo_rate=predicted, max_slo_rate=rate)
-        record.update(calibration_key=key, calibration=calibrated, bound_only=False)
+        record = checked(key, planner_rate, rate, predicted=predicted, calibration=calibrated)
         reg.record(rel.id, "slo_gate", "gate", {}, data=ReleaseData(predictions=[record]))
         releases.append(reg.get(rel.id))
     html = report._section_planner(reg, releases[-1])
     assert "Planner error across releases" in html and html.count("<tr><td>") == 3
     assert f"<td>{releases[-1].id} ★</td>" in html and "54.2 (calibrated)" in html
     own, used = calibration.median_abs_errors(
-        calibration.observations((r.id, r.data["predictions"]) for r in releases).of(key)
+        calibration.observations((r.id, r.facts.predictions or []) for r in releases).of(key)
     )
     assert own == pytest.approx(1 - 55.0 / 128) and used == pytest.approx(57.4 / 51.0 - 1)  # medians of 3
     assert f"planner alone {own:.1%}" in html and f"existed) {used:.1%}" in html

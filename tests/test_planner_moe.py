@@ -153,8 +153,8 @@ def test_the_production_plan_brackets_the_spec_layouts_and_names_what_the_margin
 
 
 def test_a_profiled_plans_margin_comes_from_the_two_intervals():
-    def predicted(name: str, rate: float, low: float, high: float) -> planner.Prediction:
-        return planner.Prediction(
+    def predicted(name: str, rate: float, low: float, high: float) -> planner.Estimate:
+        return planner.Estimate(
             layout=Layout(name=name), in_spec=True, devices=1, rate_per_replica=rate, rate_per_server=rate,
             rate_per_device=rate, p90_ttft_ms=None, p90_tpot_ms=None, binding_slo="-", bound="-", time_shares={},
             mean_step_ms=None, tokens_per_step=None, fixed_step_ms=0.0, engine_notes=[], simulations=1,

@@ -12,9 +12,12 @@ from pipeline.core import artifacts, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import RolloutOutcome
 from pipeline.core.spec import load_spec
+from pipeline.records.benchmark import BenchmarkFile, Choice, LayoutResult
+from pipeline.records.plan import LayoutPrediction
 from pipeline.release import local_target, promote, report
 from pipeline.release.registry import Registry, ReleaseData, audit_trail
 from pipeline.stages import evaluate
+from testkit.probes import fixed_probe
 from testkit.s3server import free_port
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.load import LoadClient
@@ -241,31 +244,25 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
     )
     run = tmp_path / "run"
     (run / "benchmark").mkdir(parents=True)
-    probe = {"rate": 4.0, "p90_ttft_ms": 120.0, "p90_tpot_ms": 30.0, "passed": True}
-    (run / "benchmark" / "benchmark.json").write_text(
-        json.dumps(
-            {
-                "layouts": [
-                    {
-                        "layout": "single",
-                        "tp": 1,
-                        "ep": 1,
-                        "replicas": 1,
-                        "status": "ok",
-                        "capacity_rps": 9.0,
-                        "max_slo_rate": 4.0,
-                        "per_server": 4.0,
-                        "per_device": 2.0,
-                        "load_seconds": [41.5],
-                        "probes": [probe],
-                        "predicted_max_slo_rate": 5.0,
-                        "prediction_error": -0.2,
-                    }
-                ],
-                "selection": {"best": "single", "passed": True, "reason": "single: 4 req/s per server"},
-            }
+    slo = load_spec(spec).spec.slo
+    prediction = LayoutPrediction(
+        layout="single", predicted_max_slo_rate=5.0, planner_rate=5.0, predicted_per_server=5.0,
+        binding_slo="p90 TTFT", bound="compute", calibrated=False,
+        calibration_key="cpu-local | model-release/vllm-cpu:0.32.0 | tp1-ep1-pp1-dp1-x1",
+    )  # fmt: skip
+    single = LayoutResult(
+        layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", capacity_rps=9.0,
+        max_slo_rate=4.0, per_server=4.0, per_device=2.0, load_seconds=[41.5],
+        probes=[fixed_probe(4.0, 100, 120.0, slo)], prediction=prediction, prediction_error=-0.2,
+    )  # fmt: skip
+
+    def bench(layout: LayoutResult) -> None:
+        verdict = Choice(best="single", passed=True, reason="single: 4 req/s per server")
+        (run / "benchmark" / "benchmark.json").write_text(
+            BenchmarkFile(layouts=[layout], selection=verdict).model_dump_json()
         )
-    )
+
+    bench(single)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,16 +289,13 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
     # the prediction's legend says what the planner ran on: the datasheet where the layouts' calibration
     # keys name no profile, else the profiling run they name
     assert "-20%" in page and "the step-time model (step times from the datasheet figures)" in page
-    bench = json.loads((run / "benchmark" / "benchmark.json").read_text())
-    bench["layouts"][0]["calibration_key"] = (
-        "cpu-local | model-release/vllm-cpu:0.32.0 | tp1-ep1-pp1-dp1-x1 | profile 3"
-    )
-    (run / "benchmark" / "benchmark.json").write_text(json.dumps(bench))
+    profiled = prediction.calibration_key + " | profile 3"
+    bench(single.model_copy(update={"prediction": prediction.model_copy(update={"calibration_key": profiled})}))
     page = report.write(reg, reg.get(rel.id), load_spec(spec), run).read_text()
     assert "the step-time model (step times fitted by profile 3)" in page and "from the datasheet figures" not in page
-    # the planner's interval, published per server before the measurement, beside the predicted rate
-    prediction = {"layout": "single", "predicted_per_server": 10.0, "predicted_low": 6.0, "predicted_high": 12.0}
-    (run / "benchmark" / "predictions.json").write_text(json.dumps({"layouts": [prediction]}))
+    # the planner's interval, made per server before the measurement, beside the predicted rate
+    ranged = prediction.model_copy(update={"predicted_per_server": 10.0, "predicted_low": 6.0, "predicted_high": 12.0})
+    bench(single.model_copy(update={"prediction": ranged}))
     page = report.write(reg, reg.get(rel.id), load_spec(spec), run).read_text()
     assert "5 <span class='muted'>[3–6]</span>" in page and "[low–high]: the planner's interval" in page
 
@@ -386,7 +380,9 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
             # settings instead: one sequence at a time, prompts chunked 4 tokens a step. Its CPU worker
             # died on the first partial prefill on a fresh clone, an HTTP 500 at the smoke check, as
             # a 1-token budget had done before: an engine edge the test must not stand on.)
-            strict_spec = tiny_spec(lambda d: own_name(d, lambda d: d["slo"].update(p90_ttft_ms=2)), name="strict.yaml")
+            strict_spec = tiny_spec(
+                lambda d: own_name(d, lambda d: d["slo"].update(max_p90_ttft_ms=2)), name="strict.yaml"
+            )
             strict, _ = candidate(reg, strict_spec, artifact, run="strict")
             with pytest.raises(
                 promote.DeployFailed,

@@ -13,6 +13,7 @@ import pytest
 from pipeline.core import storage
 from pipeline.core.spec import load_spec
 from pipeline.entry import flow
+from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Probe, SearchOutcome
 from pipeline.release import rebenchmark, report
 from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import benchmark
@@ -130,7 +131,7 @@ def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promo
 
 
 def probe(rate, passed, reasons=()):
-    return benchmark.Probe(
+    return Probe(
         rate=rate,
         num_prompts=40,
         achieved_rate=rate,
@@ -165,7 +166,7 @@ def test_verdict_against_the_promoted_figures(new_rate, at_promoted_ok, expected
     reg = Registry()
     spec = quick_spec(spec_file, s3)
     rel = live_release(reg, spec, small_artifact, 10.0)
-    result = benchmark.LayoutResult(
+    result = LayoutResult(
         layout="single",
         tp=1,
         dp=1,
@@ -179,7 +180,7 @@ def test_verdict_against_the_promoted_figures(new_rate, at_promoted_ok, expected
     )
     status, reasons, measured = rebenchmark.judge(rel, result, load_spec(spec))
     assert status == expected, reasons
-    assert measured["max_slo_rate"] == new_rate and measured["slo_holds_at_promoted_rate"] is at_promoted_ok
+    assert measured.max_slo_rate == new_rate and measured.slo_holds_at_promoted_rate is at_promoted_ok
 
 
 def test_an_answer_no_fail_caps_is_at_least_that_in_the_verdict_trend_alert_and_report(spec_file, s3, small_artifact):
@@ -194,12 +195,12 @@ def test_an_answer_no_fail_caps_is_at_least_that_in_the_verdict_trend_alert_and_
     spec = quick_spec(spec_file, s3)
     loaded = load_spec(spec)
     slo, promoted = loaded.spec.slo, 10.0
-    mu = promoted / 0.75 + (promoted - true_max_rate(promoted, slo.p90_ttft_ms))  # holds promoted / 0.75
+    mu = promoted / 0.75 + (promoted - true_max_rate(promoted, slo.max_p90_ttft_ms))  # holds promoted / 0.75
     rel = live_release(reg, spec, small_artifact, promoted)
 
-    def result_of(outcome: benchmark.SearchOutcome) -> benchmark.LayoutResult:
+    def result_of(outcome: SearchOutcome) -> LayoutResult:
         return benchmark.finish(
-            benchmark.LayoutResult(
+            LayoutResult(
                 layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok",
                 max_slo_rate=outcome.max_slo_rate, bound_only=outcome.bound_only, probes=outcome.probes,
             ),
@@ -211,12 +212,11 @@ def test_an_answer_no_fail_caps_is_at_least_that_in_the_verdict_trend_alert_and_
     result = result_of(below)
     at_least = f"at least {result.max_slo_rate:.3g}"
     verdict = rebenchmark.conclude(reg, rel, loaded, result, None, {}, "out")
-    assert verdict.status == "ok" and verdict.measured["bound_only"] is True
+    assert verdict.status == "ok" and verdict.measured and verdict.measured.bound_only is True
     assert [p["bound_only"] for p in report.trend(reg, rel.id)] == [False, True]
     _, body = alerts.text(rel, verdict, "http://airflow")
     assert f"measured {at_least} (a lower bound" in body
-    bench = {"layouts": [json.loads(result.model_dump_json())], "selection": None}
-    page = report.render(reg, reg.get(rel.id), loaded, bench, None)
+    page = report.render(reg, reg.get(rel.id), loaded, BenchmarkFile(layouts=[result]), None)
     assert page.count(at_least) == 2  # the layout's row and the re-benchmark's trend point
     assert f"{at_least} req/s per server" in benchmark.select([result], slo).reason
 
@@ -232,7 +232,7 @@ def test_an_answer_no_fail_caps_is_at_least_that_in_the_verdict_trend_alert_and_
     above = benchmark.slo_search(mm1_run(mu, slo), loaded.spec.workload, slo, prior=promoted / 0.6)
     assert not above.bound_only and capped(above)
     _, _, measured = rebenchmark.judge(rel, result_of(above), loaded)
-    assert measured["bound_only"] is False and "at least" not in benchmark.select([result_of(above)], slo).reason
+    assert measured.bound_only is False and "at least" not in benchmark.select([result_of(above)], slo).reason
 
 
 def test_only_live_releases_are_rebenchmarked(spec_file, s3, small_artifact):
@@ -277,7 +277,7 @@ def test_a_healthy_rebenchmark_records_its_trend_point_and_alerts_nobody(
     rel = live_release(reg, spec, small_artifact, 10.0)
 
     def holds(spec, hw, layout, model, out_dir, **kwargs):
-        return benchmark.LayoutResult(
+        return LayoutResult(
             layout=layout.name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", max_slo_rate=12.0,
             probes=[probe(10.0, True), probe(12.0, True)],
             served_accuracy=ServedAccuracy(passed=True, endpoint="http://127.0.0.1:9", limit=20, tasks=[], seconds=1),
@@ -287,7 +287,11 @@ def test_a_healthy_rebenchmark_records_its_trend_point_and_alerts_nobody(
     monkeypatch.setattr(rebenchmark.promote, "serving_dir", lambda loaded, staged: tmp_path)  # verified, not loaded
     healthy = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "healthy")
     assert healthy.status == "ok", healthy
-    assert healthy.measured["served_accuracy_passed"] is True and healthy.measured["slo_holds_at_promoted_rate"]
+    assert (
+        healthy.measured
+        and healthy.measured.served_accuracy_passed is True
+        and healthy.measured.slo_holds_at_promoted_rate
+    )
     assert reg.get(rel.id).status == "live"
     points = [e for e in reg.events(rel.id) if e.kind == "trend_point"]
     assert len(points) == 1 and points[0].detail["max_slo_rate"] == 12.0
@@ -330,13 +334,13 @@ def test_a_rebenchmark_below_the_promoted_figure_with_wrong_answers_degrades_and
     )
     verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "upgraded", loaded=upgraded)
     assert verdict.status == "degraded", verdict
-    assert verdict.measured["served_accuracy_passed"] is False
+    assert verdict.measured and verdict.measured.served_accuracy_passed is False
     assert any(r.startswith("serving-path accuracy: ") and "tiny_add:" in r for r in verdict.reasons), verdict
     # the layout's own result, as a release's benchmark reads it: lm-eval at the engine's endpoint scored the
     # gate's first 20 items, 2-digit sums answered wrong through the mismatched tokenizer, so the layout
     # failed on its answers, naming the task and its recovery, and a slower layout that passed is selected
     written = json.loads((tmp_path / "upgraded" / "benchmark.json").read_text())
-    bad = benchmark.LayoutResult.model_validate(written["layouts"][0])
+    bad = LayoutResult.model_validate(written["layouts"][0])
     assert bad.status == "failed" and bad.served_accuracy and not bad.served_accuracy.passed
     assert bad.error.startswith("serving-path accuracy: ") and "tiny_add:" in bad.error and "recovery" in bad.error
     add = next(t for t in bad.served_accuracy.tasks if t.task == "tiny_add")
@@ -375,7 +379,7 @@ def test_a_rebenchmark_whose_engine_is_stopped_is_a_cancellation_without_alert(
     rel = live_release(reg, spec, small_artifact, 10.0)
 
     def stopped(spec, hw, layout, model, out_dir, **kwargs):
-        return benchmark.LayoutResult(
+        return LayoutResult(
             layout=layout.name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="cancelled",
             error="engine replica 0 was stopped by SIGTERM before it was healthy (cancelled, not failed)",
         )  # fmt: skip

@@ -77,7 +77,7 @@ def test_a_step_passes_on_good_live_metrics_and_fails_with_its_evidence(promethe
     """Each case a release of its own beside the old one (release 1), all scraped together and judged
     after one window (one window instead of one per case: ~35 s less)."""
     root, url = prometheus
-    slo = SloSpec(p90_ttft_ms=500, p90_tpot_ms=100)
+    slo = SloSpec(max_p90_ttft_ms=500, max_p90_tpot_ms=100)
     plan = RolloutSpec(steps=[0.5, 1.0], analysis_window="3s", min_requests=10, max_vs_live=3)
     old = FakeEngine(ttft=0.03, tpot=0.008)
     cases = {

@@ -53,8 +53,8 @@ def body(release_id: int, pending: PendingStep, slo: SloSpec, base_url: str) -> 
         f"**Release {release_id}, rollout step {step.step}: {step.fraction:.0%} of traffic on it.** "
         f"Live analysis over {step.window_s} s: **{verdict}**.\n\n"
         f"| | new release | old release | SLO |\n|---|---|---|---|\n"
-        f"| p90 TTFT | {_ms(q.get('new_p90_ttft'))} | {_ms(q.get('old_p90_ttft'))} | {slo.p90_ttft_ms:g} ms |\n"
-        f"| p90 TPOT | {_ms(q.get('new_p90_tpot'))} | {_ms(q.get('old_p90_tpot'))} | {slo.p90_tpot_ms:g} ms |\n"
+        f"| p90 TTFT | {_ms(q.get('new_p90_ttft'))} | {_ms(q.get('old_p90_ttft'))} | {slo.max_p90_ttft_ms:g} ms |\n"
+        f"| p90 TPOT | {_ms(q.get('new_p90_tpot'))} | {_ms(q.get('old_p90_tpot'))} | {slo.max_p90_tpot_ms:g} ms |\n"
         f"| requests finished | {q.get('new_requests') or 0:.0f} | {q.get('old_requests') or 0:.0f} | |\n\n"
         + (f"{reasons}\n" if reasons else "")
         + f"No answer in {pending.timeout_s:.0f} s: **{CONTINUE if step.passed else ABORT}** "

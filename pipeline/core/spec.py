@@ -308,11 +308,37 @@ class WorkloadSpec(Strict):
 
 
 class SloSpec(Strict):
-    p90_ttft_ms: Annotated[float, Field(gt=0)]
-    p90_tpot_ms: Annotated[float, Field(gt=0)]
+    """The limits a layout must hold. `max_` names a limit; a measured p90 (a probe's, a release's)
+    is `p90_ttft_ms`: one name per fact."""
+
+    max_p90_ttft_ms: Annotated[float, Field(gt=0, description="the p90 time to first token must stay at or below")]
+    max_p90_tpot_ms: Annotated[float, Field(gt=0, description="the p90 time per output token must stay at or below")]
     max_failed_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.01
     min_rate_per_server: Annotated[float, Field(ge=0, description="req/s the best layout must reach")] = 0.0
     resolution: Annotated[float, Field(gt=0, lt=1)] = 0.05
+
+    @model_validator(mode="before")
+    @classmethod
+    def limits_by_their_name(cls, data: Any) -> Any:
+        return limits_by_their_name(data)
+
+
+def limits_by_their_name(data: Any) -> Any:
+    """Specs and run params written before the SLO limits were named `max_` (a release's stored spec,
+    which a rollback or a re-benchmark reads again) said `p90_ttft_ms`: read as the limit. Both names
+    at once is an error (which one was meant?); a None under the old name is no value."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for old in ("p90_ttft_ms", "p90_tpot_ms"):
+        if old in data:
+            value = data.pop(old)
+            if value is None:
+                continue
+            if data.get(f"max_{old}") is not None:
+                raise ValueError(f"{old} and max_{old} both given: {old} is the old name of max_{old}")
+            data[f"max_{old}"] = value
+    return data
 
 
 class GatewayRef(Strict):

@@ -23,12 +23,23 @@ from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
 from pipeline.records.capacity import CapacityPlan
+from pipeline.records.plan import PredictionCheck
 from pipeline.release import local_target
 from pipeline.release.registry import cached
 from pipeline.stages import capacity, tiny_model
 
 log = logging.getLogger("demo")
-LAYOUT_FIGURES = ("layout", "predicted_max_slo_rate", "max_slo_rate", "prediction_error", "bound_only")
+
+
+def layout_figures(check: PredictionCheck) -> dict[str, Any]:
+    """One layout's line in the demo's results record: predicted, measured, and how far apart."""
+    return {
+        "layout": check.layout,
+        "predicted_max_slo_rate": check.prediction.predicted_max_slo_rate if check.prediction else None,
+        "max_slo_rate": check.max_slo_rate,
+        "prediction_error": check.prediction_error,
+        "bound_only": check.bound_only,
+    }
 
 
 def progress(states: dict[str, str], elapsed: float) -> None:
@@ -101,13 +112,13 @@ def figures(
         "spec": str(loaded.path.relative_to(PROJECT_ROOT) if loaded.path.is_relative_to(PROJECT_ROOT) else loaded.path),
         "state": state,
         "minutes": {k: round(v, 1) for k, v in minutes.items()},
-        "slo": {"p90_ttft_ms": loaded.spec.slo.p90_ttft_ms, "p90_tpot_ms": loaded.spec.slo.p90_tpot_ms},
+        "slo": {"max_p90_ttft_ms": loaded.spec.slo.max_p90_ttft_ms, "max_p90_tpot_ms": loaded.spec.slo.max_p90_tpot_ms},
         "workload": {"input_len": loaded.spec.workload.input_len, "output_len": loaded.spec.workload.output_len},
         "accuracy": {
             t["task"]: {"baseline": t["baseline"], "candidate": t["candidate"], "passed": t["passed"]}
             for t in gate.get("tasks", [])
         },
-        "layouts": [{k: p.get(k) for k in LAYOUT_FIGURES} for p in data.get("predictions") or []],
+        "layouts": [layout_figures(PredictionCheck.model_validate(p)) for p in data.get("predictions") or []],
         "chosen": {
             "layout": data.get("layout"),
             "rate_per_server": data.get("rate_per_server"),

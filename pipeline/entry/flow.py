@@ -6,7 +6,6 @@ Kept free of Airflow imports so the same calls run from the CLI, a pod or a test
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,8 +22,9 @@ from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
-from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, Predictions
+from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, PredictionCheck, Predictions
 from pipeline.records.quantize import QuantizedArtifact
+from pipeline.records.rebenchmark import Verdict
 from pipeline.records.release import (
     ModelRef,
     Overrides,
@@ -106,7 +106,7 @@ def apply_overrides(spec_path: Path, overrides: Overrides, out_dir: Path) -> Pat
             raise ReleaseError(f"param layouts: {unknown} not in {spec_path} (known: {', '.join(known)})")
         data["layouts"] = [known[name] for name in layouts]
         data.pop("candidates", None)  # the layouts named are the ones measured: none generated, none skipped
-    for key in ("p90_ttft_ms", "p90_tpot_ms"):
+    for key in ("max_p90_ttft_ms", "max_p90_tpot_ms"):
         if (limit := getattr(overrides, key)) is not None:
             data["slo"][key] = float(limit)
     # the copy lives in the run's directory: a relative local model source stays the original's
@@ -368,12 +368,9 @@ def measure_layout(
         loaded.layout(layout),
         model,
         run_dir(run_id) / "benchmark" / layout,
-        predicted=predicted.predicted_max_slo_rate if predicted else None,
+        prediction=predicted,  # kept beside the measurement: what the next release's calibration compares with
         accuracy=accuracy,
     )
-    if predicted:  # what the next release's calibration compares with
-        result.planner_rate, result.calibration_key = predicted.planner_rate, predicted.calibration_key
-        result.calibration = predicted.calibration
     log.info("layout %s: %s\n%s", layout, result.status, benchmark.table([result]))
     return result
 
@@ -416,8 +413,7 @@ def chosen_figures(best: LayoutResult | None) -> ChosenFigures | None:
     """What the registry, the approval and later re-benchmarks need of the chosen layout."""
     if best is None:
         return None
-
-    probe = report_page.chosen_probe(json.loads(best.model_dump_json())) or {}
+    probe = best.deciding_probe()
     return ChosenFigures(
         layout=best.layout,
         rate_per_server=best.per_server,
@@ -426,8 +422,8 @@ def chosen_figures(best: LayoutResult | None) -> ChosenFigures | None:
         bound_only=best.bound_only and best.max_slo_rate is not None,
         unsteady=best.unsteady and best.max_slo_rate is not None,
         client_bound=best.client_bound and best.max_slo_rate is not None,
-        p90_ttft_ms=probe.get("p90_ttft_ms"),
-        p90_tpot_ms=probe.get("p90_tpot_ms"),
+        p90_ttft_ms=probe.p90_ttft_ms if probe else None,
+        p90_tpot_ms=probe.p90_tpot_ms if probe else None,
         load_seconds=best.load_seconds,
         load_split=max(best.load_splits, key=lambda split: split.to_healthy_s, default=None),
         weights_source=best.weights_source or None,
@@ -451,12 +447,17 @@ def slo_gate(release: ValidatedRelease, selection: LayoutSelection) -> LayoutSel
             status="candidate" if selection.passed else "gate_failed",
             only_from=("candidate", "gate_failed"),
             data=ReleaseData(
-                **(selection.chosen.model_dump() if selection.chosen else {}),
+                **chosen,
                 benchmark_files=selection.files,
                 capacity=fleet,
                 predictions=[
-                    calibration.PredictionRecord.model_validate(
-                        {k: getattr(r, k, None) for k in calibration.PredictionRecord.model_fields}
+                    PredictionCheck(
+                        layout=r.layout,
+                        prediction=r.prediction,
+                        max_slo_rate=r.max_slo_rate,
+                        bound_only=r.bound_only,
+                        extrapolated=r.extrapolated,
+                        client_bound=r.client_bound,
                     )
                     for r in selection.layouts
                 ],
@@ -541,7 +542,7 @@ def live_release_ids(name: str, only: int | None = None) -> list[int]:
     return ids
 
 
-def rebenchmark(release_id: int, run_id: str, context: Any = None) -> rebench.Verdict:
+def rebenchmark(release_id: int, run_id: str, context: Any = None) -> Verdict:
     reg = registry()
     verdict = rebench.rebenchmark(reg, release_id, run_dir(run_id) / f"rebenchmark-{release_id}", context=context)
     return rebench.settle(reg, verdict)

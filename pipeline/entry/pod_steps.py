@@ -31,10 +31,10 @@ from pipeline.records.benchmark import LayoutResult
 from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
 from pipeline.records.plan import LayoutPrediction, Predictions
 from pipeline.records.pods import Remeasured, SideResult, StoredLayout, StoredRemeasure
+from pipeline.records.rebenchmark import Verdict
 from pipeline.records.release import ModelRef, StagedRef, ValidatedRelease
 from pipeline.records.selection import LayoutSelection
 from pipeline.release import promote, rebenchmark
-from pipeline.release.rebenchmark import Verdict
 
 R = TypeVar("R", bound=BaseModel)
 

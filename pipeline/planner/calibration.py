@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from pipeline.core.spec import Layout
+from pipeline.records.plan import PredictionCheck
 
 LAST = 5  # ratios per key: recent enough to follow an engine's changes, enough to damp one noisy run
 
@@ -50,28 +50,6 @@ def key(hardware: str, engine: str, layout: Layout, profile: int | None = None) 
     """The text of the layout's CalibrationKey."""
     shape = f"tp{layout.tp}-ep{layout.ep}-pp{layout.pp}-dp{layout.dp}-x{layout.replicas}"
     return str(CalibrationKey(hardware=hardware, engine=engine, shape=shape, profile=profile))
-
-
-class PredictionRecord(BaseModel):
-    """One benchmarked layout's prediction beside its measurement, as a release keeps it (registry
-    `predictions`): what calibration reads back and the report's planner table shows."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    layout: str
-    predicted_max_slo_rate: float | None = Field(None, description="where the search started (calibrated)")
-    max_slo_rate: float | None = Field(None, description="measured; None: the layout failed")
-    prediction_error: float | None = Field(None, description="measured / predicted - 1")
-    planner_rate: float | None = Field(None, description="the step-time model's own rate")
-    calibration_key: str | None = Field(None, description="hardware | engine image | layout shape")
-    calibration: str | None = Field(None, description="the factor and its evidence; None: uncalibrated")
-    bound_only: bool | None = Field(None, description="the measured rate is only a bound")
-    extrapolated: bool | None = Field(
-        None, description="a bound the passes' line puts within the resolution of the edge"
-    )
-    client_bound: bool | None = Field(
-        None, description="the load client sent late in the runs that decided the rate: it measured the client"
-    )
 
 
 class Observation(BaseModel):
@@ -117,32 +95,31 @@ class Measurements(BaseModel):
         return self.by_key.get(key, [])
 
 
-def observations(releases: Iterable[tuple[int, list[dict[str, Any]]]]) -> Measurements:
+def observations(releases: Iterable[tuple[int, list[PredictionCheck]]]) -> Measurements:
     """Per key, the usable measurements in the registry's release records (release id, its
     `predictions`), oldest first. A layout that failed, whose answer is only a bound (probe budget,
     capacity), that the load client bound (it sent late in the runs that decided it: the ratio would be
-    the client's, not the engine's) or that was recorded before calibration keys existed teaches
-    nothing and is skipped. A
+    the client's, not the engine's) or that was recorded without a prediction (none was made, or the
+    registry's record predates the one prediction record) teaches nothing and is skipped. A
     lower bound that the line through its two highest passes puts within half the resolution of the
     SLO's edge (`extrapolated`: no probe above it failed) is kept: the search's own model puts it as
     near the edge as a narrowed answer, and a factor from it errs low, where the next search climbs."""
     found: dict[str, list[Observation]] = {}
-    for release_id, records in sorted(releases, key=lambda r: r[0]):
-        for record in records:
-            if not record.get("calibration_key") or (record.get("bound_only") and not record.get("extrapolated")):
+    for release_id, checks in sorted(releases, key=lambda r: r[0]):
+        for check in checks:
+            predicted = check.prediction
+            if predicted is None or (check.bound_only and not check.extrapolated) or check.client_bound:
                 continue
-            if record.get("client_bound"):
+            if not predicted.planner_rate > 0 or not (check.max_slo_rate or 0) > 0:
                 continue
-            if not (record.get("planner_rate") or 0) > 0 or not (record.get("max_slo_rate") or 0) > 0:
-                continue
-            found.setdefault(record["calibration_key"], []).append(
+            found.setdefault(predicted.calibration_key, []).append(
                 Observation(
                     release_id=release_id,
-                    layout=record["layout"],
-                    planner_rate=record["planner_rate"],
-                    measured=record["max_slo_rate"],
-                    predicted=record.get("predicted_max_slo_rate"),
-                    calibrated=bool(record.get("calibration")),
+                    layout=check.layout,
+                    planner_rate=predicted.planner_rate,
+                    measured=check.max_slo_rate,
+                    predicted=predicted.predicted_max_slo_rate,
+                    calibrated=predicted.calibrated,
                 )
             )
     return Measurements(by_key=found)

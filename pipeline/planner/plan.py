@@ -38,8 +38,10 @@ log = logging.getLogger(__name__)
 BRACKETED = 8  # intervals for the spec's layouts and this many best others (each costs two more searches)
 
 
-class Prediction(BaseModel):
-    """One layout's predicted max SLO rate and what holds it there."""
+class Estimate(BaseModel):
+    """What the step-time model says of one layout: its max SLO rate per replica, server and device,
+    and what holds it there. The run's prediction (`records.plan.LayoutPrediction`) is this, calibrated
+    by earlier measurements."""
 
     layout: Layout
     in_spec: bool
@@ -69,10 +71,10 @@ class Plan(BaseModel):
     hardware: str
     input_len: int
     output_len: int
-    p90_ttft_ms: float
-    p90_tpot_ms: float
+    max_p90_ttft_ms: float
+    max_p90_tpot_ms: float
     coefficients: str = Field(description="where the step-time figures come from: the datasheet or a profiling run")
-    predictions: list[Prediction]  # best first
+    predictions: list[Estimate]  # best first
     interval: str = Field("", description="where the intervals come from: the assumed figures' ranges or the fit")
     figures: list[uncertainty.Figure] = Field(default_factory=list, description="the ranged figures")
     margins: list[uncertainty.Margin] = Field(
@@ -90,11 +92,11 @@ def predict(
     start: float | None = None,
     resolution: float = 0.01,
     factor: float = 2.0,
-) -> Prediction:
+) -> Estimate:
     """`start`: a per-server rate to start the search from (a nearby prediction's), bracketed by `factor`,
     to save simulations; `resolution`: the search's relative step (an interval's ends need less)."""
     if layout.pp > 1 or (layout.dp > 1 and (layout.ep <= 1 or not spec.model.architecture.is_moe)):
-        return Prediction(
+        return Estimate(
             layout=layout, in_spec=in_spec, devices=layout.devices, rate_per_replica=0.0, rate_per_server=0.0,
             rate_per_device=0.0, p90_ttft_ms=None, p90_tpot_ms=None, binding_slo="-",
             bound=f"not modeled: the planner models tp x ep and tp x dp x ep replicas (pp={layout.pp}, dp={layout.dp})",
@@ -103,7 +105,7 @@ def predict(
         )  # fmt: skip
     model = step_time.step_model(spec, layout, hw)
     limits = step_time.engine_limits(spec, layout, hw, model)
-    slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
+    slo = sim.Slo(p90_ttft_s=spec.slo.max_p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.max_p90_tpot_ms / 1e3)
     hosted = host.share(hw, layout)
     dp = layout.dp  # each dp rank schedules its own share of the replica's requests: one is simulated
 
@@ -131,7 +133,7 @@ def predict(
         per_step = round(at.tokens / at.steps, 1) if at.steps else None
         if per_step and spec.model.architecture.is_moe and layout.ep > 1:
             imbalance = round(model.expert_load(max(1, round(per_step))).imbalance, 3)
-        binding = "p90 TTFT" if ttft / spec.slo.p90_ttft_ms >= tpot / spec.slo.p90_tpot_ms else "p90 TPOT"
+        binding = "p90 TTFT" if ttft / spec.slo.max_p90_ttft_ms >= tpot / spec.slo.max_p90_tpot_ms else "p90 TPOT"
         if hosted.binds(search.rate * dp):
             bound = hosted.describe(search.rate * dp)
         elif at.blocked_by_seqs > 0.2:
@@ -143,7 +145,7 @@ def predict(
                 next(iter(shares))
             ]
     per_server = search.rate * dp * layout.replicas
-    return Prediction(
+    return Estimate(
         layout=layout,
         in_spec=in_spec,
         devices=layout.devices,
@@ -227,8 +229,8 @@ def plan(
         hardware=hw.name,
         input_len=input_len,
         output_len=output_len,
-        p90_ttft_ms=spec.slo.p90_ttft_ms,
-        p90_tpot_ms=spec.slo.p90_tpot_ms,
+        max_p90_ttft_ms=spec.slo.max_p90_ttft_ms,
+        max_p90_tpot_ms=spec.slo.max_p90_tpot_ms,
         coefficients=source,
         predictions=predictions,
         interval=uncertainty.describe(figures, profile) if intervals else "",
@@ -271,7 +273,7 @@ def table(plan: Plan, limit: int | None = None) -> str:
     rows = plan.predictions[:limit] if limit else plan.predictions
     lines = [
         f"{plan.spec} on {plan.hardware}: {plan.input_len} in / {plan.output_len} out, SLO p90 TTFT "
-        f"{plan.p90_ttft_ms:g} ms and p90 TPOT {plan.p90_tpot_ms:g} ms",
+        f"{plan.max_p90_ttft_ms:g} ms and p90 TPOT {plan.max_p90_tpot_ms:g} ms",
         f"predicted, not measured; step times: {plan.coefficients}",
         f"{'#':>2}  {'layout':16} {'devices':>7} {'req/s/server':>12} {'interval':>13} {'req/s/device':>12} "
         f"{'p90 TTFT ms':>11} {'p90 TPOT ms':>11}  {'stops at':9} bound",
@@ -371,7 +373,7 @@ def comparisons(plan: Plan) -> list[str]:
     return lines + [m.describe() for m in plan.margins]
 
 
-def _us_per_token(p: Prediction) -> float:
+def _us_per_token(p: Estimate) -> float:
     """Server time per token: a step's time over the tokens all replicas of a server carry in it."""
     assert p.mean_step_ms and p.tokens_per_step
     return p.mean_step_ms * 1e3 / (p.tokens_per_step * p.layout.replicas)

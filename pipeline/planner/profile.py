@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 DECODE_PROMPT, DECODE_TOKENS = 16, 64  # short prompts, enough tokens for a steady decode
 PREFILL_REQUESTS = 8
-UNJUDGED = SloSpec(p90_ttft_ms=600_000, p90_tpot_ms=600_000)  # a shape is timed, not judged
+UNJUDGED = SloSpec(max_p90_ttft_ms=600_000, max_p90_tpot_ms=600_000)  # a shape is timed, not judged
 WARM_UP_SEED = 9  # the shapes use 0, the steady loads 1 and 3, the host check 2: no run repeats another's prompts
 
 
@@ -342,7 +342,7 @@ def _workload(spec: ReleaseSpec, hw: HardwareProfile, layout: Layout) -> tuple[C
     """One replica of `layout` under `hw`'s figures and the spec's workload, as a function of the rate."""
     model = step_time.step_model(spec, layout, hw)
     limits = step_time.engine_limits(spec, layout, hw, model)
-    slo = sim.Slo(p90_ttft_s=spec.slo.p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.p90_tpot_ms / 1e3)
+    slo = sim.Slo(p90_ttft_s=spec.slo.max_p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.max_p90_tpot_ms / 1e3)
     wl = spec.workload
     return sim.workload(model, limits, slo, wl.input_len, wl.output_len, wl.seed, host.share(hw, layout).slowdown), slo
 

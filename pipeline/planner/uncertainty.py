@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from pipeline.planner.profile import Profile
 
 
-class PredictionLike(Protocol):
-    """What this module reads and sets of plan.Prediction (plan imports this module, not the reverse)."""
+class EstimateLike(Protocol):
+    """What this module reads and sets of plan.Estimate (plan imports this module, not the reverse)."""
 
     layout: Layout
     rate_per_server: float
@@ -36,7 +36,7 @@ class PredictionLike(Protocol):
 COSTS = {"link_latency_us", "step_overhead_ms", "sequence_overhead_us", "efficiency.gemm_half_rows", "expert_imbalance"}
 OVERLAP_BOUND = 4  # top_k measures at most this many more layouts whose intervals overlap the best one's
 
-Predict = Callable[..., PredictionLike]
+Predict = Callable[..., EstimateLike]
 
 
 class Figure(BaseModel):
@@ -158,7 +158,7 @@ def describe(found: list[Figure], profile: Profile | None) -> str:
 
 
 def bracket(
-    prediction: PredictionLike,
+    prediction: EstimateLike,
     spec: ReleaseSpec,
     hw: HardwareProfile,
     input_len: int,
@@ -189,8 +189,8 @@ def bracket(
 
 
 def margin(
-    better: PredictionLike,
-    worse: PredictionLike,
+    better: EstimateLike,
+    worse: EstimateLike,
     spec: ReleaseSpec,
     hw: HardwareProfile,
     input_len: int,
@@ -224,7 +224,7 @@ def margin(
     )
 
 
-def margin_of_intervals(better: PredictionLike, worse: PredictionLike) -> Margin:
+def margin_of_intervals(better: EstimateLike, worse: EstimateLike) -> Margin:
     """A profiled plan's margin: the two rates' intervals taken as independent (a bound; one fit's error
     moves both layouts alike, so the true spread is narrower)."""
     a, b = better.rate_per_server, worse.rate_per_server

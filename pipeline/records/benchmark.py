@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.records.plan import LayoutPrediction
 from pipeline.records.served_accuracy import ServedAccuracy
 
 __all__ = [
+    "BenchmarkFile",
+    "Choice",
     "EngineView",
     "Interference",
     "LayoutResult",
@@ -176,26 +179,51 @@ class LayoutResult(BaseModel):
     client_bound_rates: list[float] = Field(default_factory=list, description="rates with a client-bound run")
     unclean_rates: list[float] = Field(default_factory=list, description="rates never measured without interference")
     placement: dict[str, str] = Field(default_factory=dict, description="what ran on which cores (cpu profile)")
-    predicted_max_slo_rate: float | None = Field(
-        None,
-        description="the planner's max SLO rate at this endpoint, written before the measurement; the search's prior",
+    prediction: LayoutPrediction | None = Field(
+        None, description="the planner's figures for this layout, made before the measurement; the search's prior"
     )
     prediction_error: float | None = Field(None, description="measured / predicted - 1")
-    planner_rate: float | None = Field(None, description="the planner's own rate, before calibration")
-    calibration_key: str | None = Field(None, description="hardware | engine image | layout shape")
-    calibration: str | None = Field(None, description="how the prediction was calibrated (None: it was not)")
     served_accuracy: ServedAccuracy | None = Field(
         None, description="lm-eval at this layout's endpoint after its search; a failure fails the layout"
     )
     probes: list[Probe] = Field(default_factory=list)
     seconds: float = 0.0
 
+    @property
+    def predicted_rate(self) -> float | None:
+        """The planner's max SLO rate at this endpoint (calibrated), where a prediction was made."""
+        return self.prediction.predicted_max_slo_rate if self.prediction else None
 
-class Selection(BaseModel):
+    def counted(self) -> list[Probe]:
+        """The probes that count: not superseded by a run again (interference, too few requests)."""
+        return [p for p in self.probes if not p.superseded]
+
+    def deciding_probe(self) -> Probe | None:
+        """The probe that decided the max SLO rate: the last counted run at that rate."""
+        at = [p for p in self.counted() if p.rate == self.max_slo_rate]
+        return at[-1] if at else None
+
+
+class Choice(BaseModel):
+    """The selection's verdict: the best layout, whether it holds the spec's minimum, and why."""
+
     best: str | None
     passed: bool
     reason: str
+
+
+class Selection(Choice):
     layouts: list[LayoutResult]
+
+
+class BenchmarkFile(BaseModel):
+    """benchmark.json: every layout measured, with its probes, and the selection's verdict: what the
+    report and the CSV are made from."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    layouts: list[LayoutResult]
+    selection: Choice | None = None
 
 
 class SearchOutcome(BaseModel):

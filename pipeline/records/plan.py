@@ -3,13 +3,17 @@ layout's search starts from."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
 
-__all__ = ["LayoutPrediction", "MeasuredLayouts", "Predictions"]
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["LayoutPrediction", "MeasuredLayouts", "PredictionCheck", "Predictions"]
 
 
 class LayoutPrediction(BaseModel):
-    """The planner's figures for one layout of the run, before any measurement."""
+    """The planner's figures for one layout of the run, before any measurement: the one prediction
+    record (the plan task publishes it, the layout's result carries it, the registry keeps it beside
+    the measurement in a `PredictionCheck`)."""
 
     layout: str
     predicted_max_slo_rate: float = Field(
@@ -48,3 +52,40 @@ class MeasuredLayouts(BaseModel):
     measure: list[str]
     skipped: dict[str, float] = Field(default_factory=dict, description="layout -> predicted req/s per server")
     reason: str
+
+
+class PredictionCheck(BaseModel):
+    """A benchmarked layout's prediction beside what its search measured, as a release keeps it
+    (registry `predictions`): what the next plan calibrates on and the report's planner table shows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layout: str
+    prediction: LayoutPrediction | None = Field(
+        None, description="what the search started from; None: none was made (no performance figures)"
+    )
+    max_slo_rate: float | None = Field(None, description="measured, req/s at the endpoint; None: the layout failed")
+    bound_only: bool = Field(False, description="the measured rate is only a lower bound (LayoutResult's)")
+    extrapolated: bool = Field(False, description="a bound the passes' line puts within the resolution of the edge")
+    client_bound: bool = Field(
+        False, description="the load client sent late in the runs that decided the rate: it measured the client"
+    )
+
+    @property
+    def prediction_error(self) -> float | None:
+        """measured / predicted - 1."""
+        predicted = self.prediction.predicted_max_slo_rate if self.prediction else None
+        return round(self.max_slo_rate / predicted - 1, 4) if predicted and self.max_slo_rate else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def flat_records_keep_their_measurement(cls, data: Any) -> Any:
+        """Registries written before the one prediction record kept a flat copy of some prediction
+        fields (`predicted_max_slo_rate`, `planner_rate`, `calibration_key`, ...): too few to make a
+        `LayoutPrediction`, so such a check keeps its measurement and no prediction (the planner's
+        calibration then skips it, as it skips a release recorded before calibration keys existed)."""
+        if not isinstance(data, dict) or "prediction" in data:
+            return data
+        flat = ("predicted_max_slo_rate", "prediction_error", "planner_rate", "calibration_key", "calibration")
+        return {k: (bool(v) if k in ("bound_only", "extrapolated", "client_bound") else v)
+                for k, v in data.items() if k not in flat}  # fmt: skip

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipeline.core.spec import limits_by_their_name
 
 __all__ = [
     "ModelRef",
@@ -17,14 +21,22 @@ __all__ = [
 
 
 class Overrides(BaseModel):
-    """A trigger's changes to the spec for one run (the DAG's params); empty: the spec as written."""
+    """A trigger's changes to the spec for one run (the DAG's params); empty: the spec as written.
+    An unknown name is refused (a misspelt limit must not run the spec's unchanged)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     layouts: list[str] = Field(default_factory=list, description="layouts to measure, by name; empty: the spec's")
-    p90_ttft_ms: float | None = Field(None, gt=0, description="the run's p90 TTFT limit, ms; None: the spec's")
-    p90_tpot_ms: float | None = Field(None, gt=0, description="the run's p90 TPOT limit, ms; None: the spec's")
+    max_p90_ttft_ms: float | None = Field(None, gt=0, description="the run's p90 TTFT limit, ms; None: the spec's")
+    max_p90_tpot_ms: float | None = Field(None, gt=0, description="the run's p90 TPOT limit, ms; None: the spec's")
+
+    @model_validator(mode="before")
+    @classmethod
+    def limits_by_their_name(cls, data: Any) -> Any:
+        return limits_by_their_name(data)  # a trigger's conf from before the limits were named max_
 
     def any(self) -> bool:
-        return bool(self.layouts) or self.p90_ttft_ms is not None or self.p90_tpot_ms is not None
+        return bool(self.layouts) or self.max_p90_ttft_ms is not None or self.max_p90_tpot_ms is not None
 
 
 class ValidatedRelease(BaseModel):

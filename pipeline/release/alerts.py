@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.core import platform
 from pipeline.core.spec import LoadedSpec
+from pipeline.records.rebenchmark import Promoted, Remeasure, Verdict
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import benchmark
 
@@ -24,28 +25,29 @@ def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
 
 
-def _rate(figures: dict[str, Any]) -> str:
+def _rate(figures: Promoted | Remeasure | None) -> str:
     """A max SLO rate, 'at least N' where it is a lower bound, '(unsteady)' / '(client-bound)' where marked."""
-    rate = figures.get("max_slo_rate")
-    if not isinstance(rate, (int, float)):
-        return _fmt(rate)
-    return benchmark.rate_text(rate, figures.get("bound_only"), figures.get("unsteady"), figures.get("client_bound"))
+    if figures is None or figures.max_slo_rate is None:
+        return _fmt(None)
+    if isinstance(figures, Promoted):
+        return benchmark.rate_text(figures.max_slo_rate, figures.bound_only)
+    return benchmark.rate_text(figures.max_slo_rate, figures.bound_only, figures.unsteady, figures.client_bound)
 
 
-def text(rel: Release, verdict, base_url: str) -> tuple[str, str]:
+def text(rel: Release, verdict: Verdict, base_url: str) -> tuple[str, str]:
     """(subject, body) of the alert: what happened and the figures, readable in a pager."""
     what = "DEGRADED" if verdict.status == "degraded" else "re-benchmark FAILED"
     subject = f"[model-release] {rel.name} release {rel.id} ({rel.data.get('layout')}): {what}"
     m, e = verdict.measured, verdict.expected
     lines = [subject, ""] + [f"- {r}" for r in verdict.reasons] + [""]
-    if m:
+    if m is not None:
         lines += [
             f"max SLO rate:  expected {_rate(e)} req/s, measured {_rate(m)}"
-            + (" (a lower bound: the engine may hold more)" if m.get("bound_only") else ""),
-            f"p90 TTFT at promoted rate: expected {_fmt(e.get('p90_ttft_ms'))} ms, "
-            f"measured {_fmt(m.get('p90_ttft_ms_at_promoted_rate'))}",
-            f"p90 TPOT at promoted rate: expected {_fmt(e.get('p90_tpot_ms'))} ms, "
-            f"measured {_fmt(m.get('p90_tpot_ms_at_promoted_rate'))}",
+            + (" (a lower bound: the engine may hold more)" if m.bound_only else ""),
+            f"p90 TTFT at promoted rate: expected {_fmt(e.p90_ttft_ms if e else None)} ms, "
+            f"measured {_fmt(m.p90_ttft_ms_at_promoted_rate)}",
+            f"p90 TPOT at promoted rate: expected {_fmt(e.p90_tpot_ms if e else None)} ms, "
+            f"measured {_fmt(m.p90_tpot_ms_at_promoted_rate)}",
         ]
     lines += [
         f"versions: {json.dumps(verdict.versions)}",
@@ -54,7 +56,7 @@ def text(rel: Release, verdict, base_url: str) -> tuple[str, str]:
     return subject, "\n".join(lines)
 
 
-def send(reg: Registry, rel: Release, loaded: LoadedSpec, verdict, context: Any = None) -> dict[str, Any]:
+def send(reg: Registry, rel: Release, loaded: LoadedSpec, verdict: Verdict, context: Any = None) -> dict[str, Any]:
     notify = loaded.spec.rebenchmark.notify
     subject, body = text(rel, verdict, platform.current().base_url())
     log.warning("ALERT %s", body)

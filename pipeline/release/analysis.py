@@ -116,7 +116,7 @@ def analyze(
                 f"{failed:.1%} of requests aborted or failed (HTTP 5xx: {http_errors:.0f}) "
                 f"> {rollout.max_error_fraction:.1%}"
             )
-        for key, limit, label in (("ttft", slo.p90_ttft_ms, "TTFT"), ("tpot", slo.p90_tpot_ms, "TPOT")):
+        for key, limit, label in (("ttft", slo.max_p90_ttft_ms, "TTFT"), ("tpot", slo.max_p90_tpot_ms, "TPOT")):
             value = v[f"new_p90_{key}"]
             if value is None:
                 if requests_done >= rollout.min_requests:

@@ -11,14 +11,11 @@ release degraded without evidence.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel
 
 from pipeline.core import storage
 from pipeline.core.errors import ReleaseError, SpecError
@@ -26,6 +23,7 @@ from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.evaluate import EvalResult
+from pipeline.records.rebenchmark import Promoted, Remeasure, Verdict
 from pipeline.release import alerts, promote, report
 from pipeline.release.registry import SERVING, Registry, Release
 from pipeline.stages import benchmark
@@ -35,15 +33,6 @@ log = logging.getLogger(__name__)
 
 class MeasurementCancelled(ReleaseError):
     """The re-benchmark's engine was stopped from outside: record a cancellation, alert nobody."""
-
-
-class Verdict(BaseModel):
-    release_id: int
-    status: str  # ok | degraded | error | cancelled
-    reasons: list[str]
-    expected: dict[str, Any]
-    measured: dict[str, Any]
-    versions: dict[str, str]
 
 
 def live_releases(reg: Registry, name: str | None = None) -> list[Release]:
@@ -65,23 +54,23 @@ def versions(loaded: LoadedSpec) -> dict[str, str]:
     return out
 
 
-def judge(rel: Release, result: LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], dict[str, Any]]:
+def judge(rel: Release, result: LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], Remeasure]:
     """Compare with the figures recorded at promotion; returns (status, reasons, measured)."""
     promoted_rate = rel.data["max_slo_rate"]
     check = next((p for p in reversed(result.probes) if p.rate == promoted_rate and not p.superseded), None)
     bound = result.bound_only and result.max_slo_rate is not None  # a lower bound (LayoutResult.bound_only)
-    measured: dict[str, Any] = {
-        "max_slo_rate": result.max_slo_rate,
-        "bound_only": bound,
+    measured = Remeasure(
+        max_slo_rate=result.max_slo_rate,
+        bound_only=bound,
         # its runs disagreed beyond workload.max_spread; the client's lag decided it: either way a figure to
         # read with care, not a drop by itself (LayoutResult.unsteady, .client_bound)
-        "unsteady": result.unsteady and result.max_slo_rate is not None,
-        "client_bound": result.client_bound and result.max_slo_rate is not None,
-        "capacity_rps": result.capacity_rps,
-        "p90_ttft_ms_at_promoted_rate": check.p90_ttft_ms if check else None,
-        "p90_tpot_ms_at_promoted_rate": check.p90_tpot_ms if check else None,
-        "slo_holds_at_promoted_rate": check.passed if check else None,
-    }
+        unsteady=result.unsteady and result.max_slo_rate is not None,
+        client_bound=result.client_bound and result.max_slo_rate is not None,
+        capacity_rps=result.capacity_rps,
+        p90_ttft_ms_at_promoted_rate=check.p90_ttft_ms if check else None,
+        p90_tpot_ms_at_promoted_rate=check.p90_tpot_ms if check else None,
+        slo_holds_at_promoted_rate=check.passed if check else None,
+    )
     reasons = []
     if check is not None and not check.passed:
         reasons.append(f"SLO fails at the promoted rate {promoted_rate:.3g} req/s: " + "; ".join(check.reasons))
@@ -109,8 +98,8 @@ def judge(rel: Release, result: LayoutResult, loaded: LoadedSpec) -> tuple[str, 
         )
     served = result.served_accuracy
     if served is not None:
-        measured["served_accuracy"] = {t.task: round(t.candidate, 4) for t in served.tasks}
-        measured["served_accuracy_passed"] = served.passed
+        measured.served_accuracy = {t.task: round(t.candidate, 4) for t in served.tasks}
+        measured.served_accuracy_passed = served.passed
         if not served.passed:
             reasons.append("serving-path accuracy: " + "; ".join(served.failures))
     return ("degraded" if reasons else "ok"), reasons, measured
@@ -180,8 +169,7 @@ def rebenchmark(
 def cancelled(reg: Registry, rel: Release, reason: str, found: dict[str, str]) -> Verdict:
     """A measurement stopped on purpose (shutdown, cancelled task): recorded as such, no alert, no trend
     point, the release's status untouched."""
-    verdict = Verdict(release_id=rel.id, status="cancelled", reasons=[reason[:1500]], expected={}, measured={},
-                      versions=found)  # fmt: skip
+    verdict = Verdict(release_id=rel.id, status="cancelled", reasons=[reason[:1500]], versions=found)
     reg.record(rel.id, "rebenchmark_cancelled", "rebenchmark", verdict.model_dump())
     log.warning("release %d: %s", rel.id, reason)
     return verdict
@@ -209,17 +197,13 @@ def conclude(
     """Judge a measurement (or its failure), record the trend point or the failure, alert, and
     roll back when the spec says so. A failure to measure alerts but is never evidence of
     degradation."""
-    expected = {
-        k: rel.data.get(k)
-        for k in ("layout", "max_slo_rate", "bound_only", "rate_per_server", "p90_ttft_ms", "p90_tpot_ms")
-    }
+    expected = Promoted.model_validate(rel.facts.model_dump(include=set(Promoted.model_fields)))
     if result is None:
         verdict = Verdict(
             release_id=rel.id,
             status="error",
             reasons=[(error or "no measurement")[:1500]],
             expected=expected,
-            measured={},
             versions=found,
         )
         reg.record(rel.id, "rebenchmark_failed", "rebenchmark", verdict.model_dump())
@@ -237,7 +221,7 @@ def conclude(
         rel.id,
         "trend_point",
         "rebenchmark",
-        {**measured, **found, "verdict": status, "out_dir": str(out_dir)},
+        {**measured.model_dump(), **found, "verdict": status, "out_dir": str(out_dir)},
         status="degraded" if status == "degraded" else "live",
         only_from=SERVING,
     )
@@ -245,12 +229,10 @@ def conclude(
         "release %d: %s (max SLO rate %s req/s, promoted at %s)\n  expected %s\n  measured %s%s",
         rel.id,
         status.upper(),
-        benchmark.rate_text(
-            result.max_slo_rate, measured["bound_only"], measured["unsteady"], measured["client_bound"]
-        ),
-        benchmark.rate_text(expected["max_slo_rate"], expected["bound_only"]),
-        json.dumps(expected),
-        json.dumps(measured),
+        benchmark.rate_text(result.max_slo_rate, measured.bound_only, measured.unsteady, measured.client_bound),
+        benchmark.rate_text(expected.max_slo_rate, expected.bound_only),
+        expected.model_dump_json(),
+        measured.model_dump_json(),
         "".join(f"\n  - {r}" for r in reasons),
     )
     if status == "degraded":

@@ -26,11 +26,12 @@ from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
 from pipeline.core.rollout import Deployment
-from pipeline.planner.calibration import Measurements, PredictionRecord, observations
+from pipeline.planner.calibration import Measurements, observations
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LoadSplit
 from pipeline.records.capacity import CapacityPlan
 from pipeline.records.evaluate import EvaluationPair, GateDecision
+from pipeline.records.plan import PredictionCheck
 from pipeline.records.served_accuracy import ServedSummary
 from pipeline.stages import capacity
 
@@ -132,8 +133,8 @@ class ReleaseData(BaseModel):
     weights_source: str | None = Field(None, description="where the measured engines read the weights from")
     benchmark_files: dict[str, str] | None = None
     capacity: CapacityPlan | None = Field(None, description="the fleet and its cost at the spec's peak")
-    predictions: list[PredictionRecord] | None = Field(
-        None, description="per benchmarked layout: the planner's max SLO rate, the measured one, measured/predicted - 1"
+    predictions: list[PredictionCheck] | None = Field(
+        None, description="per benchmarked layout: the planner's prediction beside the measured max SLO rate"
     )
     served_accuracy: list[ServedSummary] | None = Field(
         None, description="per benchmarked layout: serving-path accuracy passed, seconds, per task served/in-process"
@@ -341,7 +342,7 @@ class Registry:
     def measured_predictions(self) -> Measurements:
         """Every release's benchmarked layouts against the planner, per calibration key, oldest first:
         what the next plan calibrates on and the report's planner table shows."""
-        return observations((r.id, r.data.get("predictions") or []) for r in self.releases())
+        return observations((r.id, r.facts.predictions or []) for r in self.releases())
 
     def keep_profile(self, profile: Profile) -> Profile:
         """Keep a profiling run; the planner uses the newest for its hardware and engine image."""

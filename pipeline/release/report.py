@@ -23,6 +23,8 @@ import markupsafe
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import LoadedSpec
 from pipeline.planner import calibration
+from pipeline.records import edge
+from pipeline.records.benchmark import BenchmarkFile, LayoutResult
 from pipeline.release.registry import Registry, Release, ReleaseData
 from pipeline.stages import capacity
 
@@ -81,13 +83,6 @@ def _png(path: Path | None) -> str | None:
     return base64.b64encode(path.read_bytes()).decode() if path and path.exists() else None
 
 
-def chosen_probe(layout: dict[str, Any]) -> dict[str, Any] | None:
-    """The probe that decided a layout's max SLO rate (its last run at that rate)."""
-    rate = layout.get("max_slo_rate")
-    probes = [p for p in layout.get("probes", []) if p.get("rate") == rate]
-    return probes[-1] if probes else None
-
-
 def _spec_rows(loaded: LoadedSpec) -> list[tuple[str, str]]:
     s, hw = loaded.spec, loaded.hardware
     return [
@@ -102,7 +97,7 @@ def _spec_rows(loaded: LoadedSpec) -> list[tuple[str, str]]:
         ("workload", f"{s.workload.input_len} in / {s.workload.output_len} out, {s.workload.arrival} arrivals"),
         (
             "SLO",
-            f"p90 TTFT ≤ {s.slo.p90_ttft_ms:g} ms, p90 TPOT ≤ {s.slo.p90_tpot_ms:g} ms, "
+            f"p90 TTFT ≤ {s.slo.max_p90_ttft_ms:g} ms, p90 TPOT ≤ {s.slo.max_p90_tpot_ms:g} ms, "
             f"≥ {s.slo.min_rate_per_server:g} req/s per server",
         ),
         (
@@ -142,13 +137,22 @@ def _load_view(facts: ReleaseData, live_id: int | None, theirs: ReleaseData | No
     }
 
 
+def interval(lay: LayoutResult) -> tuple[float, float] | None:
+    """The planner's interval around the layout's predicted rate, at the rate the row shows (the
+    prediction holds it per server)."""
+    p = lay.prediction
+    if p is None or p.predicted_low is None or p.predicted_high is None or not p.predicted_per_server:
+        return None
+    scale = p.predicted_max_slo_rate / p.predicted_per_server
+    return p.predicted_low * scale, p.predicted_high * scale
+
+
 def _performance_view(
-    bench: dict[str, Any] | None, facts: ReleaseData, live: Release | None, loaded: LoadedSpec, png: Path | None
+    bench: BenchmarkFile | None, facts: ReleaseData, live: Release | None, loaded: LoadedSpec, png: Path | None
 ) -> dict[str, Any] | None:
     if not bench:
         return None
-    selection = bench.get("selection") or {}
-    best = selection.get("best")
+    best = bench.selection.best if bench.selection else None
     compare = None
     theirs = live.facts if live else None
     if live and theirs and theirs.rate_per_server is not None and facts.rate_per_server is not None:
@@ -160,107 +164,104 @@ def _performance_view(
             "ratio": facts.rate_per_server / base if base else float("nan"),
         }
     rows = []
-    for lay in bench["layouts"]:
-        probe = chosen_probe(lay) or {}
-        marks = [m for m, key in (("unsteady", "unsteady"), ("client-bound", "client_bound")) if lay.get(key)]
+    for lay in bench.layouts:
+        probe = lay.deciding_probe()
+        marks = [m for m, on in (("unsteady", lay.unsteady), ("client-bound", lay.client_bound)) if on]
         rows.append(
             {
-                "layout": lay["layout"],
-                "best": lay["layout"] == best,
-                "tp": lay["tp"],
-                "ep": lay["ep"],
-                "replicas": lay["replicas"],
-                "status": lay["status"],
-                "capacity": lay.get("capacity_rps"),
-                "max_slo_rate": lay.get("max_slo_rate"),
-                "bound_only": lay.get("bound_only"),
+                "layout": lay.layout,
+                "best": lay.layout == best,
+                "tp": lay.tp,
+                "ep": lay.ep,
+                "replicas": lay.replicas,
+                "status": lay.status,
+                "capacity": lay.capacity_rps,
+                "max_slo_rate": lay.max_slo_rate,
+                "bound_only": lay.bound_only,
                 # what the answer must be read with: runs that disagreed, a client that sent late
-                "marks": f" ({', '.join(marks)})" if marks and lay.get("max_slo_rate") is not None else "",
-                "predicted": lay.get("predicted_max_slo_rate"),
-                "interval": lay.get("predicted_interval"),
-                "prediction_error": lay.get("prediction_error"),
-                "per_server": lay.get("per_server"),
-                "per_device": lay.get("per_device"),
-                "p90_ttft_ms": probe.get("p90_ttft_ms"),
-                "p90_tpot_ms": probe.get("p90_tpot_ms"),
-                "load_seconds": ", ".join(f"{s:g}" for s in lay.get("load_seconds", [])),
-                "served": lay.get("served_accuracy"),
-                "note": lay.get("error") or lay.get("stop_reason", ""),
+                "marks": f" ({', '.join(marks)})" if marks and lay.max_slo_rate is not None else "",
+                "predicted": lay.predicted_rate,
+                "interval": interval(lay),
+                "prediction_error": lay.prediction_error,
+                "per_server": lay.per_server,
+                "per_device": lay.per_device,
+                "p90_ttft_ms": probe.p90_ttft_ms if probe else None,
+                "p90_tpot_ms": probe.p90_tpot_ms if probe else None,
+                "load_seconds": ", ".join(f"{s:g}" for s in lay.load_seconds),
+                "served": lay.served_accuracy,
+                "note": lay.error or lay.stop_reason,
             }
         )
-    predicted = [lay for lay in bench["layouts"] if lay.get("predicted_max_slo_rate")]
+    predicted = [lay for lay in bench.layouts if lay.prediction]
     return {
-        "passed": selection.get("passed"),
-        "reason": selection.get("reason", ""),
+        "passed": bench.selection.passed if bench.selection else None,
+        "reason": bench.selection.reason if bench.selection else "",
         "rate": facts.rate_per_server,
         "live": compare,
         "load": _load_view(facts, live.id if live else None, theirs),
         "kind": loaded.hardware.kind.upper(),
         "rows": rows,
-        "any_served": any(lay.get("served_accuracy") for lay in bench["layouts"]),
-        "calibrations": [(lay["layout"], lay.get("calibration")) for lay in predicted],
-        "step_times": step_times([lay.get("calibration_key") for lay in bench["layouts"]]),
+        "any_served": any(lay.served_accuracy for lay in bench.layouts),
+        "calibrations": [(lay.layout, lay.prediction.calibration) for lay in predicted if lay.prediction],
+        "step_times": step_times([lay.prediction.calibration_key if lay.prediction else None for lay in bench.layouts]),
         "png": _png(png),
     }
 
 
 def _section_performance(
-    bench: dict[str, Any] | None, facts: ReleaseData, live: Release | None, loaded: LoadedSpec, png: Path | None
+    bench: BenchmarkFile | None, facts: ReleaseData, live: Release | None, loaded: LoadedSpec, png: Path | None
 ) -> str:
     return _macro("performance_section", _performance_view(bench, facts, live, loaded, png))
 
 
-def _measurement_view(bench: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+def _measurement_view(bench: BenchmarkFile | None) -> list[dict[str, Any]] | None:
     """How far the figures can be trusted: repeats at the answer, who else used the CPU, the
     engine's own view next to the client's, and every probe (a reviewer's evidence)."""
     if not bench:
         return None
     out = []
-    for lay in bench["layouts"]:
-        probes = [p for p in lay.get("probes", []) if not p.get("superseded")]
-        seen = [p["interference"] for p in probes if p.get("interference")]
-        at_answer = [p for p in probes if p.get("rate") == lay.get("max_slo_rate")]
+    for lay in bench.layouts:
+        probes = lay.counted()
+        seen = [p.interference for p in probes if p.interference]
+        decided = lay.deciding_probe()
         every = []
-        for p in lay.get("probes", []):
-            inter = p.get("interference") or {}
+        for p in lay.probes:
+            inter = p.interference
             every.append(
                 {
-                    **p,
-                    "burst": p.get("rate") in ("Infinity", float("inf")),
+                    "probe": p,
+                    "burst": math.isinf(p.rate),
                     "inter": inter,
-                    "engine": p.get("engine") or {},
-                    "top": ", ".join(f"{name} {c:.2f}" for name, c in inter.get("top_other", [])[:2]),
-                    "lag_p90": p.get("client_lag_p90_ms"),
-                    "lag_end": p.get("client_lag_end_ms"),
-                    "client_cpu": p.get("client_cpu_ms_per_request"),
-                    "verdict": ("pass" if p.get("passed") else "fail")
-                    + (" (run again)" if p.get("superseded") else "")
-                    + ("" if p.get("clean", True) else " (unclean)")
-                    + (" (client-bound)" if p.get("client_bound") else ""),
+                    "engine": p.engine,
+                    "top": ", ".join(f"{name} {c:.2f}" for name, c in (inter.top_other if inter else [])[:2]),
+                    "verdict": ("pass" if p.passed else "fail")
+                    + (" (run again)" if p.superseded else "")
+                    + ("" if p.clean else " (unclean)")
+                    + (" (client-bound)" if p.client_bound else ""),
                 }
             )
-        notes = sorted({p.get("client_note", "") for p in probes if p.get("client_bound")} - {""})
+        notes = sorted({p.client_note for p in probes if p.client_bound} - {""})
         out.append(
             {
-                "layout": lay["layout"],
-                "deciding": ", ".join(f"{v:.0f}" for v in lay.get("deciding_p90_ttft_ms", [])),
-                "spread": lay.get("spread"),
-                "unsteady": lay.get("unsteady"),
-                "engine_p90": ((at_answer[-1].get("engine") or {}) if at_answer else {}).get("p90_ttft_ms"),
-                "max_other": max((i["other"] for i in seen), default=None),
-                "max_steal": max((i["steal"] for i in seen), default=None),
-                "unclean": ", ".join(f"{r:.3g}" for r in lay.get("unclean_rates", [])) or "none",
-                "placement": "; ".join(f"{k}: {v}" for k, v in lay.get("placement", {}).items()),
+                "layout": lay.layout,
+                "deciding": ", ".join(f"{v:.0f}" for v in lay.deciding_p90_ttft_ms),
+                "spread": lay.spread,
+                "unsteady": lay.unsteady,
+                "engine_p90": decided.engine.p90_ttft_ms if decided and decided.engine else None,
+                "max_other": max((i.other for i in seen), default=None),
+                "max_steal": max((i.steal for i in seen), default=None),
+                "unclean": ", ".join(f"{r:.3g}" for r in lay.unclean_rates) or "none",
+                "placement": "; ".join(f"{k}: {v}" for k, v in lay.placement.items()),
                 "probes": every,
-                "client_bound_rates": ", ".join(f"{r:.3g}" for r in lay.get("client_bound_rates") or []),
-                "client_bound": lay.get("client_bound"),
+                "client_bound_rates": ", ".join(f"{r:.3g}" for r in lay.client_bound_rates),
+                "client_bound": lay.client_bound,
                 "client_notes": "; ".join(notes[:3]),
             }
         )
     return out
 
 
-def _section_measurement(bench: dict[str, Any] | None) -> str:
+def _section_measurement(bench: BenchmarkFile | None) -> str:
     return _macro("measurement_section", _measurement_view(bench))
 
 
@@ -309,7 +310,7 @@ def _planner_view(reg: Registry, rel: Release) -> dict[str, Any] | None:
     """How far the planner has been from the measurements for this release's layout shapes, on this
     hardware and engine, release after release: its own rate, and the calibrated rate each search
     started at (the calibration's worth shows as the second error shrinking)."""
-    keys = [p.calibration_key for p in rel.facts.predictions or [] if p.calibration_key]
+    keys = [c.prediction.calibration_key for c in rel.facts.predictions or [] if c.prediction]
     if not keys:
         return None
     found = reg.measured_predictions()
@@ -351,7 +352,7 @@ def _audit_events(reg: Registry, release_id: int) -> list[dict[str, Any]]:
     ]
 
 
-def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any] | None, png: Path | None) -> str:
+def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: BenchmarkFile | None, png: Path | None) -> str:
     facts = rel.facts
     live = reg.live(rel.name, rel.target)
     live = live if live and live.id != rel.id else None
@@ -375,41 +376,25 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: dict[str, Any
     return page.strip()
 
 
-def with_intervals(bench: dict[str, Any], predictions: dict[str, Any]) -> dict[str, Any]:
-    """Each measured layout's predicted rate with the planner's interval around it (predictions.json,
-    published before the measurement, holds it per server: scaled here to the rate the row shows)."""
-    by_layout = {p["layout"]: p for p in predictions.get("layouts", [])}
-    for lay in bench.get("layouts", []):
-        p = by_layout.get(lay["layout"])
-        rate = lay.get("predicted_max_slo_rate")
-        if p and rate and p.get("predicted_low") is not None and p.get("predicted_high") is not None:
-            scale = rate / p["predicted_per_server"]
-            lay["predicted_interval"] = [p["predicted_low"] * scale, p["predicted_high"] * scale]
-    return bench
-
-
 def write(reg: Registry, rel: Release, loaded: LoadedSpec, run_dir: Path) -> Path:
     """Render into `run_dir/report.html`, atomically (a reviewer never opens half a page)."""
     bench_json = run_dir / "benchmark" / "benchmark.json"
-    bench = json.loads(bench_json.read_text()) if bench_json.exists() else None
-    predictions = run_dir / "benchmark" / "predictions.json"
-    if bench and predictions.exists():
-        bench = with_intervals(bench, json.loads(predictions.read_text()))
+    bench = edge.from_json(BenchmarkFile, bench_json.read_text(), str(bench_json)) if bench_json.exists() else None
     png = run_dir / "benchmark" / "latency_vs_rate.png"
-    path = atomic_write(run_dir / "report.html", render(reg, rel, loaded, bench, png))
-    return path
+    return atomic_write(run_dir / "report.html", render(reg, rel, loaded, bench, png))
 
 
 def trend(reg: Registry, release_id: int) -> list[dict[str, Any]]:
     """The trend points of a release, oldest first, with the promotion figures as the first point."""
     rel = reg.get(release_id)
+    facts = rel.facts
     points = [
         {
             "at": rel.updated_at.isoformat(),
-            "max_slo_rate": rel.data.get("max_slo_rate"),
-            "bound_only": bool(rel.data.get("bound_only")),
-            "p90_ttft_ms": rel.data.get("p90_ttft_ms"),
-            "p90_tpot_ms": rel.data.get("p90_tpot_ms"),
+            "max_slo_rate": facts.max_slo_rate,
+            "bound_only": bool(facts.bound_only),
+            "p90_ttft_ms": facts.p90_ttft_ms,
+            "p90_tpot_ms": facts.p90_tpot_ms,
             "verdict": "promoted",
         }
     ]

@@ -4,8 +4,8 @@ Load comes from vLLM's own client (`vllm bench serve`, random prompts at the spe
 output lengths, `--ignore-eos`, Poisson arrivals); this package only decides which rates to
 probe and reads the JSON it saves. Split by job, as GuideLLM splits its benchmark package:
 
-- its records (Probe, SearchOutcome, LayoutResult, LoadSplit, Selection: what every other part hands on)
-  live in `pipeline.records.benchmark`; this door re-exports them
+- its records (Probe, SearchOutcome, LayoutResult, LoadSplit, Selection, BenchmarkFile: what every other
+  part hands on) live in `pipeline.records.benchmark`, where callers import them
 - `verdict`: a probe's verdict (p90 intervals, keep-up, SLO reasons, client-bound), pure
 - `search`: the SLO search, pure (a probe is a callable)
 - `selection`: per server / per device, the best layout, a rate as a reader must take it
@@ -17,7 +17,6 @@ This door lists the public names callers use (`from pipeline.stages import bench
 a test that stands in for a step patches it where it is looked up (`orchestration`).
 """
 
-from pipeline.records.benchmark import LayoutResult, LoadSplit, Probe, SearchOutcome, Selection
 from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, client_lag_ms, parse_result
 from pipeline.stages.benchmark.orchestration import Prober, benchmark_layout, running_layout
 from pipeline.stages.benchmark.outputs import plot, table, write_outputs
@@ -27,13 +26,8 @@ from pipeline.stages.benchmark.verdict import judge, keep_up_share, kept_up, mar
 
 __all__ = [
     "BenchClient",
-    "LayoutResult",
-    "LoadSplit",
-    "Probe",
     "Prober",
     "RunProbe",
-    "SearchOutcome",
-    "Selection",
     "bench_client",
     "bench_command",
     "benchmark_layout",

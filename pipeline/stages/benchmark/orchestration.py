@@ -16,6 +16,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
 from pipeline.records.benchmark import LayoutResult, LoadSplit, Probe
 from pipeline.records.evaluate import EvalResult
+from pipeline.records.plan import LayoutPrediction
 from pipeline.stages import engine_metrics, interference, served_accuracy, serving
 from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, parse_result
 from pipeline.stages.benchmark.search import slo_search
@@ -104,7 +105,7 @@ def benchmark_layout(
     base_port: int | None = None,
     max_probes: int = 16,
     prior: float | None = None,
-    predicted: float | None = None,
+    prediction: LayoutPrediction | None = None,
     accuracy: tuple[EvalResult, EvalResult] | None = None,
     answers_without_slo: bool = False,
 ) -> LayoutResult:
@@ -112,8 +113,8 @@ def benchmark_layout(
 
     Each probe records who else used the CPU meanwhile and the engine's own histograms.
     `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
-    the check at that rate). `predicted`: the planner's rate for this layout, kept beside the
-    measurement; the search starts from it when no other prior is given. `accuracy`: the gate's
+    the check at that rate). `prediction`: the planner's for this layout, kept beside the
+    measurement; the search starts from its rate when no other prior is given. `accuracy`: the gate's
     (baseline, candidate) in-process results; with them, a layout that holds the SLO is then
     scored by lm-eval at its endpoint (`served_accuracy`) and fails when it answers worse;
     `answers_without_slo`: scored also when it holds the SLO at no rate (a re-benchmark's verdict
@@ -130,9 +131,9 @@ def benchmark_layout(
         devices=layout.devices,
         status="ok",
         placement=serving.placement(hw, layout).describe(),
-        predicted_max_slo_rate=predicted if predicted else None,
+        prediction=prediction,
     )
-    prior = prior or result.predicted_max_slo_rate
+    prior = prior or result.predicted_rate
     prober: Prober | None = None
     try:
         with running_layout(spec, hw, layout, model_dir, out_dir, base_port) as (engine, prober):

@@ -4,13 +4,12 @@ and the latency-vs-rate plot."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import SloSpec
-from pipeline.records.benchmark import LayoutResult, Selection
+from pipeline.records.benchmark import BenchmarkFile, Choice, LayoutResult, Selection
 
 
 def table(results: list[LayoutResult]) -> str:
@@ -26,7 +25,7 @@ def table(results: list[LayoutResult]) -> str:
         acc = f"{'pass' if served.passed else 'FAIL'} {served.seconds:4.0f}s" if served else "-"
         rows.append(
             f"{r.layout:22} {r.status:7} {max(r.load_seconds, default=0):8.1f} {fmt(r.capacity_rps)} "
-            f"{fmt(r.max_slo_rate)} {fmt(r.predicted_max_slo_rate)} {error} {fmt(r.per_server)} "
+            f"{fmt(r.max_slo_rate)} {fmt(r.predicted_rate)} {error} {fmt(r.per_server)} "
             f"{fmt(r.per_device)} {len(r.probes):6d} {spread_cell} {acc:>10}  "
             f"{r.error.splitlines()[0] if r.error else r.stop_reason}"
         )
@@ -42,16 +41,9 @@ def write_outputs(
         out_dir / "benchmark.csv",
         out_dir / "latency_vs_rate.png",
     )
-    atomic_write(
-        json_path,
-        json.dumps(
-            {
-                "layouts": [json.loads(r.model_dump_json()) for r in results],  # strict JSON: inf/nan as strings
-                "selection": json.loads(selection.model_dump_json(exclude={"layouts"})) if selection else None,
-            },
-            indent=2,
-        ),
-    )
+    verdict = Choice.model_validate(selection.model_dump(exclude={"layouts"})) if selection else None
+    # strict JSON: inf/nan as strings
+    atomic_write(json_path, BenchmarkFile(layouts=results, selection=verdict).model_dump_json(indent=2))
     fields = [
         "layout",
         "rate",
@@ -109,8 +101,8 @@ def plot(results: list[LayoutResult], slo: SloSpec, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, metric, limit, title in (
-        (axes[0], "p90_ttft_ms", slo.p90_ttft_ms, "p90 TTFT"),
-        (axes[1], "p90_tpot_ms", slo.p90_tpot_ms, "p90 TPOT"),
+        (axes[0], "p90_ttft_ms", slo.max_p90_ttft_ms, "p90 TTFT"),
+        (axes[1], "p90_tpot_ms", slo.max_p90_tpot_ms, "p90 TPOT"),
     ):
         for r in results:
             # runs measured again (inconclusive, unclean) are not counted; a repeated rate draws its

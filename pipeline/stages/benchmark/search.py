@@ -35,8 +35,8 @@ def margin(probe: Probe, slo: SloSpec) -> float:
     (M/M/1: p90 TTFT = ln 10 / (mu - rate), so limit / p90 is linear in the rate), so a line
     through two probes lands near the edge where halving the bracket needs several probes more."""
     return min(
-        slo.p90_ttft_ms / max(probe.p90_ttft_ms, 1e-9),
-        slo.p90_tpot_ms / max(probe.p90_tpot_ms, 1e-9),
+        slo.max_p90_ttft_ms / max(probe.p90_ttft_ms, 1e-9),
+        slo.max_p90_tpot_ms / max(probe.p90_tpot_ms, 1e-9),
     )
 
 

@@ -33,7 +33,7 @@ def mark_client_bound(probe: Probe, slo: SloSpec, workload: WorkloadSpec) -> Non
     limit. Why lag: a client whose single event loop is busy (its CPU per request times the rate
     nears a core, or it shares a core) sends late and reads the first tokens late by about as much,
     so its lag says how much of a latency may be the client's own. A burst has no schedule to lag."""
-    limit = workload.max_client_lag * slo.p90_ttft_ms
+    limit = workload.max_client_lag * slo.max_p90_ttft_ms
     late = [
         f"{what} {lag:.0f} ms"
         for what, lag in (("p90 send lag", probe.client_lag_p90_ms), ("last send", probe.client_lag_end_ms))
@@ -66,10 +66,10 @@ def kept_up(rate: float, achieved: float, num_prompts: int) -> bool:
 
 def judge(probe: Probe, slo: SloSpec) -> None:
     reasons = []
-    if probe.p90_ttft_ms > slo.p90_ttft_ms:
-        reasons.append(f"p90 TTFT {probe.p90_ttft_ms:.1f} ms > {slo.p90_ttft_ms:g}")
-    if probe.p90_tpot_ms > slo.p90_tpot_ms:
-        reasons.append(f"p90 TPOT {probe.p90_tpot_ms:.1f} ms > {slo.p90_tpot_ms:g}")
+    if probe.p90_ttft_ms > slo.max_p90_ttft_ms:
+        reasons.append(f"p90 TTFT {probe.p90_ttft_ms:.1f} ms > {slo.max_p90_ttft_ms:g}")
+    if probe.p90_tpot_ms > slo.max_p90_tpot_ms:
+        reasons.append(f"p90 TPOT {probe.p90_tpot_ms:.1f} ms > {slo.max_p90_tpot_ms:g}")
     if probe.failed_fraction > slo.max_failed_fraction:
         reasons.append(f"failed {probe.failed_fraction:.1%} > {slo.max_failed_fraction:.1%}")
     if not kept_up(probe.rate, probe.achieved_rate, probe.num_prompts):
@@ -79,7 +79,7 @@ def judge(probe: Probe, slo: SloSpec) -> None:
     probe.passed = not reasons
     inside = [
         (ci, limit)
-        for ci, limit in ((probe.p90_ttft_ci_ms, slo.p90_ttft_ms), (probe.p90_tpot_ci_ms, slo.p90_tpot_ms))
+        for ci, limit in ((probe.p90_ttft_ci_ms, slo.max_p90_ttft_ms), (probe.p90_tpot_ci_ms, slo.max_p90_tpot_ms))
         if ci is not None and ci[0] <= limit <= ci[1]
     ]
     probe.conclusive = not inside
