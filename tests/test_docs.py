@@ -131,14 +131,19 @@ def test_a_demo_record_renders_on_the_page_and_in_the_readme(tmp_path: Path) -> 
     from pipeline.core import measurements
     from pipeline.core.spec import load_spec
     from pipeline.embedded import demo
+    from pipeline.records.plan import LayoutPrediction, PredictionCheck
+
+    def checked(layout: str, predicted: float, measured: float | None) -> dict:
+        prediction = LayoutPrediction(
+            layout=layout, predicted_max_slo_rate=predicted, planner_rate=predicted, predicted_per_server=predicted,
+            binding_slo="p90 TTFT", bound="compute", calibrated=False, calibration_key="k",
+        )  # fmt: skip
+        return PredictionCheck(layout=layout, prediction=prediction, max_slo_rate=measured).model_dump()
 
     loaded = load_spec(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml")
     data = {
         "accuracy": {"tasks": [{"task": "tiny_add", "baseline": 1.0, "candidate": 0.995, "passed": True}]},
-        "predictions": [
-            {"layout": "single", "predicted_max_slo_rate": 416.0, "max_slo_rate": 340.6, "prediction_error": -0.181},
-            {"layout": "two-replicas", "predicted_max_slo_rate": 226.0, "max_slo_rate": None},
-        ],
+        "predictions": [checked("single", 416.0, 340.6), checked("two-replicas", 226.0, None)],
         "layout": "single",
         "rate_per_server": 340.6,
         "p90_ttft_ms": 212.0,

@@ -12,7 +12,7 @@ from pipeline.core import artifacts, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import RolloutOutcome
 from pipeline.core.spec import load_spec
-from pipeline.records.benchmark import BenchmarkFile, Choice, LayoutResult
+from pipeline.records.benchmark import BenchmarkFile, LayoutResult, SelectionVerdict
 from pipeline.records.plan import LayoutPrediction
 from pipeline.release import local_target, promote, report
 from pipeline.release.registry import Registry, ReleaseData, audit_trail
@@ -257,7 +257,7 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
     )  # fmt: skip
 
     def bench(layout: LayoutResult) -> None:
-        verdict = Choice(best="single", passed=True, reason="single: 4 req/s per server")
+        verdict = SelectionVerdict(best="single", passed=True, reason="single: 4 req/s per server")
         (run / "benchmark" / "benchmark.json").write_text(
             BenchmarkFile(layouts=[layout], selection=verdict).model_dump_json()
         )

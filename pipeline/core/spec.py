@@ -309,7 +309,8 @@ class WorkloadSpec(Strict):
 
 class SloSpec(Strict):
     """The limits a layout must hold. `max_` names a limit; a measured p90 (a probe's, a release's)
-    is `p90_ttft_ms`: one name per fact."""
+    is `p90_ttft_ms`: one name per fact. A spec with the limits' old names (`p90_ttft_ms`,
+    `p90_tpot_ms`) is read as these; both names at once is refused."""
 
     max_p90_ttft_ms: Annotated[float, Field(gt=0, description="the p90 time to first token must stay at or below")]
     max_p90_tpot_ms: Annotated[float, Field(gt=0, description="the p90 time per output token must stay at or below")]

@@ -12,7 +12,6 @@ from pipeline.records.served_accuracy import ServedAccuracy
 
 __all__ = [
     "BenchmarkFile",
-    "Choice",
     "EngineView",
     "Interference",
     "LayoutResult",
@@ -20,6 +19,7 @@ __all__ = [
     "Probe",
     "SearchOutcome",
     "Selection",
+    "SelectionVerdict",
 ]
 
 
@@ -204,7 +204,7 @@ class LayoutResult(BaseModel):
         return at[-1] if at else None
 
 
-class Choice(BaseModel):
+class SelectionVerdict(BaseModel):
     """The selection's verdict: the best layout, whether it holds the spec's minimum, and why."""
 
     best: str | None
@@ -212,7 +212,7 @@ class Choice(BaseModel):
     reason: str
 
 
-class Selection(Choice):
+class Selection(SelectionVerdict):
     layouts: list[LayoutResult]
 
 
@@ -223,7 +223,7 @@ class BenchmarkFile(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
     layouts: list[LayoutResult]
-    selection: Choice | None = None
+    selection: SelectionVerdict | None = None
 
 
 class SearchOutcome(BaseModel):

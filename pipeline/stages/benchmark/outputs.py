@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.core.files import atomic_write
 from pipeline.core.spec import SloSpec
-from pipeline.records.benchmark import BenchmarkFile, Choice, LayoutResult, Selection
+from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Selection, SelectionVerdict
 
 
 def table(results: list[LayoutResult]) -> str:
@@ -41,7 +41,7 @@ def write_outputs(
         out_dir / "benchmark.csv",
         out_dir / "latency_vs_rate.png",
     )
-    verdict = Choice.model_validate(selection.model_dump(exclude={"layouts"})) if selection else None
+    verdict = SelectionVerdict.model_validate(selection.model_dump(exclude={"layouts"})) if selection else None
     # strict JSON: inf/nan as strings
     atomic_write(json_path, BenchmarkFile(layouts=results, selection=verdict).model_dump_json(indent=2))
     fields = [
