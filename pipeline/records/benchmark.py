@@ -28,17 +28,17 @@ class EngineView(BaseModel):
 
     requests: int = Field(description="requests the engine finished in the window")
     p90_ttft_ms: float | None = Field(None, description="engine-side p90 time to first token (histogram)")
-    mean_queue_ms: float | None = None
-    mean_prefill_ms: float | None = None
-    mean_decode_ms: float | None = None
-    p90_itl_ms: float | None = None
-    mean_e2e_ms: float | None = None
+    mean_queue_ms: float | None = Field(None, description="engine-side mean time a request waited in the queue, ms")
+    mean_prefill_ms: float | None = Field(None, description="engine-side mean prefill time per request, ms")
+    mean_decode_ms: float | None = Field(None, description="engine-side mean decode time per request, ms")
+    p90_itl_ms: float | None = Field(None, description="engine-side p90 inter-token latency (histogram), ms")
+    mean_e2e_ms: float | None = Field(None, description="engine-side mean end-to-end request latency, ms")
 
 
 class Interference(BaseModel):
     """CPU use during one probe, in cores (CPU seconds / wall seconds)."""
 
-    wall_s: float
+    wall_s: float = Field(description="the probe window's wall time, s: what the core figures divide by")
     cores: int = Field(description="CPUs of the machine")
     busy: float = Field(description="all processes and the kernel, cores")
     steal: float = Field(0.0, description="taken by the hypervisor for other guests, cores")
@@ -46,7 +46,7 @@ class Interference(BaseModel):
     client: float = Field(description="the load client (vllm bench serve)")
     owner: float = Field(description="the search's own process (its task process when run by Airflow)")
     other: float = Field(description="everything else: the interference")
-    load_avg_1m: float
+    load_avg_1m: float = Field(description="the machine's 1-minute load average at the window's end")
     top_other: list[tuple[str, float]] = Field(default_factory=list, description="biggest other processes, cores")
 
 
@@ -57,28 +57,36 @@ class Probe(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
     rate: float = Field(description="offered Poisson rate, req/s (inf for the saturation probe)")
-    num_prompts: int
+    num_prompts: int = Field(description="requests the client sent (its --num-prompts)")
     achieved_rate: float = Field(description="completed requests / duration")
-    completed: int
-    failed: int
-    failed_fraction: float
-    duration_s: float
-    output_tok_s: float
-    goodput: float | None = None
-    p50_ttft_ms: float
-    p90_ttft_ms: float
-    p99_ttft_ms: float
-    p50_tpot_ms: float
-    p90_tpot_ms: float
-    p99_tpot_ms: float
-    p90_itl_ms: float
-    p90_e2el_ms: float
+    completed: int = Field(description="requests that completed")
+    failed: int = Field(description="requests the client counted as failed")
+    failed_fraction: float = Field(
+        description="share of the requests sent that did not complete (slo.max_failed_fraction)"
+    )
+    duration_s: float = Field(description="the client's run, first send to last answer, s")
+    output_tok_s: float = Field(description="output tokens per second over the run")
+    goodput: float | None = Field(None, description="req/s that met both SLO limits per request (vLLM's --goodput)")
+    p50_ttft_ms: float = Field(description="client-side median time to first token, ms")
+    p90_ttft_ms: float = Field(description="client-side p90 time to first token, ms: what the SLO judges")
+    p99_ttft_ms: float = Field(description="client-side p99 time to first token, ms")
+    p50_tpot_ms: float = Field(description="client-side median time per output token after the first, ms")
+    p90_tpot_ms: float = Field(description="client-side p90 time per output token, ms: what the SLO judges")
+    p99_tpot_ms: float = Field(description="client-side p99 time per output token, ms")
+    p90_itl_ms: float = Field(description="client-side p90 inter-token latency, ms")
+    p90_e2el_ms: float = Field(description="client-side p90 end-to-end request latency, ms")
     p90_ttft_ci_ms: tuple[float, float] | None = Field(None, description="95% order-statistic interval of the p90")
-    p90_tpot_ci_ms: tuple[float, float] | None = None
-    passed: bool = False
+    p90_tpot_ci_ms: tuple[float, float] | None = Field(None, description="95% order-statistic interval of the p90 TPOT")
+    passed: bool = Field(
+        False,
+        description="held the SLO: both p90s and the failed share within limits, and it kept up with the offered rate",
+    )
     conclusive: bool = Field(True, description="false when a limit still fell inside a p90 interval")
-    reasons: list[str] = Field(default_factory=list)
-    result_file: str = ""
+    reasons: list[str] = Field(
+        default_factory=list,
+        description="why it failed, one per rule missed (a limit, keeping up, inconclusive); empty when it passed",
+    )
+    result_file: str = Field("", description="path of the client's saved result (vllm bench serve --save-result)")
     interference: Interference | None = Field(None, description="CPU use of the engine, the client and others")
     engine: EngineView | None = Field(None, description="the engine's own histograms for this probe (/metrics)")
     clean: bool = Field(True, description="other processes stayed under the interference limit")
@@ -130,18 +138,18 @@ class LoadSplit(BaseModel):
 class LayoutResult(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
-    layout: str
-    tp: int
-    dp: int
-    ep: int
-    pp: int
-    replicas: int
-    devices: int
+    layout: str = Field(description="the layout's name (the spec's, or a generated one)")
+    tp: int = Field(description="tensor-parallel size")
+    dp: int = Field(description="data-parallel size")
+    ep: int = Field(description="expert-parallel size (above 1: vLLM's --enable-expert-parallel)")
+    pp: int = Field(description="pipeline-parallel size")
+    replicas: int = Field(description="replica groups behind the layout's one endpoint")
+    devices: int = Field(description="devices of all its replicas: tp x dp x pp x replicas")
     status: str = Field(
         description="ok; failed (engine did not start, died, client errors); cancelled (an engine was stopped "
         "from outside by SIGTERM/SIGINT: a shutdown or a cancelled task)"
     )
-    error: str | None = None
+    error: str | None = Field(None, description="why it failed or was cancelled; None when ok")
     load_seconds: list[float] = Field(default_factory=list, description="per replica, process start to healthy")
     load_splits: list[LoadSplit] = Field(
         default_factory=list, description="per replica, its load time split by its engine log (LoadSplit)"
@@ -149,10 +157,12 @@ class LayoutResult(BaseModel):
     weights_source: str = Field(
         "", description="where the engines read the weights: 'local path' (the staged copy on this machine's disk)"
     )
-    capacity_rps: float | None = None
+    capacity_rps: float | None = Field(None, description="highest throughput any counted probe achieved, req/s")
     max_slo_rate: float | None = Field(None, description="req/s at the layout's endpoint (all its replicas)")
-    per_server: float | None = None
-    per_device: float | None = None
+    per_server: float | None = Field(
+        None, description="max_slo_rate x the copies of the layout a node holds: req/s per server"
+    )
+    per_device: float | None = Field(None, description="per_server / the node's devices, req/s")
     bound_only: bool = Field(
         False,
         description="the answer is a lower bound (no probe above it failed, or the probe budget ran out before "
@@ -164,7 +174,7 @@ class LayoutResult(BaseModel):
         "below the SLO's edge (no probe above it failed): as near the edge as a narrowed answer by the search's "
         "own model, which calibration trusts and the report does not",
     )
-    stop_reason: str = ""
+    stop_reason: str = Field("", description="how the search ended, with its notes (SearchOutcome.stop_reason)")
     burst_rps: float | None = Field(None, description="throughput of the opening burst (the search's scale only)")
     deciding_p90_ttft_ms: list[float] = Field(default_factory=list, description="p90 TTFT of each run at the answer")
     spread: float | None = Field(None, description="max/min - 1 of the runs at the answer")
@@ -186,8 +196,12 @@ class LayoutResult(BaseModel):
     served_accuracy: ServedAccuracy | None = Field(
         None, description="lm-eval at this layout's endpoint after its search; a failure fails the layout"
     )
-    probes: list[Probe] = Field(default_factory=list)
-    seconds: float = 0.0
+    probes: list[Probe] = Field(
+        default_factory=list, description="every probe run, superseded ones included (a LayoutSelection drops them)"
+    )
+    seconds: float = Field(
+        0.0, description="wall time of the layout's benchmark: engine start, search, served check, teardown, s"
+    )
 
     @property
     def predicted_rate(self) -> float | None:
@@ -207,13 +221,15 @@ class LayoutResult(BaseModel):
 class SelectionVerdict(BaseModel):
     """The selection's verdict: the best layout, whether it holds the spec's minimum, and why."""
 
-    best: str | None
-    passed: bool
-    reason: str
+    best: str | None = Field(description="the ok layout with the highest rate per server; None: no layout had a rate")
+    passed: bool = Field(
+        description="best holds slo.min_rate_per_server (in a release run, and its fleet fits capacity:)"
+    )
+    reason: str = Field(description="the verdict in words: the best layout's rate, or why it fails")
 
 
 class Selection(SelectionVerdict):
-    layouts: list[LayoutResult]
+    layouts: list[LayoutResult] = Field(description="every layout measured, with its probes")
 
 
 class BenchmarkFile(BaseModel):
@@ -222,8 +238,8 @@ class BenchmarkFile(BaseModel):
 
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
-    layouts: list[LayoutResult]
-    selection: SelectionVerdict | None = None
+    layouts: list[LayoutResult] = Field(description="every layout measured, with its probes")
+    selection: SelectionVerdict | None = Field(None, description="the selection's verdict; None: a re-benchmark's file")
 
 
 class SearchOutcome(BaseModel):
@@ -231,13 +247,15 @@ class SearchOutcome(BaseModel):
 
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
-    probes: list[Probe]
+    probes: list[Probe] = Field(description="every probe run, in order, superseded ones included")
     burst_rps: float | None = Field(None, description="throughput of the opening burst: the scale, never a bracket")
     capacity: float | None = Field(None, description="highest throughput any probe achieved, req/s")
-    max_slo_rate: float | None = None
+    max_slo_rate: float | None = Field(
+        None, description="the answer: the highest offered req/s the SLO held at; None: it held at none"
+    )
     bound_only: bool = Field(False, description="the answer is a lower bound (see LayoutResult.bound_only)")
     extrapolated: bool = Field(False, description="a lower bound closed by the passes' line (LayoutResult's)")
-    stop_reason: str = ""
+    stop_reason: str = Field("", description="how the search ended, plus notes (unsteady, client-bound, unclean rates)")
     deciding_p90_ttft_ms: list[float] = Field(
         default_factory=list, description="p90 TTFT of every counted run at the answer"
     )

@@ -24,18 +24,30 @@ class FleetCost(BaseModel):
     """One release's (or layout's) fleet at the spec's peak and what its tokens cost."""
 
     label: str = Field(description="candidate, live release N, or a layout's name")
-    layout: str | None = None
+    layout: str | None = Field(
+        None, description="the layout it is sized for; None: a live release with no recorded layout"
+    )
     rate_per_server: float = Field(description="max SLO req/s per server it is sized from")
-    rate_source: Source = "measured"
+    rate_source: Source = Field(
+        "measured", description="measured by this run, given on the command line, or recorded by a release"
+    )
     servers_exact: float = Field(description="peak x (1 + headroom) / rate, before rounding up")
-    servers: int
+    servers: int = Field(description="servers_exact rounded up, at least capacity.min_servers")
     fleet_rps: float = Field(description="what the fleet holds within the SLO: servers x rate")
     within_max: bool = Field(True, description="needs no more than capacity.max_servers")
-    usd_per_hour: float | None = None
-    usd_per_m_input_at_slo: float | None = None
-    usd_per_m_output_at_slo: float | None = None
-    usd_per_m_input_at_mean: float | None = None
-    usd_per_m_output_at_mean: float | None = None
+    usd_per_hour: float | None = Field(None, description="servers x price per server-hour, USD; None: no price")
+    usd_per_m_input_at_slo: float | None = Field(
+        None, description="USD per million input tokens, one server busy at its max SLO rate"
+    )
+    usd_per_m_output_at_slo: float | None = Field(
+        None, description="USD per million output tokens, one server busy at its max SLO rate"
+    )
+    usd_per_m_input_at_mean: float | None = Field(
+        None, description="USD per million input tokens, the fleet's $/hour over the mean rate"
+    )
+    usd_per_m_output_at_mean: float | None = Field(
+        None, description="USD per million output tokens, the fleet's $/hour over the mean rate"
+    )
 
     @property
     def name(self) -> str:
@@ -48,9 +60,9 @@ class FleetCost(BaseModel):
 class CostChange(BaseModel):
     """Candidate vs live: what the reviewer is asked to buy."""
 
-    servers_from: int
-    servers_to: int
-    usd_per_hour_pct: float | None
+    servers_from: int = Field(description="the live release's servers at the peak")
+    servers_to: int = Field(description="the candidate's servers at the peak")
+    usd_per_hour_pct: float | None = Field(description="change of the fleet's $/hour, %; None: a price is missing")
     usd_per_m_input_pct: float | None = Field(description="change of $/M input tokens at the SLO rate, %")
     usd_per_m_output_pct: float | None = Field(description="change of $/M output tokens at the SLO rate, %")
 
@@ -67,10 +79,13 @@ class LeadTime(BaseModel):
 
     detect_s: float = Field(description="half the rate window + one scrape + one HPA sync: the metric's lag")
     load_s: float | None = Field(description="engine start to healthy; None: unknown")
-    load_source: str
-    provision_low_s: float | None = None
+    load_source: str = Field(description="where load_s comes from: measured by this run, given, measured by release N")
+    provision_low_s: float | None = Field(None, description="a node to add, the fast end (hardware node_provisioning)")
     provision_high_s: float | None = Field(None, description="a node to add (hardware node_provisioning)")
-    provision_source: str = "unknown: the hardware profile has no node_provisioning"
+    provision_source: str = Field(
+        "unknown: the hardware profile has no node_provisioning",
+        description="where the provisioning figures come from (sourced or assumed), or why there are none",
+    )
 
     @property
     def node_up_s(self) -> float | None:
@@ -93,22 +108,24 @@ class LeadTime(BaseModel):
 class Scaling(BaseModel):
     """The autoscaler's numbers for one rate per server and whether the fleet meets the spec's spike."""
 
-    rate_per_server: float
-    utilisation: float
+    rate_per_server: float = Field(description="the candidate's max SLO req/s per server it scales on")
+    utilisation: float = Field(description="target load per server as a share of its max SLO rate (capacity.autoscale)")
     target_rps: float = Field(description="load per server the scaler aims at: rate x utilisation")
     min_servers: int = Field(description="servers for the mean rate at the target (at least capacity.min_servers)")
-    max_servers: int
+    max_servers: int = Field(description="the most servers the scaler may run (capacity.max_servers)")
     fallback_servers: int = Field(
         description="what KEDA sets without metrics: the peak's servers at the target or the peak-sized fleet, "
         "whichever is more (at most max)"
     )
     peak_servers: int = Field(description="what the scaler wants at the peak: ceil(peak / target)")
-    spike_factor: float
-    spike_within_s: int
+    spike_factor: float = Field(
+        description="traffic may grow to this multiple of its level in a spike (capacity.autoscale)"
+    )
+    spike_within_s: int = Field(description="the time the spike takes to reach spike_factor, s")
     spike_top_servers: int = Field(description="servers the spike's top needs at their max SLO rate")
     spare: float = Field(description="load growth the fleet carries at its busiest before new servers are in")
     covered_s: float | None = Field(description="the longest lead time the spare covers at the spike; None: any")
-    lead: LeadTime
+    lead: LeadTime = Field(description="how long a scale-up takes, and where each part comes from")
 
     def growth(self, lead_s: float) -> float:
         """Load growth during `lead_s` of the spike (a straight ramp to spike_factor in spike_within_s)."""
@@ -179,20 +196,24 @@ class Scaling(BaseModel):
 class CapacityPlan(BaseModel):
     """Everything the report, the approval, the registry and the CLI show about fleet and cost."""
 
-    peak_rps: float
-    mean_rps: float
-    headroom: float
-    min_servers: int
-    max_servers: int | None
-    input_len: int
-    output_len: int
-    hardware: str
-    price_per_server_hour: float | None
-    price_note: str = ""
-    candidate: FleetCost | None = None
+    peak_rps: float = Field(description="req/s the fleet must serve at its busiest (capacity.peak_rps)")
+    mean_rps: float = Field(description="expected average req/s: what a day costs (capacity.mean_rps)")
+    headroom: float = Field(description="spare capacity above the peak, as a fraction of it")
+    min_servers: int = Field(description="the fewest servers a fleet has (capacity.min_servers)")
+    max_servers: int | None = Field(description="a candidate needing more fails the SLO gate; None: no limit")
+    input_len: int = Field(description="input tokens per request (workload): the $/M input figures' basis")
+    output_len: int = Field(description="output tokens per request (workload): the $/M output figures' basis")
+    hardware: str = Field(description="the hardware profile's name")
+    price_per_server_hour: float | None = Field(
+        description="the profile's price of one server for an hour, USD; None: none"
+    )
+    price_note: str = Field("", description="where the price comes from (the hardware profile's note)")
+    candidate: FleetCost | None = Field(None, description="the chosen layout's fleet; None: no layout chosen")
     layouts: list[FleetCost] = Field(default_factory=list, description="every layout that has a rate")
-    live: FleetCost | None = None
-    change: CostChange | None = None
+    live: FleetCost | None = Field(
+        None, description="the live release's fleet at its recorded rate and price; None: nothing live with a rate"
+    )
+    change: CostChange | None = Field(None, description="candidate vs live; None without either")
     scaling: Scaling | None = Field(None, description="the candidate's autoscaler and its spike check (autoscale:)")
 
     def refusal(self) -> str | None:

@@ -22,11 +22,11 @@ __all__ = [
 
 
 class TaskScore(BaseModel):
-    task: str
-    metric: str
-    score: float
-    stderr: float | None
-    samples: int
+    task: str = Field(description="the lm-eval task's name (evaluation.tasks)")
+    metric: str = Field(description="the lm-eval metric scored (the task's, or its first)")
+    score: float = Field(description="the metric over the items scored")
+    stderr: float | None = Field(description="lm-eval's standard error of the score; None: it gave none")
+    samples: int = Field(description="items scored (lm-eval's effective n-samples)")
     items: list[float] = Field(
         default_factory=list, description="the metric per item, in the task's order: scores on any first N items"
     )
@@ -48,54 +48,58 @@ class TaskScore(BaseModel):
 class EvalResult(BaseModel):
     """One model's scores on the spec's tasks."""
 
-    model_path: str
-    model_manifest_hash: str
-    backend: str
-    scores: list[TaskScore]
-    settings: dict[str, Any]
-    seconds: float
-    cached: bool = False
+    model_path: str = Field(description="the model directory evaluated")
+    model_manifest_hash: str = Field(description="its manifest's content hash: what the cache keys on")
+    backend: str = Field(description="lm-eval's backend: hf, vllm or local-completions")
+    scores: list[TaskScore] = Field(description="one per task of the spec, in its order")
+    settings: dict[str, Any] = Field(
+        description="tasks, limit, seed, backend, lm-eval version: the cache key's settings"
+    )
+    seconds: float = Field(description="lm-eval's wall time over all tasks, s (a cached result keeps its run's)")
+    cached: bool = Field(False, description="reused from the evaluation cache: same bytes, tasks and settings")
 
 
 class EvaluationPair(BaseModel):
     """The accuracy gate's in-process results, both sides: what the registry keeps per release
     (`evaluation`) and what its served answers are held to later (a re-benchmark, a rollout)."""
 
-    baseline: EvalResult
-    candidate: EvalResult
+    baseline: EvalResult = Field(description="the source model's scores")
+    candidate: EvalResult = Field(description="the FP8 candidate's scores, in-process")
 
     def pair(self) -> tuple[EvalResult, EvalResult]:
         return self.baseline, self.candidate
 
 
 class TaskVerdict(BaseModel):
-    task: str
-    metric: str
-    baseline: float
-    baseline_stderr: float | None
-    candidate: float
-    candidate_stderr: float | None
+    task: str = Field(description="the lm-eval task's name")
+    metric: str = Field(description="the metric judged")
+    baseline: float = Field(description="the baseline's score")
+    baseline_stderr: float | None = Field(description="its standard error; None: lm-eval gave none")
+    candidate: float = Field(description="the candidate's score (serving path: the served score)")
+    candidate_stderr: float | None = Field(description="its standard error; None: lm-eval gave none")
     recovery: float | None = Field(description="candidate / baseline")
     recovery_stderr: float | None = Field(description="propagated from both stderrs (independent samples)")
-    min_recovery: float
-    floor: float
-    samples_baseline: int
-    samples_candidate: int
-    expected_samples: int
-    passed: bool
-    reason: str
+    min_recovery: float = Field(description="the least recovery that passes (serving path: served_min_recovery)")
+    floor: float = Field(description="the candidate's absolute minimum score")
+    samples_baseline: int = Field(description="items the baseline was scored on")
+    samples_candidate: int = Field(description="items the candidate was scored on")
+    expected_samples: int = Field(
+        description="items both sides must have scored: the task's data or the limit, else the baseline's"
+    )
+    passed: bool = Field(description="recovery and floor met (serving path: and within max_difference)")
+    reason: str = Field(description="why it failed, rules joined by '; '; empty when it passed")
     in_process: float | None = Field(None, description="serving path: the candidate in-process on the same items")
-    in_process_stderr: float | None = None
+    in_process_stderr: float | None = Field(None, description="serving path: the in-process score's standard error")
     difference: float | None = Field(None, description="serving path: |served - in_process|")
     max_difference: float | None = Field(None, description="serving path: two combined standard errors")
 
 
 class GateDecision(BaseModel):
-    passed: bool
-    tasks: list[TaskVerdict]
+    passed: bool = Field(description="the GX validation of the results table passed: the gate's verdict")
+    tasks: list[TaskVerdict] = Field(description="one verdict per task both sides scored")
     failures: list[str] = Field(description="one line per failed expectation or task, naming the task")
     validation_html: str | None = Field(None, description="GX validation result rendered for reviewers")
-    validation_json: str | None = None
+    validation_json: str | None = Field(None, description="GX validation result as JSON, a path")
 
     def table(self) -> str:
         head = (
@@ -120,9 +124,14 @@ class Endpoint(BaseModel):
     the check runs. The headers are secrets: kept out of repr, dumps and logs."""
 
     url: str = Field(description="the engine's base URL (…/services/NAME:PORT/proxy)")
-    headers: dict[str, str] = Field(default_factory=dict, repr=False, exclude=True)
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        repr=False,
+        exclude=True,
+        description="the API client's auth headers (bearer token): secrets",
+    )
     ca_cert: str | None = Field(None, description="CA bundle of the API server's certificate")
-    verify: bool = True
+    verify: bool = Field(True, description="verify the API server's TLS certificate (the client's verify_ssl)")
 
     def __str__(self) -> str:
         return self.url

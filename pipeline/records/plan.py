@@ -15,7 +15,7 @@ class LayoutPrediction(BaseModel):
     record (the plan task publishes it, the layout's result carries it, the registry keeps it beside
     the measurement in a `PredictionCheck`)."""
 
-    layout: str
+    layout: str = Field(description="the layout's name")
     predicted_max_slo_rate: float = Field(
         description="req/s at the layout's endpoint (all its replicas): the planner's rate x the calibration"
     )
@@ -23,8 +23,10 @@ class LayoutPrediction(BaseModel):
     predicted_per_server: float = Field(description="what top_k ranks by: req/s per server, calibrated alike")
     predicted_low: float | None = Field(None, description="the interval's low end, req/s per server, calibrated alike")
     predicted_high: float | None = Field(None, description="the interval's high end, req/s per server")
-    binding_slo: str
-    bound: str
+    binding_slo: str = Field(description="the limit the rate stops at: p90 TTFT or p90 TPOT ('-': no rate)")
+    bound: str = Field(
+        description="what a replica spends its time on at that rate, or the limit it hits (e.g. HBM, batch limit)"
+    )
     calibrated: bool = Field(
         description="True: scaled by what earlier releases measured here (`calibration`); False: datasheet "
         "figures x the profile's efficiency factors"
@@ -36,8 +38,8 @@ class LayoutPrediction(BaseModel):
 class Predictions(BaseModel):
     """What the release DAG's `plan` task publishes: every layout it will measure, predicted."""
 
-    layouts: list[LayoutPrediction]
-    file: str
+    layouts: list[LayoutPrediction] = Field(description="one per layout of the spec; empty without performance figures")
+    file: str = Field(description="where the plan task wrote them (predictions.json), a path")
     step_times: str = Field("", description="where the planner's step times came from: datasheet or profiling run")
 
     def of(self, layout: str) -> LayoutPrediction | None:
@@ -49,9 +51,9 @@ class MeasuredLayouts(BaseModel):
     """Which layouts the run measures: all, or `candidates.top_k` by predicted rate per server plus the
     live release's layout; the rest are named with their predictions, skipped."""
 
-    measure: list[str]
+    measure: list[str] = Field(description="layouts to benchmark, by name, in the spec's order")
     skipped: dict[str, float] = Field(default_factory=dict, description="layout -> predicted req/s per server")
-    reason: str
+    reason: str = Field(description="why these: every layout, or the top_k by predicted rate (and the live one)")
 
 
 class PredictionCheck(BaseModel):
@@ -60,7 +62,7 @@ class PredictionCheck(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    layout: str
+    layout: str = Field(description="the benchmarked layout's name")
     prediction: LayoutPrediction | None = Field(
         None, description="what the search started from; None: none was made (no performance figures)"
     )

@@ -66,7 +66,7 @@ class ModelRef(BaseModel):
 class StagedRef(BaseModel):
     """An artifact where it is staged, by manifest hash: what an engine's serving copy is fetched from."""
 
-    manifest_hash: str
+    manifest_hash: str = Field(description="the artifact's manifest hash: what a fetched copy is verified against")
     s3_uri: str | None = Field(None, description="on S3 / Spaces")
     nfs_path: str | None = Field(None, description="on the NFS share")
 
@@ -74,7 +74,7 @@ class StagedRef(BaseModel):
 class PromotionOutcome(BaseModel):
     """Where a promotion or rollback left a release (also the live-release Asset event's extra)."""
 
-    release_id: int
+    release_id: int = Field(description="the registry's release")
     name: str = Field("", description="the release's name (the spec's)")
     status: str = Field(description="the registry status after it: live, failed, rolled_back, ...")
     endpoint: str | None = Field(None, description="the URL the release serves at, when it serves")
@@ -83,13 +83,13 @@ class PromotionOutcome(BaseModel):
 class ReportPage(BaseModel):
     """The reviewer report of a release: one HTML page, re-rendered in place by later steps."""
 
-    release_id: int
-    path: str
+    release_id: int = Field(description="the registry's release")
+    path: str = Field(description="the HTML page, a path (later steps re-render it there)")
 
 
 class Verification(BaseModel):
     """The live endpoint's answer after the switch (the verify task)."""
 
-    release_id: int
-    endpoint: str
+    release_id: int = Field(description="the registry's release")
+    endpoint: str = Field(description="the URL that answered the smoke completion")
     text: str = Field(description="the completion it returned")

@@ -11,36 +11,36 @@ __all__ = ["PendingStep", "Query", "StepAnalysis", "StepReview"]
 
 
 class Query(BaseModel):
-    promql: str
+    promql: str = Field(description="the PromQL asked (the front's counts: what was counted)")
     value: float | None = Field(description="None: no data in the window (no samples, or no requests)")
 
 
 class StepReview(BaseModel):
     """A person's Continue / Abort on one rollout step, or the analysis verdict when nobody answered."""
 
-    step: int
-    decision: Literal["continue", "abort"]
+    step: int = Field(description="the rollout step, from 1")
+    decision: Literal["continue", "abort"] = Field(description="continue: on to the next step; abort: stop the rollout")
     actor: str = Field(description="the reviewer (Airflow user id), or who decided for nobody")
-    comment: str = ""
+    comment: str = Field("", description="the reviewer's comment, if any")
     by_default: bool = Field(False, description="nobody answered in time: the analysis verdict stood")
 
 
 class StepAnalysis(BaseModel):
     """One analysis window of one rollout step: the verdict and every query behind it."""
 
-    step: int
-    fraction: float
-    window_s: int
-    passed: bool
+    step: int = Field(description="the rollout step, from 1")
+    fraction: float = Field(description="share of the traffic the new release gets in this step")
+    window_s: int = Field(description="the analysis window the queries cover, s")
+    passed: bool = Field(description="the step's verdict: the analysis', or its reviewer's once decided")
     reasons: list[str] = Field(default_factory=list, description="why it failed; empty when it passed")
     inconclusive: bool = Field(
         False,
         description="too little traffic on either release to judge: never a pass (a reviewer may "
         "Continue it; unanswered, it aborts)",
     )
-    queries: dict[str, Query]
+    queries: dict[str, Query] = Field(description="name -> its PromQL and value (latencies in s, counts in requests)")
     analysis_passed: bool | None = Field(None, description="the PromQL verdict, when a reviewer's decision differs")
-    review: StepReview | None = None
+    review: StepReview | None = Field(None, description="the decision on it (a reviewer's, or the verdict by default)")
 
     def decided(self, review: StepReview) -> StepAnalysis:
         """The step as its reviewer decided: Abort fails a step that passed its analysis, Continue
@@ -82,5 +82,5 @@ class StepAnalysis(BaseModel):
 class PendingStep(BaseModel):
     """A judged step waiting for its reviewer: what the review task shows and how long it waits."""
 
-    analysis: StepAnalysis
-    timeout_s: float
+    analysis: StepAnalysis = Field(description="the step's judged analysis, put to the reviewers")
+    timeout_s: float = Field(description="how long the review waits for an answer (rollout.review_timeout), s")

@@ -17,14 +17,14 @@ __all__ = [
 class ServedAccuracy(BaseModel):
     """One layout's serving-path check: the served table and its verdict."""
 
-    passed: bool
-    endpoint: str
+    passed: bool = Field(description="the GX validation of the served table passed")
+    endpoint: str = Field(description="the engine URL lm-eval scored through")
     limit: int | None = Field(description="first N items of each task; None: all the gate's items")
     tasks: list[TaskVerdict] = Field(description="candidate = the served score; in_process = the candidate in-process")
     failures: list[str] = Field(default_factory=list, description="one line per failed expectation, naming the task")
     seconds: float = Field(description="what the check added to the layout's benchmark")
-    validation_json: str | None = None
-    validation_html: str | None = None
+    validation_json: str | None = Field(None, description="GX validation result as JSON, a path")
+    validation_html: str | None = Field(None, description="GX validation result rendered for reviewers, a path")
 
     def summary(self) -> str:
         """One line a table cell can hold: each task's served score vs in-process."""
@@ -44,9 +44,9 @@ class ServedTask(BaseModel):
 class ServedSummary(BaseModel):
     """One layout's serving-path check as the registry keeps it (the release's `served_accuracy`)."""
 
-    layout: str
-    passed: bool
-    seconds: float
+    layout: str = Field(description="the layout's name")
+    passed: bool = Field(description="the check passed (ServedAccuracy.passed)")
+    seconds: float = Field(description="what the check added to the layout's benchmark, s")
     tasks: dict[str, ServedTask] = Field(description="task -> served and in-process scores")
 
     @classmethod

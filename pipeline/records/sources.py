@@ -3,7 +3,7 @@ everything derived from it (`pipeline/stages/sources.py` materializes it)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 __all__ = [
     "ModelSource",
@@ -11,8 +11,8 @@ __all__ = [
 
 
 class ModelSource(BaseModel):
-    uri: str
-    path: str
-    manifest_hash: str
-    total_bytes: int
-    files: int
+    uri: str = Field(description="the spec's model.source: builtin://, hf:// or a local path")
+    path: str = Field(description="the materialized local directory")
+    manifest_hash: str = Field(description="its manifest's content hash: what everything derived from it keys on")
+    total_bytes: int = Field(description="all its files, bytes")
+    files: int = Field(description="files in its manifest")
