@@ -404,8 +404,11 @@ def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_r
     assert burns[0] == 0.0 and burns[-1] == 8.0 and light.rate == 100.0 and heavy.rate > light.rate
     limit = workload.max_client_lag * slo.max_p90_ttft_ms
     assert not light.client_bound and light.client_lag_p90_ms is not None and light.client_lag_p90_ms <= limit
-    assert heavy.client_bound and heavy.client_lag_p90_ms is not None and heavy.client_lag_p90_ms > limit
-    assert heavy.client_note.startswith("client-bound: p90 send lag") and "limit 100 ms" in heavy.client_note
+    # client-bound by the measured signal: its p90 send lag or its last send's lag past the limit (which one
+    # trips first depends on the machine: a CI run read p90 99.3 ms, last send 165 ms, limit 100 ms)
+    lags = [lag for lag in (heavy.client_lag_p90_ms, heavy.client_lag_end_ms) if lag is not None]
+    assert heavy.client_bound and max(lags) > limit, (heavy.client_lag_p90_ms, heavy.client_lag_end_ms)
+    assert heavy.client_note.startswith("client-bound: ") and "limit 100 ms" in heavy.client_note
     assert heavy.client_cpu_ms_per_request > light.client_cpu_ms_per_request  # the injected work, measured
     # the heavy probe decides the answer (the fail above it, or as its only pass when it held): the result is marked
     assert outcome.client_bound and outcome.client_bound_rates == [heavy.rate]
