@@ -22,7 +22,7 @@ from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
-from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, PredictionCheck, Predictions
+from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, Predictions
 from pipeline.records.quantize import QuantizedArtifact
 from pipeline.records.rebenchmark import Verdict
 from pipeline.records.release import (
@@ -450,17 +450,7 @@ def slo_gate(release: ValidatedRelease, selection: LayoutSelection) -> LayoutSel
                 **chosen,
                 benchmark_files=selection.files,
                 capacity=fleet,
-                predictions=[
-                    PredictionCheck(
-                        layout=r.layout,
-                        prediction=r.prediction,
-                        max_slo_rate=r.max_slo_rate,
-                        bound_only=r.bound_only,
-                        extrapolated=r.extrapolated,
-                        client_bound=r.client_bound,
-                    )
-                    for r in selection.layouts
-                ],
+                predictions=[r.prediction_check() for r in selection.layouts],
                 served_accuracy=[
                     ServedSummary.of(r.layout, r.served_accuracy) for r in selection.layouts if r.served_accuracy
                 ],

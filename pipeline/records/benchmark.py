@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.records.plan import LayoutPrediction
+from pipeline.records.plan import LayoutPrediction, PredictionCheck
 from pipeline.records.served_accuracy import ServedAccuracy
 
 __all__ = [
@@ -212,10 +212,25 @@ class LayoutResult(BaseModel):
         """The probes that count: not superseded by a run again (interference, too few requests)."""
         return [p for p in self.probes if not p.superseded]
 
-    def deciding_probe(self) -> Probe | None:
-        """The probe that decided the max SLO rate: the last counted run at that rate."""
-        at = [p for p in self.counted() if p.rate == self.max_slo_rate]
+    def last_run_at(self, rate: float | None) -> Probe | None:
+        """The last counted run at `rate`: what a rate's verdict rests on."""
+        at = [p for p in self.counted() if p.rate == rate]
         return at[-1] if at else None
+
+    def deciding_probe(self) -> Probe | None:
+        """The probe that decided the max SLO rate."""
+        return self.last_run_at(self.max_slo_rate)
+
+    def prediction_check(self) -> PredictionCheck:
+        """Its prediction beside what it measured, as the registry keeps it."""
+        return PredictionCheck(
+            layout=self.layout,
+            prediction=self.prediction,
+            max_slo_rate=self.max_slo_rate,
+            bound_only=self.bound_only,
+            extrapolated=self.extrapolated,
+            client_bound=self.client_bound,
+        )
 
 
 class SelectionVerdict(BaseModel):
@@ -234,7 +249,7 @@ class Selection(SelectionVerdict):
 
 class BenchmarkFile(BaseModel):
     """benchmark.json: every layout measured, with its probes, and the selection's verdict: what the
-    report and the CSV are made from."""
+    report renders from."""
 
     model_config = ConfigDict(ser_json_inf_nan="strings")
 

@@ -34,6 +34,10 @@ class LayoutPrediction(BaseModel):
     calibration_key: str = Field(description="hardware | engine image | layout shape: what a measurement transfers to")
     calibration: str | None = Field(None, description="the factor and the measurements it comes from")
 
+    def error(self, measured: float) -> float:
+        """measured / predicted - 1, as the table, the report and calibration's evidence show it."""
+        return round(measured / self.predicted_max_slo_rate - 1, 4)
+
 
 class Predictions(BaseModel):
     """What the release DAG's `plan` task publishes: every layout it will measure, predicted."""
@@ -76,8 +80,9 @@ class PredictionCheck(BaseModel):
     @property
     def prediction_error(self) -> float | None:
         """measured / predicted - 1."""
-        predicted = self.prediction.predicted_max_slo_rate if self.prediction else None
-        return round(self.max_slo_rate / predicted - 1, 4) if predicted and self.max_slo_rate else None
+        if self.prediction is None or not self.prediction.predicted_max_slo_rate or not self.max_slo_rate:
+            return None
+        return self.prediction.error(self.max_slo_rate)
 
     @model_validator(mode="before")
     @classmethod

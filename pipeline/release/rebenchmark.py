@@ -57,7 +57,7 @@ def versions(loaded: LoadedSpec) -> dict[str, str]:
 def judge(rel: Release, result: LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], Remeasure]:
     """Compare with the figures recorded at promotion; returns (status, reasons, measured)."""
     promoted_rate = rel.data["max_slo_rate"]
-    check = next((p for p in reversed(result.probes) if p.rate == promoted_rate and not p.superseded), None)
+    check = result.last_run_at(promoted_rate)
     bound = result.bound_only and result.max_slo_rate is not None  # a lower bound (LayoutResult.bound_only)
     measured = Remeasure(
         max_slo_rate=result.max_slo_rate,

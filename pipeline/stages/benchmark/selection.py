@@ -13,8 +13,8 @@ def finish(result: LayoutResult, hw: HardwareProfile) -> LayoutResult:
         copies = max(1, hw.devices // result.devices) if hw.kind == "gpu" else 1
         result.per_server = round(result.max_slo_rate * copies, 4)
         result.per_device = round(result.per_server / hw.devices, 4)
-        if result.predicted_rate:
-            result.prediction_error = round(result.max_slo_rate / result.predicted_rate - 1, 4)
+        if result.prediction and result.predicted_rate:
+            result.prediction_error = result.prediction.error(result.max_slo_rate)
     return result
 
 
