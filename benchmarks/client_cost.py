@@ -62,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     loaded = load_spec(ROOT / "configs" / "releases" / "tiny-qwen3-moe-cpu.yaml")
     workload, slo = loaded.spec.workload, loaded.spec.slo
-    model = tiny_model.build()
+    model = tiny_model.reference()
     vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
     cores = sorted(os.sched_getaffinity(0))
     stub_cores, client_cores = (cores[:1], cores[1:2]) if len(cores) > 1 else ([], [])

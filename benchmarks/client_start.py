@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     loaded = load_spec(ROOT / "configs" / "releases" / "tiny-qwen3-moe-cpu.yaml")
-    model = tiny_model.build()
+    model = tiny_model.reference()
     rows: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):

@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     spec = load_spec(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml").spec
-    model = tiny_model.build()
+    model = tiny_model.reference()
     cached = evaluate.task_manager
     ways = {"index per task (before)": per_task_index, "index once, none for shipped (now)": cached}
     times: dict[str, list[float]] = {name: [] for name in ways}

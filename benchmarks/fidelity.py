@@ -55,7 +55,7 @@ from pipeline.entry import flow
 from pipeline.records.benchmark import LayoutResult, Probe
 from pipeline.release import promote
 from pipeline.release.registry import cached
-from pipeline.stages import benchmark, interference, tiny_model
+from pipeline.stages import benchmark, interference
 
 log = logging.getLogger("fidelity")
 
@@ -223,7 +223,6 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     spec = Path(args.spec).resolve()
     os.environ.update(local_s3.env())  # this process fetches the staged artifact from the local S3 server too
-    tiny_model.build()
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))
     started = time.monotonic()
     dag, model = dag_door(spec, args.layout, args.port)  # fetches the serving copy while S3 still runs

@@ -52,7 +52,7 @@ def main() -> int:
     args = parser.parse_args()
     loaded = load_spec(Path(args.spec))
     layout = loaded.layout(args.layout)
-    model = tiny_model.build()
+    model = tiny_model.reference()
     n = math.ceil(args.rate * args.seconds)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

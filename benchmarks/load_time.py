@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.core import artifacts, measurements, storage
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.core.spec import S3Target, StagingSpec, load_spec
-from pipeline.stages import dequant, interference, serving, tiny_model
+from pipeline.stages import dequant, interference, serving
 from pipeline.stages.quantize import quantize
 from pipeline.stages.sources import materialize
 from testkit.s3server import MotoServer
@@ -221,7 +221,6 @@ def start_engine(model: Path | str, logs: Path, s3_endpoint: str | None = None) 
 def tiny_serving_copy() -> Path:
     """The directory the tiny spec's engine loads: the BF16 copy of the FP8 artifact (as benchmarks/startup.py)."""
     loaded = load_spec(TINY_SPEC)
-    tiny_model.build()
     fp8 = quantize(loaded.spec, materialize(loaded.spec, loaded.path.parent))
     return dequant.bf16_copy(Path(fp8.path))
 

@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=30.0)
     args = parser.parse_args()
     loaded = load_spec(ROOT / "configs" / "releases" / "tiny-qwen3-moe-cpu.yaml")
-    model = tiny_model.build()
+    model = tiny_model.reference()
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
         with benchmark.running_layout(loaded.spec, loaded.hardware, loaded.layout("single"), model, Path(tmp)) as (

@@ -285,7 +285,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
 
-    model = tiny_model.build()  # under the default home, where it is cached
+    model = tiny_model.reference()
     # the compile cache of the default home too: a cold one costs ~35 s per engine start
     os.environ.setdefault("VLLM_CACHE_ROOT", str(home() / "vllm-cache"))
     work = Path(tempfile.mkdtemp(prefix="rollout-open-loop-"))

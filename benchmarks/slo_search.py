@@ -60,7 +60,7 @@ def main() -> None:
     truth = true_max_rate(args.mu, args.ttft_ms)
     if args.in_process:
         return in_process(args, workload, slo, truth)
-    tokenizer = tiny_model.build()
+    tokenizer = tiny_model.reference()
     port = serving.free_port()
     server = subprocess.Popen(
         [

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.core import measurements
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import load_spec
-from pipeline.stages import benchmark, dequant, serving, tiny_model
+from pipeline.stages import benchmark, dequant, serving
 from pipeline.stages.quantize import quantize
 from pipeline.stages.sources import materialize
 
@@ -81,7 +81,6 @@ def main() -> int:
         )
 
         loaded = load_spec(TINY_SPEC)
-        tiny_model.build()
         fp8 = quantize(loaded.spec, materialize(loaded.spec, loaded.path.parent))
         model = dequant.bf16_copy(Path(fp8.path))
         times: dict[bool, list[float]] = {True: [], False: []}

@@ -367,9 +367,15 @@ def demo_block(root: Path | None = None) -> str:
     minutes = f.get("minutes") or {}
     lines = [
         f"Latest recorded run: `{rec.command}` at commit `{rec.commit}` ({rec.date[:10]}, "
-        f"{rec.machine.get('cores')} cores, {rec.machine.get('cpu')}); "
+        f"{rec.machine.get('cores')} cores, {rec.machine.get('cpu')}"
+        f"{', ' + rec.machine['isa'].upper() if rec.machine.get('isa') else ''}); "
         f"record in `benchmarks/results/demo/`.",
         "",
+        *(
+            [f"- `make demo` typed → live: {_fmt(minutes['command_to_live'])} min (setup and Airflow's start included)"]
+            if minutes.get("command_to_live") is not None
+            else []
+        ),
         f"- trigger → approval request: {_fmt(minutes.get('trigger_to_approval_request'))} min; "
         f"trigger → end: {_fmt(minutes.get('trigger_to_end'))} min ({f.get('state')})",
         "- accuracy gate (baseline → FP8 candidate): "

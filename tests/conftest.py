@@ -3,16 +3,10 @@ MODEL_RELEASE_HOME, so a second run of the suite reuses them."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -30,133 +24,26 @@ TINY_SPEC = RELEASES / "tiny-qwen3-moe-cpu.yaml"
 SERVE_PYTHON = PROJECT_ROOT / ".venv-serve" / "bin" / "python"
 
 
-MODEL_FIXTURES = {"tiny_model_dir", "fp8_artifact"}
-_builder: dict[str, Any] = {}  # "proc": the build (a Popen, or _Adopted)
-
-
-def _needs_quiet(item: pytest.Item) -> bool:
-    """Needs the tiny model, or measures CPU or latency (must not run beside its training)."""
-    return bool(MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))) or item.get_closest_marker("quiet") is not None
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Tests that need neither the model nor a quiet machine first, so they run while the model
-    trains in the background (532 s beside the setup and the first tests in a fresh clone); the
-    rest after, each group in file order; last, the tests that share one running engine (`tiny_engine`), so
-    it never idles beside a test that measures."""
-    items.sort(key=lambda item: (_needs_quiet(item), "tiny_engine" in getattr(item, "fixturenames", ())))
-
-
-def pytest_collection_finish(session):
-    """Start the tiny-model build in a process of its own when a selected test will need it and it
-    is not cached; the fixture's build() then waits on the build's lock and reuses the result."""
-    from pipeline.core import artifacts
-    from pipeline.stages import tiny_model
-
-    if session.config.option.collectonly or not any(
-        MODEL_FIXTURES & set(getattr(i, "fixturenames", ())) for i in session.items
-    ):
-        return
-    if artifacts.is_complete(tiny_model.cache_dir(tiny_model.TinyConfig())):
-        return
-    log_path = home() / "logs" / "tiny-model-build.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    adopted = _Adopted.from_pid_file(home() / "logs" / "tiny-model-build.pid")
-    if adopted is not None:  # scripts/test.sh started it before the setup and the checks
-        _builder["proc"] = adopted
-        _say(session.config, f"tiny model: building since before the checks (pid {adopted.pid}, log: {log_path})")
-        return
-    with open(log_path, "w") as log_file:
-        _builder["proc"] = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "make-tiny-model"],
-            cwd=PROJECT_ROOT,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    _say(session.config, f"tiny model: not cached; building it in the background (log: {log_path})")
-
-
-class _Adopted:
-    """The build scripts/test.sh started: our child after its `exec` of pytest, with the parts of
-    Popen's interface the hooks here use."""
-
-    def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
-
-    @classmethod
-    def from_pid_file(cls, path: Path) -> _Adopted | None:
-        try:
-            pid = int(path.read_text())
-            running = "make-tiny-model" in Path(f"/proc/{pid}/cmdline").read_text()
-        except (OSError, ValueError):
-            return None
-        return cls(pid) if running else None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                done, status = os.waitpid(self.pid, os.WNOHANG)
-                if done:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-            except ChildProcessError:  # not ours (pytest run another way): alive while its pid is
-                if not Path(f"/proc/{self.pid}").exists():
-                    self.returncode = 0
-        return self.returncode
-
-    def wait(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired("make-tiny-model", timeout)
-            time.sleep(0.5)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-
-def pytest_runtest_setup(item):
-    proc = _builder.get("proc")
-    if proc is None or proc.poll() is not None or not _needs_quiet(item):
-        return
-    started = time.monotonic()
-    _say(item.config, f"tiny model: {item.nodeid} waits for the background build")
-    while proc.poll() is None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-    _say(
-        item.config,
-        f"tiny model: build finished (exit {proc.returncode}) after a wait of {time.monotonic() - started:.0f} s",
-    )
-
-
-def _say(config, line: str) -> None:
-    """A line in the terminal now, also from inside a test's setup (where output is captured)."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            reporter.write_line(f"\n[{line}]")
-
-
-def pytest_sessionfinish(session):
-    """A run stopped early (-x, Ctrl-C) does not leave a trainer behind; its temp dir is cleared next build."""
-    proc = _builder.pop("proc", None)
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        proc.wait(timeout=30)
+    """The tests that share one running engine (`tiny_engine`) last, so it never idles beside a test
+    that measures; the rest in file order."""
+    items.sort(key=lambda item: "tiny_engine" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
+    """The shipped reference build; MODEL_RELEASE_TEST_TINY_MODEL names another finished build (a
+    directory with a manifest: `make-tiny-model --out`) to run the tests that take this fixture on it,
+    e.g. a build of another CPU or seed: they must hold for every build the builder can make."""
+    from pipeline.core import artifacts
     from pipeline.stages import tiny_model
 
-    return tiny_model.build()
+    other = os.environ.get("MODEL_RELEASE_TEST_TINY_MODEL")
+    if other:
+        artifacts.verify(Path(other))
+        return Path(other)
+    return tiny_model.reference()
 
 
 @pytest.fixture(scope="session")
@@ -237,3 +124,46 @@ def copy_dir(tmp_path):
         return dst
 
     return make
+
+
+_durations: dict[str, float] = {}
+_session: dict[str, float] = {}
+
+
+def pytest_sessionstart(session):
+    import time as _time
+
+    _session["started"] = _time.time()
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """A whole run of the suite (no selection) leaves its record, as the benchmarks do theirs, under
+    MODEL_RELEASE_HOME/results/suite/: counts, minutes, the slowest tests, the machine (CPU model and
+    instruction set). Copy one into benchmarks/results/suite/ to keep it (a record written there by the
+    suite itself would make the measurements page stale for the next run's docs test)."""
+    import time as _time
+
+    from pipeline.core import measurements
+
+    if config.option.keyword or config.option.markexpr or config.args != config.getini("testpaths"):
+        return
+    counts = {k: len(v) for k, v in terminalreporter.stats.items() if k in ("passed", "failed", "error", "skipped")}
+    minutes = (_time.time() - _session["started"]) / 60
+    slowest = sorted(_durations.items(), key=lambda kv: -kv[1])[:10]
+    path = measurements.record(
+        "suite",
+        {
+            "counts": counts,
+            "minutes": round(minutes, 1),
+            "slowest": [{"test": t, "seconds": round(s, 1)} for t, s in slowest],
+            "exit_status": int(exitstatus),
+        },
+        summary=", ".join(f"{n} {k}" for k, n in counts.items()) + f" in {minutes:.1f} min",
+        command="make test",
+        root=home() / "results",
+    )
+    terminalreporter.write_line(f"suite record: {path}")

@@ -25,9 +25,6 @@ from testkit.simserver import true_max_rate
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.processes import engine_processes
 
-# measures CPU use or latency: never beside the tiny model's training (conftest)
-pytestmark = pytest.mark.quiet
-
 
 def test_production_commands_flag_by_flag():
     loaded = load_spec(PROD_SPEC)

@@ -15,9 +15,6 @@ from pipeline.core.spec import SloSpec, WorkloadSpec
 from pipeline.records.benchmark import BenchmarkFile, Probe
 from pipeline.stages import affinity_guard, benchmark, engine_metrics, interference
 
-# measures CPU use or latency: never beside the tiny model's training (conftest)
-pytestmark = pytest.mark.quiet
-
 HOG = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 
 

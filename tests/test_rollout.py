@@ -15,10 +15,6 @@ from pipeline.release.registry import ReleaseData
 from testkit import http_stub
 from tests.conftest import TINY_SPEC
 
-# Not marked quiet (conftest): the latencies are the exporters' own numbers, not measured, and the
-# module is ~4 s of CPU in ~110 s of windows and scrapes, so it runs while the tiny model trains.
-# It passed twice beside two training processes on this 2-core machine (108 s each time).
-
 BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-import time
+import shutil
 import urllib.request
 
 import pytest
 
 from pipeline.core import artifacts
+from pipeline.core.paths import PROJECT_ROOT
+from pipeline.core.spec import load_spec
 from pipeline.stages import tiny_model
+from tests.conftest import TINY_SPEC
 
 # Chance is ~1% for an exact 2-digit sum and far lower for copying a 3-6 letter word.
 MIN_ADD_ACCURACY = 0.90
@@ -79,10 +82,41 @@ def test_the_cli_builds_the_model_the_suite_and_the_demo_load(monkeypatch):
     assert (built[1].seed, built[1].steps, built[1].batch_size) == (7, 10, tiny_model.TinyConfig().batch_size)
 
 
-def test_build_is_cached(tiny_model_dir):
-    started = time.monotonic()
-    assert tiny_model.build() == tiny_model_dir
-    assert time.monotonic() - started < 30  # a cache hit verifies sizes, it does not retrain
+def test_the_shipped_build_is_the_reference_and_a_damaged_copy_is_refused(tmp_path, monkeypatch):
+    """builtin://tiny-qwen3-moe is the committed bytes, verified in full: a flipped byte in the weights
+    (same size) is refused naming the file; a manifest that lists other bytes is refused naming the hash."""
+    from pipeline.stages import sources
+
+    assert artifacts.read_manifest(tiny_model.reference()).content_hash() == tiny_model.REFERENCE.content_hash
+    spec = load_spec(TINY_SPEC).spec
+    assert sources.materialize(spec).manifest_hash == tiny_model.REFERENCE.content_hash
+
+    shipped, copy = tiny_model.REFERENCE_DIR, tmp_path / "tiny"
+    shutil.copytree(shipped, copy)
+    monkeypatch.setattr(tiny_model, "REFERENCE_DIR", copy)
+    weights = bytearray((copy / "model.safetensors").read_bytes())
+    weights[-1] ^= 0xFF
+    (copy / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(artifacts.ArtifactError, match="model.safetensors"):
+        sources.materialize(spec)
+    shutil.copy(shipped / "model.safetensors", copy)
+    (copy / "tokenizer.json").write_text("{}")
+    artifacts.write_manifest(copy, kind="model")  # a consistent directory, yet not the reference's bytes
+    with pytest.raises(artifacts.ArtifactError, match="not the reference build's"):
+        tiny_model.reference()
+
+
+def test_the_lock_builds_the_bytes_that_ship():
+    """A lock bump of what decides the tiny model's bytes fails here until someone runs
+    benchmarks/tiny_build_repeat.py and re-commits the reference (or records that it stands)."""
+    lock = (PROJECT_ROOT / "requirements" / "main.lock").read_text().splitlines()
+    pins = dict(line.split("==", 1) for line in lock if "==" in line)
+    for package, version in tiny_model.REFERENCE.built_with.items():
+        assert pins.get(package) == version, (
+            f"requirements/main.lock pins {package}=={pins.get(package)}, the shipped tiny model was built with "
+            f"{version}: run benchmarks/tiny_build_repeat.py, and update tiny_model.REFERENCE (bytes too if they moved)"
+        )
+    assert tiny_model.REFERENCE.builder_version == tiny_model.BUILDER_VERSION
 
 
 def test_a_second_builder_waits_for_the_first_and_reuses_its_model(tmp_path, monkeypatch):

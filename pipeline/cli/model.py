@@ -31,7 +31,7 @@ def _tiny_accuracy(args: argparse.Namespace) -> int:
     from pipeline.stages import tiny_model
 
     need_dir(args.model, "--model")
-    path = Path(args.model) if args.model else tiny_model.build()
+    path = Path(args.model) if args.model else tiny_model.reference()
     for task in args.task:
         acc = tiny_model.greedy_accuracy(path, task, limit=args.limit)
         emit(f"{task}: exact-match accuracy {acc:.3f} on held-out items (chance is below 0.01)")
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_make_tiny_model)
 
     p = sub.add_parser("tiny-accuracy", help="greedy exact-match accuracy of the tiny model on its held-out tasks")
-    p.add_argument("--model", help="model directory (default: the cached tiny model)")
+    p.add_argument("--model", help="model directory (default: the shipped tiny model)")
     p.add_argument("--task", nargs="+", default=["tiny_add", "tiny_copy"])
     p.add_argument("--limit", type=positive_int)
     p.set_defaults(func=_tiny_accuracy)

@@ -59,10 +59,15 @@ def commit() -> str:
 def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     memory_gb = None
+    isa = None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                # torch's CPU kernels (so the tiny model's bytes and the engine's speed) follow this
+                flags = set(line.split(":", 1)[1].split())
+                isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "older"
                 break
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
@@ -73,6 +78,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
+        "isa": isa,
         "memory_gb": memory_gb,
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),

@@ -30,7 +30,7 @@ def materialize(spec: ReleaseSpec, spec_dir: Path | None = None) -> ModelSource:
         name = uri.removeprefix("builtin://")
         if name not in BUILTINS:
             raise ReleaseError(f"model.source: unknown builtin model {name!r} (known: {', '.join(sorted(BUILTINS))})")
-        path = tiny_model.build()
+        path = tiny_model.reference()
         manifest = artifacts.verify(path, deep=False)
     elif uri.startswith("hf://"):
         path = _from_hub(uri)
