@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's two virtualenvs. Idempotent: a venv is touched only when
 # its requirement or lock files changed since it was last installed (a stamp records their hash).
-#   scripts/setup.sh [main|docs|serve|system|all]      (default: all; docs includes main)
+#   scripts/setup.sh [main|docs|serve|system|demo|all]      (default: all; docs includes main)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -50,28 +50,43 @@ setup_serve() {
 }
 
 setup_system() {
-  # nginx balances a layout's replicas behind one endpoint, as a Service does in production
-  if ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then
-    echo "setup: installing nginx (apt)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
-  fi
-  # the local target's rollouts read the engines' live p90s through a real Prometheus server
-  if ! command -v prometheus >/dev/null && [[ ! -x /usr/bin/prometheus ]]; then
-    echo "setup: installing prometheus (apt)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  fi
-  # the end-to-end test opens the plugin page in Debian's headless Chromium (Playwright drives it)
-  if [[ ! -x /usr/bin/chromium ]]; then
-    echo "setup: installing chromium (apt)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  fi
+  # nginx balances a layout's replicas behind one endpoint, as a Service does in production; the
+  # local target's rollouts read the engines' live p90s through a real Prometheus server; the
+  # end-to-end test opens the plugin page in Debian's headless Chromium (Playwright drives it).
+  # One apt-get update for whatever is missing.
+  local want=() browser=${1:-yes}
+  command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || want+=(nginx-light)
+  command -v prometheus >/dev/null || [[ -x /usr/bin/prometheus ]] || want+=(prometheus)
+  [[ $browser == no || -x /usr/bin/chromium ]] || want+=(chromium)
+  [[ ${#want[@]} -eq 0 ]] && return 0
+  echo "setup: installing ${want[*]} (apt)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null
+}
+
+timed() {
+  local started=$SECONDS
+  "$@"
+  (( SECONDS - started < 2 )) || echo "setup: $1 took $(( SECONDS - started )) s"
 }
 
 case ${1:-all} in
-  main) setup_main ;;
-  docs) setup_main; setup_docs ;;
-  serve) setup_serve ;;
-  system) setup_system ;;
-  all) setup_system; setup_main; setup_docs; setup_serve ;;
-  *) echo "usage: $0 [main|docs|serve|system|all]" >&2; exit 2 ;;
+  main) timed setup_main ;;
+  docs) timed setup_main; timed setup_docs ;;
+  serve) timed setup_serve ;;
+  system) timed setup_system ;;
+  # what make demo needs: no browser, no docs tools; the two venvs install side by side
+  demo)
+    timed setup_system no
+    timed setup_serve & serve=$!
+    timed setup_main
+    wait "$serve"
+    ;;
+  all)
+    timed setup_system
+    timed setup_serve & serve=$!
+    timed setup_main
+    timed setup_docs
+    wait "$serve"
+    ;;
+  *) echo "usage: $0 [main|docs|serve|system|demo|all]" >&2; exit 2 ;;
 esac
