@@ -18,7 +18,7 @@ import pendulum
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import chain, dag, task
 
-from pipeline.airflow.review_tasks import review_and_promote
+from pipeline.airflow.review_tasks import cluster_preflight, review_and_promote
 from pipeline.core.spec import LoadedSpec
 from pipeline.k8s import pods
 from pipeline.records import edge
@@ -104,7 +104,9 @@ def release_dag(loaded: LoadedSpec):
         fetch = pod("fetch", "fetch")
 
         spec = validate()
-        spec >> [quantize, baseline]
+        # the cluster holds what the release needs before any pod (and GPU time) starts
+        ready = cluster_preflight.override(task_id="preflight")(spec)
+        ready >> [quantize, baseline]
         # GPU steps run one after another: one node suffices, and layouts are measured on the same one.
         chain([quantize, baseline], candidate)
         chain(accuracy_gate(spec, baseline.output, candidate.output), stage, fetch)
@@ -113,7 +115,7 @@ def release_dag(loaded: LoadedSpec):
         benchmarks = KubernetesPodOperator.partial(
             task_id="benchmark", max_active_tis_per_dagrun=1, **pods.pod_operator_partial_kwargs(loaded, "benchmark")
         ).expand(arguments=benchmark_arguments(layout_names(spec, predictions), fetch.output, predictions))
-        review_and_promote(spec, slo_gate(spec, select_layout(spec, benchmarks.output)))
+        review_and_promote(spec, slo_gate(spec, select_layout(spec, benchmarks.output)), preflight=True)
 
     return release()
 

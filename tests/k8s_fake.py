@@ -31,6 +31,16 @@ serving capacity, not only what was asked for, never dropped.
 
 Every request is recorded (method, path, content type, query, Authorization header) for the tests to inspect.
 
+For preflight: cluster-scoped objects (namespaces, nodes, persistent volumes, CRDs, GatewayClasses,
+ClusterRoles and their bindings) are read at their own paths; `install(objs)` puts objects in as an
+admin's apply would leave them, with what the API server and the cluster's controllers add (a
+namespace's `kubernetes.io/metadata.name` label, a CRD's Established condition, a volume's phase, a
+Gateway Programmed only when its GatewayClass exists and is Accepted). A SubjectAccessReview is
+answered from the stored Roles, ClusterRoles and bindings as RBAC evaluates them (rules only add;
+nothing is allowed that no binding grants). A Service named in `service_urls` ((namespace, name)
+-> base URL) is proxied to that URL, query string kept, as the API server reaches its endpoints; a
+URL where nothing answers gets the API server's 503 "error trying to reach service".
+
 The Gateway: `send(namespace, route)` is one client request to the model's address, as a Gateway
 implementation routes it: a backend Service of the HTTPRoute picked by the weights the route has
 now, then one of that Service's ready pods (no ready pod: 503). Each such request is a `Hit` in
@@ -67,6 +77,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 RELEASE_LABEL = "model-release/release-id"
+CLUSTER_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$")
 OBJECT_PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
     r"(?:/(?P<name>[^/]+))?(?P<sub>/.*)?$"
@@ -133,6 +144,8 @@ class FakeCluster:
         self.checks: list[Check] = []
         self.route_changes: list[RouteChange] = []
         self.ready_changes: list[tuple[int, dict[str, int]]] = []  # (seq, release -> ready servers)
+        self.service_urls: dict[tuple[str, str], str] = {}  # (namespace, Service) -> what its endpoints serve
+        self.forbidden: set[str] = set()  # paths whose GET the caller may not make (403, as RBAC answers)
         self.seq = 0
         self.rng = random.Random(0)
         self.lock = threading.Lock()
@@ -400,6 +413,73 @@ class FakeCluster:
         }
         self._note_ready()
 
+    def install(self, objs: list[dict]) -> None:
+        """Objects as an applied install leaves them, with what the server and controllers add."""
+        with self.lock:
+            for body in objs:
+                obj = copy.deepcopy(body)
+                meta = obj.setdefault("metadata", {})
+                meta.update(uid=str(uuid.uuid4()), generation=1, resourceVersion="1")
+                kind = obj["kind"]
+                if kind == "Namespace":
+                    meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+                if kind == "CustomResourceDefinition":
+                    obj["status"] = {"conditions": [{"type": "Established", "status": "True"}]}
+                if kind == "PersistentVolume":
+                    obj["status"] = {"phase": "Available"}
+                self.objects[(obj["apiVersion"], plural_of(kind), meta.get("namespace", ""), meta["name"])] = obj
+            for (gv, plural, _, _), gateway in self.objects.items():
+                if (gv, plural) == ("gateway.networking.k8s.io/v1", "gateways"):
+                    cls = self.objects.get(
+                        ("gateway.networking.k8s.io/v1", "gatewayclasses", "", gateway["spec"]["gatewayClassName"])
+                    )
+                    accepted = any(
+                        c["type"] == "Accepted" and c["status"] == "True"
+                        for c in ((cls or {}).get("status") or {}).get("conditions", [])
+                    )
+                    state = (
+                        {"status": "True", "reason": "Programmed"}
+                        if accepted
+                        else {"status": "False", "reason": "Pending", "message": "no controller for its class"}
+                    )
+                    gateway["status"] = {"conditions": [{"type": "Accepted", **state}, {"type": "Programmed", **state}]}
+
+    def authorize(self, spec: dict) -> bool:
+        """RBAC, as the API server's authorizer answers a SubjectAccessReview (lock held)."""
+        user, groups = spec.get("user", ""), set(spec.get("groups") or [])
+        attrs = spec.get("resourceAttributes") or {}
+        namespace = attrs.get("namespace", "")
+        resource = attrs.get("resource", "") + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
+
+        def subject_matches(subject: dict) -> bool:
+            if subject["kind"] == "ServiceAccount":
+                return user == f"system:serviceaccount:{subject.get('namespace')}:{subject['name']}"
+            return subject["name"] == user if subject["kind"] == "User" else subject["name"] in groups
+
+        def rule_allows(rule: dict) -> bool:
+            return (
+                (attrs.get("group", "") in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+                and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+                and (attrs.get("verb") in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+                and (not rule.get("resourceNames") or attrs.get("name") in rule["resourceNames"])
+            )
+
+        rbac = "rbac.authorization.k8s.io/v1"
+        bindings = [b for (gv, p, ns, _), b in self.objects.items() if gv == rbac and p == "clusterrolebindings"]
+        if namespace:
+            bindings += [
+                b for (gv, p, ns, _), b in self.objects.items() if (gv, p, ns) == (rbac, "rolebindings", namespace)
+            ]
+        for binding in bindings:
+            if not any(subject_matches(s) for s in binding.get("subjects", [])):
+                continue
+            ref = binding["roleRef"]
+            role_ns = binding["metadata"].get("namespace", "") if ref["kind"] == "Role" else ""
+            role = self.objects.get((rbac, plural_of(ref["kind"]), role_ns, ref["name"]))
+            if role and any(rule_allows(rule) for rule in role.get("rules", [])):
+                return True
+        return False
+
     def _next(self) -> int:
         self.seq += 1
         return self.seq
@@ -512,6 +592,11 @@ class FakeCluster:
         svc = self.get("services", namespace, service)
         if svc is None:
             return 404, _status(404, f'services "{service}" not found')
+        if (namespace, service) in self.service_urls:
+            try:
+                return _forward(method, self.service_urls[(namespace, service)] + rest, raw)
+            except OSError as exc:
+                return 503, _status(503, f"error trying to reach service: dial tcp: {exc}")
         selector = svc["spec"]["selector"]
         if self.scenario_for(selector) == "smoke_fails":
             return 500, {"object": "error", "message": "EngineCore died", "code": 500}
@@ -567,6 +652,7 @@ def _status(code: int, message: str) -> dict:
         400: "BadRequest",
         422: "Invalid",
         503: "ServiceUnavailable",
+        403: "Forbidden",
     }.get(code, "")
     return {
         "kind": "Status",
@@ -616,12 +702,15 @@ def _handler(fake: FakeCluster):
             path, query, raw = self._route()
             if path == "/version":
                 return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
-            match = OBJECT_PATH.match(path)
+            if path in fake.forbidden:
+                return self._send(403, _status(403, f'cannot get path "{path}": forbidden'))
+            match = OBJECT_PATH.match(path) or CLUSTER_PATH.match(path)
             if self._proxied(match, raw):
                 return None
             if not match:
                 return self._send(404, _status(404, f"no route {path}"))
-            gv, ns, plural, name = match["core"] or match["gv"], match["ns"], match["plural"], match["name"]
+            ns = match["ns"] if "ns" in match.groupdict() else ""
+            gv, plural, name = match["core"] or match["gv"], match["plural"], match["name"]
             if name is None:
                 with fake.lock:
                     keys = [k for k in fake.objects if k[:3] == (gv, plural, ns)]
@@ -679,6 +768,11 @@ def _handler(fake: FakeCluster):
 
         def do_POST(self) -> None:
             path, _, raw = self._route()
+            if path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+                review = json.loads(raw)
+                with fake.lock:
+                    allowed = fake.authorize(review.get("spec") or {})
+                return self._send(201, {**review, "status": {"allowed": allowed}})
             match = OBJECT_PATH.match(path)
             if self._proxied(match, raw):
                 return None
@@ -691,7 +785,9 @@ def _handler(fake: FakeCluster):
             ):
                 return False
             service = match["name"].split(":", 1)[0]
-            self._send(*fake.proxy(match["ns"], service, self.command, match["sub"][len("/proxy") :], raw))
+            query = urlsplit(self.path).query
+            rest = match["sub"][len("/proxy") :] + (f"?{query}" if query else "")
+            self._send(*fake.proxy(match["ns"], service, self.command, rest, raw))
             return True
 
     return Handler
@@ -710,6 +806,12 @@ def _forward(method: str, url: str, raw: bytes) -> tuple[int, dict]:
             return response.status, json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
+
+
+def plural_of(kind: str) -> str:
+    """A kind's resource name, as the API server's REST mapper lowercases and pluralises it."""
+    lower = kind.lower()
+    return lower + ("es" if lower.endswith("s") else "s")
 
 
 def dead_url() -> str:

@@ -11,11 +11,9 @@ import re
 import ssl
 import threading
 import time
-from pathlib import Path
 
 import certifi
 import pytest
-import yaml
 from kubernetes import client
 
 from pipeline.core.errors import RolloutFailed
@@ -859,12 +857,13 @@ def test_each_step_checks_the_served_answers_through_the_releases_own_service(
 
 
 def test_the_documented_role_allows_every_request_of_a_rollout_an_abort_and_a_rollback(fake, releases):
-    """docs/production.md's Role for the controller, checked against what it sends: every request of
-    a first deploy, a 3-step rollout, an aborted one and a rollback to kept objects, mapped to the
-    (API group, resource, verb) RBAC checks (an apply may create)."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "production.md").read_text()
-    objects = [o for block in re.findall(r"```yaml\n(.*?)```", text, re.S) for o in yaml.safe_load_all(block) if o]
-    (role,) = [o for o in objects if o.get("kind") == "Role"]
+    """The platform install's Role for the controller (docs/production.md step 4), checked against
+    what it sends: every request of a first deploy, a 3-step rollout, an aborted one and a rollback
+    to kept objects, mapped to the (API group, resource, verb) RBAC checks (an apply may create)."""
+    from pipeline.k8s import install
+
+    objects = install.render(load_spec(PROD_SPEC), install.PlatformOptions(nfs_server="h", nfs_path="/p"))
+    (role,) = [o for o in objects if o.get("kind") == "Role" and o["metadata"]["namespace"] == NS]
     assert role["metadata"]["namespace"] == NS
     allowed = {
         (group, resource, verb)

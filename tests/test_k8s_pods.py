@@ -41,6 +41,8 @@ BENCHMARKS = ["benchmark[tp8-ep8]", "benchmark[tp4-ep4-x2]"]  # one mapped pod p
 HEAVY = [*STEPS, *BENCHMARKS]
 LIGHT = [
     "validate",
+    "preflight",
+    "preflight_promotion",
     "plan",
     "layout_names",
     "benchmark_arguments",
@@ -203,7 +205,7 @@ def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
     def up(task_id):
         return dag.get_task(task_id).upstream_task_ids
 
-    assert up("quantize") == up("evaluate_baseline") == {"validate"}
+    assert up("preflight") == {"validate"} and up("quantize") == up("evaluate_baseline") == {"preflight"}
     assert up("evaluate_candidate") == {"quantize", "evaluate_baseline"}  # one GPU step at a time
     assert up("accuracy_gate") == {"validate", "evaluate_baseline", "evaluate_candidate"}
     assert up("stage") == {"accuracy_gate"} and up("fetch") == {"stage"}
@@ -214,7 +216,8 @@ def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
     # the same review and promotion tail as the local DAG: gates in code, a reviewer, then DOKS
     assert (
         up("approve") == {"validate", "report"}  # the release it asks about: validate's output
-        and up("promote") == {"validate", "approve"}
+        and up("preflight_promotion") == {"validate", "approve"}  # the cluster checked again before it changes
+        and up("promote") == {"validate", "preflight_promotion"}
         and up("verify") == {"validate", "promote"}
     )
     local = dagbag.dags["model_release"]
@@ -222,6 +225,23 @@ def test_kubernetes_dag_has_the_release_graph_with_heavy_steps_as_pods(dagbag):
         assert type(dag.get_task(task_id)) is type(local.get_task(task_id)), task_id
         assert dag.get_task(task_id).outlets == local.get_task(task_id).outlets, task_id
     assert [a.name for a in dag.get_task("promote").outlets] == ["model-release://live-release"]  # wakes re-benchmarks
+
+
+def test_no_pod_running_task_starts_before_the_cluster_preflight(dagbag):
+    """Walk upstream of every KubernetesPodOperator (mapped ones included): preflight is there."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    dag = dagbag.dags[DAG_ID]
+    pod_tasks = [
+        task
+        for task in dag.tasks
+        if isinstance(task, KubernetesPodOperator)
+        or issubclass(getattr(task, "operator_class", object), KubernetesPodOperator)
+    ]
+    assert {task.task_id for task in pod_tasks} == {*STEPS, "benchmark"}
+    for task in pod_tasks:
+        assert "preflight" in task.get_flat_relative_ids(upstream=True), task.task_id
+    assert "preflight_promotion" in dag.get_task("promote").get_flat_relative_ids(upstream=True)
 
 
 # ---------------------------------------------------------------- the pods
@@ -451,20 +471,18 @@ def test_reading_a_missing_result_names_it(prod, tmp_path):
 # ---------------------------------------------------------------- docs and Helm values
 
 
-def doc_objects() -> list[dict]:
-    text = (PROJECT_ROOT / "docs" / "production.md").read_text()
-    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
-    return [obj for block in blocks for obj in yaml.safe_load_all(block) if obj and "apiVersion" in obj]
+def test_the_platform_install_holds_the_step_pods_claim_and_validates(prod):
+    """The step pods' ReadWriteMany claim comes from the platform install (docs/production.md step 4)."""
+    from pipeline.k8s import install
 
-
-def test_production_doc_objects_are_valid_and_match_the_pods():
-    objects = doc_objects()
-    assert [obj["kind"] for obj in objects] == ["PersistentVolume", "PersistentVolumeClaim", "Role", "RoleBinding"]
+    objects = install.render(prod, install.PlatformOptions(nfs_server="10.0.0.1", nfs_path="/share"))
     for obj in objects:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    claim = objects[1]
+        if obj["kind"] not in ("Gateway", "PodMonitor"):
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert install.validate(objects) == []
     settings = pods.ClusterSettings()
-    assert claim["metadata"] == {"name": settings.pvc, "namespace": settings.namespace}
+    (claim,) = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert (claim["metadata"]["name"], claim["metadata"]["namespace"]) == (settings.pvc, settings.namespace)
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 

@@ -29,6 +29,15 @@ def report(spec: Json, gate: Json, run_id: str | None = None) -> Json:
     return edge.call(flow.report, spec, run_id)
 
 
+@task(retries=0)
+def cluster_preflight(spec: Json) -> Json:
+    """The cluster holds what the release needs (namespaces, the workers' rights, Gateway, CRDs, weights
+    volume, Secrets, GPUs, Prometheus); each missing piece is one line of the failure."""
+    from pipeline.entry import flow
+
+    return edge.call(flow.cluster_preflight, spec)
+
+
 @task(retries=1, retry_delay=pendulum.duration(seconds=30), outlets=[LIVE])
 def promote(spec: Json, run_id: str | None = None, *, ti=None, outlet_events=None) -> Json:
     """Re-checks every gate and the approval in code, then rolls out; restores the previous release on failure.
@@ -52,12 +61,13 @@ def verify(spec: Json, promoted: Json, run_id: str | None = None) -> Json:
     return edge.call(flow.verify, spec, run_id)
 
 
-def review_and_promote(spec, gate, pool: str | None = None):
+def review_and_promote(spec, gate, pool: str | None = None, preflight: bool = False):
     """Wire report >> approve >> promote >> verify after the SLO gate, with a mapped review task per
     rollout step beside promote; returns verify's output.
 
     `pool`: where promote and verify take a slot (pools.BENCHMARK on the embedded default, whose
-    rollout serves and measures on the machine the benchmarks use)."""
+    rollout serves and measures on the machine the benchmarks use). `preflight`: the cluster is
+    checked again between the approval and the promotion (hours or days may lie between)."""
     slot = {"pool": pool} if pool else {}
     approve = ReleaseApproval(
         task_id="approve",
@@ -67,7 +77,10 @@ def review_and_promote(spec, gate, pool: str | None = None):
     )
     report(spec, gate) >> approve
     promoted = promote.override(**slot)(spec)
-    approve >> promoted
+    if preflight:
+        approve >> cluster_preflight.override(task_id="preflight_promotion")(spec) >> promoted
+    else:
+        approve >> promoted
     # beside the promotion: a reviewer's Continue / Abort per rollout step (none for a first release)
     review_each_step(spec, after=approve)
     return verify.override(**slot)(spec, promoted)

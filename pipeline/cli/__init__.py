@@ -11,12 +11,12 @@ import argparse
 import logging
 import sys
 
-from pipeline.cli import artifacts, common, manifests, measure, model, planning, releases, validate
+from pipeline.cli import artifacts, cluster, common, manifests, measure, model, planning, releases, validate
 from pipeline.core.errors import ReleaseError
 
 __all__ = ["main", "parser"]
 
-GROUPS = (validate, model, measure, artifacts, manifests, planning, releases)  # the help's order
+GROUPS = (validate, model, measure, artifacts, manifests, cluster, planning, releases)  # the help's order
 
 
 def parser() -> argparse.ArgumentParser:

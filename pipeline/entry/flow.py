@@ -21,6 +21,7 @@ from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LayoutResult
+from pipeline.records.cluster import ClusterReady
 from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
 from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, Predictions
 from pipeline.records.quantize import QuantizedArtifact
@@ -546,3 +547,23 @@ def rollback(name: str, release_id: int | None, reason: str, actor: str) -> Prom
     target = reg.get(release_id).target if release_id else candidates[0].target
     rel = promotion.rollback(reg, name, target, actor, reason, to=release_id)
     return PromotionOutcome(release_id=rel.id, name=rel.name, status=rel.status, endpoint=rel.data.get("endpoint"))
+
+
+def cluster_preflight(release: ValidatedRelease) -> ClusterReady:
+    """The cluster checked before any pod starts (and again before promotion): every missing
+    piece is one line in the task's failure, before any GPU time is spent."""
+    import os
+
+    from pipeline.core import platform
+    from pipeline.k8s import preflight
+
+    loaded = load_spec(release.spec_path)
+    in_task = bool(os.environ.get("AIRFLOW_CTX_DAG_ID"))
+
+    def connection(conn_id: str) -> bool | None:
+        # inside a task Airflow's connections are readable; from elsewhere an absent one is unknown
+        return True if platform.current().connection(conn_id) is not None else (False if in_task else None)
+
+    passed = preflight.require(preflight.preflight(loaded, connections=connection))
+    log.info("preflight passed: %s", ", ".join(passed))
+    return ClusterReady(passed=passed, servers_at_once=preflight.servers_at_once(loaded)[0])

@@ -15,6 +15,7 @@ SCHEMAS = Path(__file__).parent / "schemas"
 VENDORED = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",  # prometheus-operator v0.93.0
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "gateway.networking.k8s.io_httproutes.yaml",  # gateway-api v1.6.1
+    ("gateway.networking.k8s.io/v1", "Gateway"): "gateway.networking.k8s.io_gateways.yaml",  # gateway-api v1.6.1
     ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.yaml",  # KEDA v2.20.2, config/crd/bases/
 }
 
@@ -24,8 +25,14 @@ def known(obj: dict[str, Any]) -> bool:
 
 
 @cache
+def definition(api_version: str, kind: str) -> dict[str, Any]:
+    """The vendored CustomResourceDefinition itself, as the cluster holds it (its served versions, names)."""
+    return yaml.safe_load((SCHEMAS / VENDORED[(api_version, kind)]).read_text())
+
+
+@cache
 def _schema(api_version: str, kind: str) -> dict[str, Any]:
-    crd = yaml.safe_load((SCHEMAS / VENDORED[(api_version, kind)]).read_text())
+    crd = definition(api_version, kind)
     version = api_version.rsplit("/", 1)[-1]
     return next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
 

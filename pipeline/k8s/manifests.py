@@ -71,7 +71,11 @@ class RenderOptions(BaseModel):
     """Cluster facts the release spec does not hold."""
 
     storage_class: str = Field("nfs", description="storage class of the claim on the NFS share")
-    volume_name: str | None = Field(None, description="PersistentVolume of the NFS share to bind the claim to")
+    volume_name: str | None = Field(
+        None,
+        description="PersistentVolume of the NFS share to bind the claim to; default: the model's own, "
+        "`<spec.name>-models`, which the platform install creates pre-bound to this claim (pipeline.k8s.install)",
+    )
     fetch_image: str | None = Field(
         None, description="image with the model-release CLI for the S3 init container; default: the engine image"
     )
@@ -302,14 +306,15 @@ def _nfs_weights(spec: ReleaseSpec, artifact: Artifact, base: str, options: Rend
     root, path = PurePosixPath(spec.staging.nfs.path), PurePosixPath(artifact.nfs_path)
     if not path.is_relative_to(root):
         raise ReleaseError(f"artifact nfs_path {path}: expected a directory under staging.nfs.path {root}")
-    claim_name = dns_name(f"{base}-models")
+    claim_name = weights_claim_name(spec)
+    # Bound by name to a static volume on the same share, never dynamically provisioned: an NFS CSI
+    # class would give the claim a fresh empty directory, not the staged weights.
     claim_spec: dict[str, Any] = {
         "accessModes": ["ReadOnlyMany"],
         "storageClassName": options.storage_class,
-        "resources": {"requests": {"storage": f"{_volume_gi(spec)}Gi"}},
+        "volumeName": options.volume_name or claim_name,
+        "resources": {"requests": {"storage": f"{weights_claim_gi(spec)}Gi"}},
     }
-    if options.volume_name:
-        claim_spec["volumeName"] = options.volume_name
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -336,7 +341,7 @@ def _s3_weights(spec: ReleaseSpec, artifact: Artifact, options: RenderOptions) -
         "env": env,
         "volumeMounts": [{"name": "models", "mountPath": MODELS_MOUNT}],
     }
-    size = f"{_volume_gi(spec)}Gi"
+    size = f"{weights_claim_gi(spec)}Gi"
     volume = {"name": "models", "emptyDir": {"sizeLimit": size}}
     return _Weights(dest, volume, [init], {"ephemeral-storage": size}, [])
 
@@ -368,7 +373,14 @@ def _s3_streamed_weights(spec: ReleaseSpec, artifact: Artifact, options: RenderO
     )
 
 
-def _volume_gi(spec: ReleaseSpec) -> int:
+def weights_claim_name(spec: ReleaseSpec) -> str:
+    """The model's read-only weights claim in the promotion namespace, and the name of the static
+    PersistentVolume the platform install pre-binds to it."""
+    return dns_name(f"{dns_name(spec.name)}-models")
+
+
+def weights_claim_gi(spec: ReleaseSpec) -> int:
+    """What the weights claim requests: the checkpoint's size with a fifth to spare."""
     return math.ceil(weights_gb(spec) * 1.2) + 1
 
 
