@@ -578,9 +578,13 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         kinds = [e.kind for e in reg.events(rel.id)]
         for kind in ("manifests_rendered", "smoke_test", "rollout_step", "rollout_complete", "deploy_finished"):
             assert kind in kinds, kinds
-        assert promote.verify(reg, rel.id, k8s_client=fake.client()).text == " Paris."
-        assert fake.requests[-1].path.endswith(f"/services/qwen3-235b-a22b-fp8-r{rel.id}:8000/proxy/v1/completions")
-        assert [c.weights for c in fake.route_changes] == [{f"qwen3-235b-a22b-fp8-r{rel.id}": 10_000}]
+        verified = promote.verify(reg, rel.id, k8s_client=fake.client())
+        assert verified.text == " Paris." and "x-model-release: qwen3-235b-a22b-fp8-r" in verified.endpoint
+        # verify went through the Gateway, by the release's own rule, and its pods answered
+        own = f"qwen3-235b-a22b-fp8-r{rel.id}"
+        last = fake.named_hits[-1]
+        assert (last.named, last.answered_as, last.release, last.status) == (own, own, str(rel.id), 200)
+        assert [c.weights for c in fake.route_changes] == [{}, {own: 10_000}]
 
         second, _ = candidate(reg, prod(0), small_artifact, approver="ml-lead", layout="tp8-ep8", run="run-2")
         fake.requests.clear()
@@ -601,8 +605,12 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         assert fake.servers() == {str(rel.id): 3, str(third.id): 0}
         finished = promote.last_event(reg, rel.id, "rollback_finished").detail
         assert finished["path"] == "kept objects" and finished["all_traffic_after_s"] is not None
+        trail = reg.events(rel.id)
+        since = max(i for i, e in enumerate(trail) if e.kind == "rollback_started")
+        # (its first promotion was judged: a first release runs the analysis too)
+        assert any(e.detail.get("analysis") for e in trail[:since] if e.kind == "rollout_step")
         assert "rollout_step" in finished["events"] and not any(
-            e.detail.get("analysis") for e in reg.events(rel.id) if e.kind == "rollout_step"
+            e.detail.get("analysis") for e in trail[since:] if e.kind == "rollout_step"
         )
         applied = {r.path.rsplit("/", 2)[-2] for r in fake.requests if r.content_type == "application/apply-patch+yaml"}
         # its objects were there: the Deployments take the rollout's record (same pod template, so the
@@ -681,8 +689,10 @@ def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_ret
 
     def dies_after_first_share(api, method, path, *args, **kwargs):
         answer = real_call(api, method, path, *args, **kwargs)
-        if path.endswith("/httproutes/qwen3-235b-a22b-fp8") and method == "PATCH" and "r2" in json.dumps(kwargs):
-            raise Terminated("SIGTERM")
+        if path.endswith("/httproutes/qwen3-235b-a22b-fp8") and method == "PATCH":
+            default = kwargs["body"]["spec"]["rules"][0].get("backendRefs", [])
+            if any("r2" in b["name"] and b["weight"] for b in default):  # its first share
+                raise Terminated("SIGTERM")
         return answer
 
     reg = Registry()
@@ -704,10 +714,7 @@ def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_ret
             promote.promote(reg, second.id, k8s_client=fake.client(), first_try=False)
         assert reg.get(second.id).status == "rolled_back" and reg.get(first.id).status == "live"
         assert {r: n for r, n in fake.servers().items() if n} == {str(first.id): 3}
-        assert fake.route_changes[-1].weights == {
-            f"qwen3-235b-a22b-fp8-r{first.id}": 10_000,
-            f"qwen3-235b-a22b-fp8-r{second.id}": 0,
-        }
+        assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{first.id}": 10_000}  # and out of it
         recovered = promote.last_event(reg, second.id, "recovered").detail
         assert recovered["state"] == "undone" and recovered["replacing"] == str(first.id)
         with pytest.raises(promote.PromotionRefused, match="this promotion already ran"):
