@@ -296,6 +296,8 @@ class FakeCluster:
                 weights = {b["name"]: b.get("weight", 1) for r in _default_rules(obj) for b in r.get("backendRefs", [])}
                 self.route_changes.append(RouteChange(self._next(), weights, self.ready_servers_locked()))
                 plane = self.planes.setdefault(key, _Plane())
+                if plane.pending is not None and plane.countdown <= 0:  # a change it had followed already
+                    plane.serving = plane.pending
                 plane.pending, plane.countdown = copy.deepcopy(obj["spec"]["rules"]), self.route_lag_requests
             if obj.get("kind") == "Deployment":
                 self.history.append(self.servers())
@@ -903,3 +905,64 @@ def dead_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+class FakePrometheus:
+    """The cluster's Prometheus as the rollout's analysis asks it (`/api/v1/query`), answering from
+    the fake cluster itself: engines up = a release's ready pods, finished requests = the client
+    requests through the Gateway its pods answered, and the p90 TTFT / TPOT each release's engines
+    report (`ttft_s`, `tpot_s`: release -> seconds, what their histograms would give). Every query
+    asked is kept in `asked`."""
+
+    def __init__(self, cluster: FakeCluster, ttft_s: dict[str, float], tpot_s: dict[str, float] | None = None):
+        self.cluster, self.ttft_s, self.tpot_s = cluster, ttft_s, tpot_s or {}
+        self.asked: list[str] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _prometheus_handler(self))
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> FakePrometheus:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def value(self, promql: str) -> float | None:
+        self.asked.append(promql)
+        release = (re.search(r'release="([^"]*)"', promql) or [None, ""])[1]
+        if 'finished_reason=~"abort|error"' in promql or 'status=~"5.."' in promql or "== 0" in promql:
+            return 0.0  # no aborts, no 5xx, no engine down
+        if promql.startswith("count(up{"):
+            return float(self.cluster.ready_pods().get(release, 0))
+        if "vllm:request_success_total" in promql:
+            return float(sum(1 for h in list(self.cluster.hits) if h.release == release and h.status == 200))
+        if "vllm:time_to_first_token_seconds_bucket" in promql:
+            return self.ttft_s.get(release)
+        if "vllm:request_time_per_output_token_seconds_bucket" in promql:
+            return self.tpot_s.get(release, 0.02)
+        raise AssertionError(f"the fake Prometheus does not know {promql}")
+
+
+def _prometheus_handler(prometheus: FakePrometheus):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            promql = parse_qs(urlsplit(self.path).query)["query"][0]
+            value = prometheus.value(promql)
+            result = [] if value is None else [{"metric": {}, "value": [time.time(), str(value)]}]
+            data = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -668,6 +669,68 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(pr
             (True, None),
             (False, True),
         ], steps
+
+
+def test_a_first_kubernetes_release_too_slow_under_load_through_the_gateway_is_taken_down(
+    prod_spec, small_artifact, monkeypatch
+):
+    """The first release of a model is judged like any step, by the cluster's Prometheus (here the
+    fake's, counting the requests clients sent through the Gateway to the release's pods), with no
+    live release to compare: its engines' p90 TTFT (3.1 s) is above the SLO's 3 s, so the step fails;
+    the release leaves the route (the Gateway answers 503 rather than route to it), its Deployments go
+    to zero with their objects kept, and the registry says failed, nothing serving."""
+    import threading
+
+    import yaml
+
+    from pipeline.k8s import deploy as k8s_deploy
+    from pipeline.k8s import manifests
+    from tests.k8s_fake import FakeCluster, FakePrometheus
+
+    monkeypatch.setattr(k8s_deploy.KubernetesTarget, "__init__", fast_target(k8s_deploy.KubernetesTarget.__init__))
+    path = prod_spec("slow-first", analysis_window="1s", scrape_interval="1s")
+    reg = Registry()
+    stop = threading.Event()
+    with FakeCluster() as fake, FakePrometheus(fake, ttft_s={"1": 3.1}) as prometheus:
+        data = yaml.safe_load(path.read_text())
+        data["rollout"]["prometheus_url"] = prometheus.url
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        rel, _ = candidate(reg, path, small_artifact, approver="ml-lead", layout="tp8-ep8", rate=50.0)
+        assert rel.id == 1
+
+        def clients() -> None:  # the model's users, through the Gateway, from before it serves
+            while not stop.is_set():
+                fake.send("llm-serving", "qwen3-235b-a22b-fp8")
+                time.sleep(0.001)
+
+        load = threading.Thread(target=clients, daemon=True)
+        load.start()
+        try:
+            with pytest.raises(
+                promote.DeployFailed, match=r"failed \(failed; nothing serving\).*p90 TTFT 3100 ms > SLO"
+            ):
+                promote.promote(reg, rel.id, k8s_client=fake.client())
+        finally:
+            stop.set()
+            load.join()
+        assert reg.get(rel.id).status == "failed"
+        (step,) = [e.detail for e in reg.events(rel.id) if e.kind == "rollout_step"]
+        queries = step["analysis"]["queries"]
+        assert step["passed"] is False and queries["new_p90_ttft"]["value"] == 3.1
+        assert queries["new_requests"]["value"] > 0  # it served the clients' requests in its window
+        assert not [name for name in queries if name.startswith("old_")]  # nothing to compare with
+        assert any('release="1"' in q for q in prometheus.asked)
+        kinds = [e.kind for e in reg.events(rel.id)]
+        assert kinds.index("rollout_aborted") < kinds.index("scaled_to_zero") < kinds.index("deploy_failed")
+        # taken down: no replicas (no pod holds or waits for a GPU), the objects kept, out of the route
+        assert fake.servers() == {"1": 0} and fake.names("deployments", "llm-serving") == ["qwen3-235b-a22b-fp8-r1-0"]
+        assert not [n for n in fake.names("pods", "llm-serving")]
+        route = fake.get("httproutes", "llm-serving", "qwen3-235b-a22b-fp8")
+        assert manifests.route_weights(route) == {} and manifests.named_releases(route) == []
+        served = [h for h in fake.hits if h.release == "1"]
+        withdrawn = fake.route_changes[-1].seq
+        assert served and all(h.seq < withdrawn for h in served)  # it took traffic, then none
+        assert fake.send("llm-serving", "qwen3-235b-a22b-fp8").status == 503
 
 
 def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_retry(
