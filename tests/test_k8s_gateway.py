@@ -128,3 +128,28 @@ def test_take_down_keeps_a_release_the_route_sends_traffic_to_and_zeroes_one_it_
         assert second.take_down() is True
         assert fake.servers() == {"1": 3, "2": 0} and route_now(fake) == ({R1: 10_000}, [R1])
         assert len([n for n in fake.names("deployments", NS) if "-r2-" in n]) == 2
+
+
+def test_a_gateway_that_is_missing_or_has_no_address_is_named_in_one_line(releases):
+    objs = copy.deepcopy(releases["1"])
+    with FakeCluster(gateways=()) as fake:
+        with pytest.raises(k8s_deploy.SmokeFailed) as missing:
+            k8s_deploy.named_smoke(fake.client(), objs)
+    assert str(missing.value) == (
+        "Gateway gateway-system/inference: not found (promotion.gateway names it); create it first"
+    )
+    with FakeCluster() as fake:
+        gateway = fake.get("gateways", "gateway-system", "inference")
+        gateway["status"] = {"conditions": [{"type": "Programmed", "status": "False"}]}
+        with pytest.raises(k8s_deploy.SmokeFailed) as unprogrammed:
+            k8s_deploy.named_smoke(fake.client(), objs)
+        assert str(unprogrammed.value) == (
+            "Gateway gateway-system/inference: no address in its status (not programmed yet? "
+            "conditions: Programmed=False)"
+        )
+        gateway["status"] = {"addresses": [{"type": "IPAddress", "value": "127.0.0.1"}]}
+        gateway["spec"]["listeners"][0]["protocol"] = "TCP"
+        with pytest.raises(
+            k8s_deploy.SmokeFailed, match="^Gateway gateway-system/inference: no HTTP or HTTPS listener$"
+        ):
+            k8s_deploy.named_smoke(fake.client(), objs)
