@@ -733,6 +733,22 @@ def test_a_first_kubernetes_release_too_slow_under_load_through_the_gateway_is_t
         assert fake.send("llm-serving", "qwen3-235b-a22b-fp8").status == 503
 
 
+def test_a_first_kubernetes_release_has_its_one_step_reviewed_and_a_first_local_one_none(
+    prod_spec, tiny_spec, small_artifact
+):
+    """The release DAG maps one review task per step `review_steps` lists: a first release on
+    Kubernetes is judged in one step, so a reviewer is asked about it (an inconclusive window may be
+    Continued); the local target switches a first release unjudged, so nobody is asked."""
+    from pipeline.entry import flow
+
+    reg = Registry()
+    k8s, _ = candidate(reg, prod_spec("review-first", review_timeout="60s"), small_artifact, layout="tp8-ep8")
+    assert flow.review_steps(k8s.id) == [1]
+    local_spec = tiny_spec(lambda d: d["rollout"].update(review_timeout="60s"), "tiny-review.yaml")
+    local, _ = candidate(reg, local_spec, small_artifact, run="run-2")
+    assert flow.review_steps(local.id) == []
+
+
 def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_retry(
     prod_spec, small_artifact, monkeypatch, passing_steps
 ):

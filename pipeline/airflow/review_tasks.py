@@ -68,6 +68,6 @@ def review_and_promote(spec, gate, pool: str | None = None):
     report(spec, gate) >> approve
     promoted = promote.override(**slot)(spec)
     approve >> promoted
-    # beside the promotion: a reviewer's Continue / Abort per rollout step (none for a first release)
+    # beside the promotion: a reviewer's Continue / Abort per rollout step (a first local release has none)
     review_each_step(spec, after=approve)
     return verify.override(**slot)(spec, promoted)
