@@ -153,3 +153,31 @@ def test_a_gateway_that_is_missing_or_has_no_address_is_named_in_one_line(releas
             k8s_deploy.SmokeFailed, match="^Gateway gateway-system/inference: no HTTP or HTTPS listener$"
         ):
             k8s_deploy.named_smoke(fake.client(), objs)
+
+
+def test_a_release_whose_undo_fails_before_it_took_traffic_still_gives_back_its_servers(releases, monkeypatch):
+    """Release 2 fails its smoke; the undo's first route change (release 2 out of the route) fails
+    once: the undo is a `rollback_failed`, but release 2 never had a share, so it goes to zero all
+    the same (its objects kept) and release 1 serves on."""
+    failed: list[dict] = []
+    real = k8s_deploy.KubernetesRelease.route
+
+    def fails_once(self, weights):
+        if self.own not in weights and not failed:
+            failed.append(weights)
+            raise k8s_deploy.KubernetesError("PATCH httproutes: HTTP 500: etcdserver: request timed out", 500)
+        return real(self, weights)
+
+    with FakeCluster() as fake:
+        target = KubernetesTarget(fake.client(), **FAST)
+        assert controller.rollout(target.release("1", copy.deepcopy(releases["1"]), None, 5)).status == "live"
+        fake.scenarios["2"] = "smoke_fails"
+        monkeypatch.setattr(k8s_deploy.KubernetesRelease, "route", fails_once)
+        steps = [ServerStep(fraction=1.0, old_servers=0, new_servers=3)]
+        outcome = controller.rollout(target.release("2", copy.deepcopy(releases["2"]), None, 5), steps, passes([]))
+    assert failed == [{R1: 10_000}]
+    assert outcome.status == "failed" and "etcdserver" in outcome.error
+    kinds = [k for k, _ in outcome.events]
+    assert kinds[-2:] == ["rollback_failed", "scaled_to_zero"]
+    assert fake.servers() == {"1": 3, "2": 0} and route_now(fake) == ({R1: 10_000}, [R1])
+    assert len([n for n in fake.names("deployments", NS) if "-r2-" in n]) == 2
