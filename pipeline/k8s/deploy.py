@@ -343,7 +343,10 @@ def named_smoke(
     while True:
         try:
             response = requests.post(
-                f"{base}/v1/completions", json=body, headers={RELEASE_HEADER: service}, timeout=timeout_s
+                f"{base}/v1/completions",
+                json=body,
+                headers={RELEASE_HEADER: service},
+                timeout=(min(10.0, timeout_s), timeout_s),  # an address not reachable from here fails fast
             )
         except requests.RequestException as exc:
             answered, status, answer = f"no answer ({type(exc).__name__})", None, {}
