@@ -54,6 +54,18 @@ implementations do: a parent whose `Accepted` condition is True (False for the n
 `refuse_routes` routes applied: the listener refuses them) and whose `ResolvedRefs` is False
 where a backend Service does not exist, each with the route's generation observed.
 
+The Gateway is an object too (`gateways`: namespace/name, by default the production spec's
+`gateway-system/inference`) whose status gives the address of the fake's own data plane, an HTTP
+listener that routes each request as a conformant implementation does: the attached HTTPRoute's
+rule whose header matches the request (the most header matches first), else its default rule,
+then that rule's backends by weight, then one of the Service's ready pods (no rule: 404; no
+backend or no ready pod: 503), with the rule's ResponseHeaderModifier applied to the answer. A
+request naming a release (`x-model-release`) is a `Hit` in `named_hits` (and, answered, a `Check`
+of that release); any other, like `send`, one in `hits`. The data plane may lag the route's
+status: with `route_lag_requests` N, the N requests after each change of a route still take its
+previous rules (the status says Accepted at once), as a Gateway whose proxies are reconfigured
+after its controller accepted the route.
+
 KEDA, as far as pausing goes: a ScaledObject with `autoscaling.keda.sh/paused-replicas` (applied,
 or set by a JSON merge patch) reports Paused with that count in its status and has its target
 Deployment scaled to it; a scale of a Deployment whose scaler is not paused at that very count
@@ -103,6 +115,8 @@ class Hit:
     release: str | None  # None: no ready pod behind the chosen backend (503)
     pod: str | None
     status: int
+    named: str | None = None  # the request's x-model-release header (a check of that release)
+    answered_as: str | None = None  # the x-model-release header the Gateway's rule set on the answer
 
 
 @dataclass
@@ -110,6 +124,11 @@ class Check:
     seq: int
     release: str
     status: int
+    via: str = "proxy"  # "proxy": the API server's service proxy; "gateway": the Gateway, by name
+
+
+GATEWAY_GROUP = "gateway.networking.k8s.io/v1"
+RELEASE_HEADER = "x-model-release"
 
 
 @dataclass
@@ -123,7 +142,11 @@ class FakeCluster:
     """Start with `with FakeCluster() as fake:`; `fake.client()` is a real kubernetes ApiClient."""
 
     def __init__(
-        self, scenario: str = "ready", load_s: float | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        scenario: str = "ready",
+        load_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        gateways: tuple[str, ...] = ("gateway-system/inference",),
     ):
         self.scenario = scenario
         self.load_s, self.clock = load_s, clock
@@ -151,14 +174,47 @@ class FakeCluster:
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.route_lag_requests = 0  # requests that still take a route's previous rules after each change
+        self.planes: dict[tuple, _Plane] = {}  # the data plane's view of each HTTPRoute
+        self.named_hits: list[Hit] = []
+        self.data_plane = ThreadingHTTPServer(("127.0.0.1", 0), _gateway_handler(self))
+        self.data_thread = threading.Thread(target=self.data_plane.serve_forever, args=(0.05,), daemon=True)
+        for gateway in gateways:
+            namespace, name = gateway.split("/")
+            self.objects[(GATEWAY_GROUP, "gateways", namespace, name)] = self._gateway(namespace, name)
 
     def __enter__(self) -> FakeCluster:
         self.thread.start()
+        self.data_thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in (self.server, self.data_plane):
+            server.shutdown()
+            server.server_close()
+
+    def _gateway(self, namespace: str, name: str) -> dict:
+        """A programmed Gateway whose one HTTP listener is the fake's data plane."""
+        return {
+            "apiVersion": GATEWAY_GROUP,
+            "kind": "Gateway",
+            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "generation": 1},
+            "spec": {
+                "gatewayClassName": "fake",
+                "listeners": [
+                    {
+                        "name": "http",
+                        "protocol": "HTTP",
+                        "port": self.data_plane.server_address[1],
+                        "allowedRoutes": {"namespaces": {"from": "All"}},
+                    }
+                ],
+            },
+            "status": {
+                "addresses": [{"type": "IPAddress", "value": "127.0.0.1"}],
+                "conditions": [{"type": "Accepted", "status": "True"}, {"type": "Programmed", "status": "True"}],
+            },
+        }
 
     @property
     def url(self) -> str:
@@ -250,8 +306,12 @@ class FakeCluster:
             self.reads[key] = 0
             if obj.get("kind") == "HTTPRoute":
                 obj["status"] = self._route_status(obj)
-                weights = {b["name"]: b.get("weight", 1) for r in obj["spec"]["rules"] for b in r["backendRefs"]}
+                weights = {b["name"]: b.get("weight", 1) for r in _default_rules(obj) for b in r.get("backendRefs", [])}
                 self.route_changes.append(RouteChange(self._next(), weights, self.ready_servers_locked()))
+                plane = self.planes.setdefault(key, _Plane())
+                if plane.pending is not None and plane.countdown <= 0:  # a change it had followed already
+                    plane.serving = plane.pending
+                plane.pending, plane.countdown = copy.deepcopy(obj["spec"]["rules"]), self.route_lag_requests
             if obj.get("kind") == "Deployment":
                 self.history.append(self.servers())
                 self._reconcile(key)
@@ -507,7 +567,7 @@ class FakeCluster:
         missing = [
             b["name"]
             for r in route["spec"]["rules"]
-            for b in r["backendRefs"]
+            for b in r.get("backendRefs", [])
             if ("v1", "services", ns, b["name"]) not in self.objects
         ]
         accepted = {"type": "Accepted", "observedGeneration": generation}
@@ -545,25 +605,105 @@ class FakeCluster:
         ]
 
     def send(self, namespace: str, route: str) -> Hit:
-        """One request to the model's address through the Gateway (see the module's docstring)."""
+        """One client request to the model's address through the Gateway (see the module's docstring)."""
         with self.lock:
-            self._kubelet()
-            obj = self.objects.get(("gateway.networking.k8s.io/v1", "httproutes", namespace, route))
-            backends = [
-                (b["name"], b.get("weight", 1))
-                for r in (obj or {"spec": {"rules": []}})["spec"]["rules"]
-                for b in r["backendRefs"]
-            ]
-            backends = [(name, weight) for name, weight in backends if weight > 0]
-            hit = Hit(self._next(), None, None, 503)
-            if backends:
-                (service,) = self.rng.choices([n for n, _ in backends], weights=[w for _, w in backends])
-                pods = self._ready_pods_of(namespace, service)
-                if pods:
-                    pod = self.rng.choice(pods)
-                    hit = Hit(hit.seq, pod["metadata"]["labels"].get(RELEASE_LABEL), pod["metadata"]["name"], 200)
+            hit, _ = self._through_gateway((GATEWAY_GROUP, "httproutes", namespace, route), {})
             self.hits.append(hit)
             return hit
+
+    def _rules_served(self, key: tuple) -> list[dict]:
+        """The route's rules as the data plane serves them now (lock held): a change is followed only
+        after `route_lag_requests` requests took the previous rules."""
+        plane = self.planes.get(key)
+        if plane is None:
+            return []
+        if plane.pending is not None:
+            if plane.countdown > 0:
+                plane.countdown -= 1
+            else:
+                plane.serving, plane.pending = plane.pending, None
+        return plane.serving or []
+
+    def _through_gateway(self, key: tuple, headers: dict[str, str]) -> tuple[Hit, dict]:
+        """Route one request (lock held): the Hit, and the rule that took it ({} where none did)."""
+        self._kubelet()
+        rules = self._rules_served(key)
+        wanted = {k.lower(): v for k, v in headers.items()}
+        matching = [
+            (len(m.get("headers", [])), rule)
+            for rule in rules
+            for m in rule.get("matches", [{}])
+            if all(wanted.get(h["name"].lower()) == h["value"] for h in m.get("headers", []))
+        ]
+        named = wanted.get(RELEASE_HEADER)
+        if not matching:
+            return Hit(self._next(), None, None, 404, named), {}
+        rule = max(matching, key=lambda match: match[0])[1]
+        backends = [(b["name"], b.get("weight", 1)) for b in rule.get("backendRefs", []) if b.get("weight", 1) > 0]
+        answered_as = _response_header(rule)
+        hit = Hit(self._next(), None, None, 503, named, answered_as)
+        if backends:
+            (service,) = self.rng.choices([n for n, _ in backends], weights=[w for _, w in backends])
+            pods = self._ready_pods_of(key[2], service)
+            if pods:
+                pod = self.rng.choice(pods)
+                release = pod["metadata"]["labels"].get(RELEASE_LABEL)
+                hit = Hit(hit.seq, release, pod["metadata"]["name"], 200, named, answered_as)
+        return hit, rule
+
+    def gateway_request(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict, dict]:
+        """One request to the data plane's listener: (status, body, response headers)."""
+        with self.lock:
+            keys = [
+                key
+                for key, obj in self.objects.items()
+                if key[1] == "httproutes"
+                and any(
+                    (p.get("namespace") or key[2], p["name"]) in self._gateway_names()
+                    for p in obj["spec"].get("parentRefs", [])
+                )
+            ]
+            if keys:
+                hit, rule = self._through_gateway(sorted(keys)[0], headers)
+            else:
+                hit, rule = Hit(self._next(), None, None, 404, headers.get(RELEASE_HEADER)), {}
+            named = hit.named is not None
+            (self.named_hits if named else self.hits).append(hit)
+            pod = copy.deepcopy(self.get("pods", keys[0][2], hit.pod)) if hit.pod else None
+            if named and hit.status == 200 and hit.release:
+                self.checks.append(Check(hit.seq, hit.release, 200, via="gateway"))
+        answer_headers = {RELEASE_HEADER: hit.answered_as} if hit.answered_as else {}
+        if pod is None:
+            status = 404 if not rule else 503
+            return status, {"message": "no route" if not rule else "no healthy upstream"}, {}
+        code, body = self.pod_answer(pod, method, path, raw)
+        return code, body, answer_headers
+
+    def _gateway_names(self) -> set[tuple[str, str]]:
+        return {(ns, name) for (_, plural, ns, name) in self.objects if plural == "gateways"}
+
+    def pod_answer(self, pod: dict, method: str, rest: str, raw: bytes) -> tuple[int, dict]:
+        """What one ready pod answers: its release's engine where it has one, else the fake's own
+        completion (" Paris."); a "smoke_fails" release's engine answers HTTP 500."""
+        labels = pod["metadata"]["labels"]
+        if self.scenario_for(labels) == "smoke_fails":
+            return 500, {"object": "error", "message": "EngineCore died", "code": 500}
+        backend = self.backends.get(labels.get(RELEASE_LABEL, ""))
+        if backend is not None:
+            return _forward(method, backend + rest, raw)
+        if (method, rest) != ("POST", "/v1/completions"):
+            return 404, _status(404, f"{rest}: this fake answers completions only")
+        argv = pod["spec"]["containers"][0]["command"]
+        served = argv[argv.index("--served-model-name") + 1]
+        body = json.loads(raw or b"{}")
+        if body.get("model") != served:
+            return 404, {"object": "error", "message": f"The model `{body.get('model')}` does not exist.", "code": 404}
+        return 200, {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
+        }
 
     def _owned(self, ns: str, plural: str, owner_uid: str) -> list[tuple[tuple, dict]]:
         return [
@@ -627,6 +767,53 @@ class FakeCluster:
             "model": body["model"],
             "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
         }
+
+
+@dataclass
+class _Plane:
+    """The data plane's view of one HTTPRoute: the rules it serves, and a change it has yet to follow."""
+
+    serving: list[dict] | None = None
+    pending: list[dict] | None = None
+    countdown: int = 0
+
+
+def _default_rules(route: dict) -> list[dict]:
+    return [r for r in route["spec"]["rules"] if not any(m.get("headers") for m in r.get("matches", []))]
+
+
+def _response_header(rule: dict) -> str | None:
+    """The x-model-release value a rule's ResponseHeaderModifier sets on its answers, if any."""
+    for item in rule.get("filters", []):
+        if item.get("type") == "ResponseHeaderModifier":
+            for header in item["responseHeaderModifier"].get("set", []):
+                if header["name"].lower() == RELEASE_HEADER:
+                    return header["value"]
+    return None
+
+
+def _gateway_handler(fake: FakeCluster):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            headers = {k: v for k, v in self.headers.items()}
+            code, body, extra = fake.gateway_request(self.command, urlsplit(self.path).path, headers, raw)
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in extra.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _answer
+
+    return Handler
 
 
 def _meta(name: str, namespace: str, labels: dict[str, str], owner: dict) -> dict:
@@ -820,3 +1007,64 @@ def dead_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+class FakePrometheus:
+    """The cluster's Prometheus as the rollout's analysis asks it (`/api/v1/query`), answering from
+    the fake cluster itself: engines up = a release's ready pods, finished requests = the client
+    requests through the Gateway its pods answered, and the p90 TTFT / TPOT each release's engines
+    report (`ttft_s`, `tpot_s`: release -> seconds, what their histograms would give). Every query
+    asked is kept in `asked`."""
+
+    def __init__(self, cluster: FakeCluster, ttft_s: dict[str, float], tpot_s: dict[str, float] | None = None):
+        self.cluster, self.ttft_s, self.tpot_s = cluster, ttft_s, tpot_s or {}
+        self.asked: list[str] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _prometheus_handler(self))
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> FakePrometheus:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def value(self, promql: str) -> float | None:
+        self.asked.append(promql)
+        release = (re.search(r'release="([^"]*)"', promql) or [None, ""])[1]
+        if 'finished_reason=~"abort|error"' in promql or 'status=~"5.."' in promql or "== 0" in promql:
+            return 0.0  # no aborts, no 5xx, no engine down
+        if promql.startswith("count(up{"):
+            return float(self.cluster.ready_pods().get(release, 0))
+        if "vllm:request_success_total" in promql:
+            return float(sum(1 for h in list(self.cluster.hits) if h.release == release and h.status == 200))
+        if "vllm:time_to_first_token_seconds_bucket" in promql:
+            return self.ttft_s.get(release)
+        if "vllm:request_time_per_output_token_seconds_bucket" in promql:
+            return self.tpot_s.get(release, 0.02)
+        raise AssertionError(f"the fake Prometheus does not know {promql}")
+
+
+def _prometheus_handler(prometheus: FakePrometheus):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            promql = parse_qs(urlsplit(self.path).query)["query"][0]
+            value = prometheus.value(promql)
+            result = [] if value is None else [{"metric": {}, "value": [time.time(), str(value)]}]
+            data = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler

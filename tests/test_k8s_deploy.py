@@ -180,7 +180,7 @@ def test_the_first_release_goes_live_whole_by_server_side_apply(fake, releases):
     assert smoke["ok"] is True and smoke["text"] == " Paris."
     assert dict(outcome.events)["rollout_step"]["new_servers"] == 3  # nothing live: no steps to take
     patches = [r for r in fake.requests if r.method == "PATCH"]
-    assert len(patches) == len(releases["2"])  # every object once, the route last
+    assert len(patches) == len(releases["2"]) + 1  # every object once, the route last: twice
     assert all(
         r.content_type == "application/apply-patch+yaml"
         and r.field_manager == "model-release"
@@ -189,16 +189,15 @@ def test_the_first_release_goes_live_whole_by_server_side_apply(fake, releases):
     )
     assert fake.names("deployments", NS) == R2
     assert [fake.get("deployments", NS, n)["spec"]["replicas"] for n in R2] == [3, 3]
-    assert patches[-1].path.endswith("/httproutes/qwen3-235b-a22b-fp8")
-    # the model's address: the route, all of it on the release's own Service, given only after the smoke
-    assert [c.weights for c in fake.route_changes] == [{"qwen3-235b-a22b-fp8-r2": 10_000}]
-    assert fake.checks[0].seq < fake.route_changes[0].seq
-    assert fake.route_changes[0].ready == {"2": 3}
+    assert all(p.path.endswith("/httproutes/qwen3-235b-a22b-fp8") for p in patches[-2:])
+    # the model's address: the route gets the release's own rule (no default backend: clients get 503),
+    # its smoke goes through the Gateway by that rule, and only then all of the default rule is its
+    assert [c.weights for c in fake.route_changes] == [{}, {"qwen3-235b-a22b-fp8-r2": 10_000}]
+    assert fake.route_changes[0].seq < fake.checks[0].seq < fake.route_changes[1].seq
+    assert fake.route_changes[1].ready == {"2": 3}
     assert fake.names("persistentvolumeclaims", NS) and fake.names("poddisruptionbudgets", NS)
-    proxied = [r for r in fake.requests if r.method == "POST"]  # the smoke test reaches the release's own pods
-    assert [r.path for r in proxied] == [
-        f"/api/v1/namespaces/{NS}/services/qwen3-235b-a22b-fp8-r2:8000/proxy/v1/completions"
-    ]
+    assert [(c.release, c.via) for c in fake.checks] == [("2", "gateway")]  # no check through the service proxy
+    assert not [r for r in fake.requests if "/proxy/" in r.path]
 
 
 def test_applying_the_same_objects_again_changes_no_generation(fake, releases):
@@ -234,7 +233,7 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
         )
         time.sleep(0.05)
     assert outcome.status == "live", outcome.error
-    assert [n for n in names(outcome) if n != "traffic"] == ["deploy_started", "smoke_test"] + ["rollout_step"] * 3 + [
+    assert [n for n in names(outcome) if n != "traffic"] == ["deploy_started"] + ["smoke_test", "rollout_step"] * 3 + [
         "rollout_complete"
     ]
     # the last step is judged with the old release still serving on what the spare budget leaves it,
@@ -246,7 +245,8 @@ def test_steps_move_servers_in_waves_and_the_old_release_keeps_servers_through_t
         (3, {"1": 1, "2": 3}, {r1: 0, r2: 10_000}),
     ]
     # between steps, the checked new servers took the share they hold before an old server stopped
-    assert [c.weights.get(r2, 0) for c in fake.route_changes] == [0, 1000, 3333, 5000, 6666, 10_000, 10_000]
+    # (release 1's own rule and its share, when it went live, then release 2's own rule for its checks)
+    assert [c.weights.get(r2, 0) for c in fake.route_changes] == [0, 0, 0, 1000, 3333, 5000, 6666, 10_000, 10_000]
     assert fake.route_changes[-1].weights == {r2: 10_000}  # the old release left the route: no controller needed
     assert_safe(fake)
     assert_loaded(fake)
@@ -488,7 +488,9 @@ def test_a_route_its_gateway_refuses_fails_the_step_and_the_route_is_set_back(fa
     assert outcome.status == "rolled_back"
     assert "refused by its Gateway: Accepted NotAllowedByListeners: no listener allows this route" in outcome.error
     r1, r2 = SERVICE
-    assert fake.route_changes[-1].weights == {r1: 10_000, r2: 0}  # set again after the refusal
+    # the refused route (release 2's own rule, for its first check) set again, without release 2
+    assert fake.route_changes[-1].weights == {r1: 10_000}
+    assert manifests.named_releases(fake.get("httproutes", NS, ROUTE)) == [r1]
     assert fake.servers() == {"1": 3, "2": 0}
     assert_safe(fake)
 
@@ -595,8 +597,10 @@ def test_a_failure_without_a_live_release_is_failed(fake, releases):
     fake.scenario = "never_ready"
     outcome = deploy(KubernetesTarget(fake.client(), **FAST), "2", copy.deepcopy(releases["2"]), timeout_s=0.2)
     assert outcome.status == "failed"
-    assert names(outcome) == ["deploy_started", "rollout_failed"]
+    assert names(outcome) == ["deploy_started", "rollout_failed", "scaled_to_zero"]
     assert "not rolled out" in outcome.error
+    # its pods, Pending here, give back what they hold; its objects stay for the post-mortem
+    assert fake.servers() == {"2": 0} and fake.names("deployments", NS) == R2 and not pods_of(fake, "2")
 
 
 def test_a_failed_smoke_test_never_takes_a_server_from_the_old_release(fake, releases):
@@ -638,13 +642,20 @@ def test_rollout_failed_names_the_deployment_and_its_conditions(fake, releases):
     assert isinstance(failed.value, k8s_deploy.ReleaseError)
 
 
-def test_smoke_returns_the_completion_and_fails_on_a_wrong_model(fake, releases):
+def test_smoke_through_the_gateway_returns_the_completion_and_fails_on_a_wrong_model(fake, releases):
     api = fake.client()
-    k8s_deploy.apply(api, releases["1"], timeout_s=5, poll_s=0.01)
+    objs = copy.deepcopy(releases["1"])
+    k8s_deploy.apply(api, objs, timeout_s=5, poll_s=0.01)  # the route names release 1 (its own rule too)
+    checked = k8s_deploy.named_smoke(api, objs, retry_delay_s=0.01)
     own = "qwen3-235b-a22b-fp8-r1"
-    assert k8s_deploy.smoke(api, NS, own, 8000, "qwen3-235b-a22b-fp8") == " Paris."
-    with pytest.raises(k8s_deploy.SmokeFailed, match="HTTP 404.*does not exist"):
-        k8s_deploy.smoke(api, NS, own, 8000, "other-model", retry_delay_s=0.01)
+    assert (checked.text, checked.release, checked.answered_by, checked.tries) == (" Paris.", own, own, 1)
+    assert checked.url == f"http://127.0.0.1:{fake.data_plane.server_address[1]}"
+    for obj in objs:  # the engine asked for a model it does not serve: the release answered, wrongly
+        if obj["kind"] == "Deployment":
+            command = obj["spec"]["template"]["spec"]["containers"][0]["command"]
+            command[command.index("--served-model-name") + 1] = "other-model"
+    with pytest.raises(k8s_deploy.SmokeFailed, match=f"release {own} answered HTTP 404.*does not exist"):
+        k8s_deploy.named_smoke(api, objs, retry_delay_s=0.01)
 
 
 def write_kubeconfig(tmp_path, server):
@@ -722,7 +733,13 @@ def test_answers_that_got_worse_abort_the_step_before_the_old_release_gives_a_se
         (2, own, "qwen3-235b-a22b-fp8", {"1": 3, "2": 1}),
     ]
     r1, r2 = SERVICE
-    assert [c.weights for c in fake.route_changes[1:]] == [{r1: 9000, r2: 1000}, {r1: 10_000, r2: 0}]
+    # release 2's own rule, its share, the share back, then release 2 out of the route
+    assert [c.weights for c in fake.route_changes[2:]] == [
+        {r1: 10_000},
+        {r1: 9000, r2: 1000},
+        {r1: 10_000, r2: 0},
+        {r1: 10_000},
+    ]
     checks = [d for k, d in outcome.events if k == "rollout_accuracy"]
     assert [(c["step"], c["passed"]) for c in checks] == [(1, True), (2, False)]
     assert [n for n in names(outcome) if n != "traffic"][-3:] == [
@@ -857,21 +874,23 @@ def test_each_step_checks_the_served_answers_through_the_releases_own_service(
 
 
 def test_the_documented_role_allows_every_request_of_a_rollout_an_abort_and_a_rollback(fake, releases):
-    """The platform install's Role for the controller (docs/production.md step 4), checked against
+    """The platform install's Roles for the controller (docs/production.md step 4), checked against
     what it sends: every request of a first deploy, a 3-step rollout, an aborted one and a rollback
     to kept objects, mapped to the (API group, resource, verb) RBAC checks (an apply may create)."""
     from pipeline.k8s import install
 
     objects = install.render(load_spec(PROD_SPEC), install.PlatformOptions(nfs_server="h", nfs_path="/p"))
-    (role,) = [o for o in objects if o.get("kind") == "Role" and o["metadata"]["namespace"] == NS]
-    assert role["metadata"]["namespace"] == NS
+    roles = {o["metadata"]["namespace"]: o for o in objects if o.get("kind") == "Role"}
     allowed = {
         (group, resource, verb)
+        for role in roles.values()
         for rule in role["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
+        if resource != "gateways" or role["metadata"]["namespace"] == "gateway-system"  # where the Gateway is
     }
+    assert NS in roles
     target = KubernetesTarget(fake.client(), **FAST)
     deploy(target, "1", copy.deepcopy(releases["1"]), timeout_s=5)
     deploy(target, "2", copy.deepcopy(releases["2"]), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5)
@@ -892,7 +911,10 @@ def test_the_documented_role_allows_every_request_of_a_rollout_an_abort_and_a_ro
         if request.content_type == APPLY:
             needed.add((group, resource, "create"))  # server-side apply of an object not there yet
     assert needed - allowed == set()
-    assert {("gateway.networking.k8s.io", "httproutes", "patch"), ("", "services/proxy", "create")} <= needed
+    assert {
+        ("gateway.networking.k8s.io", "httproutes", "patch"),
+        ("gateway.networking.k8s.io", "gateways", "get"),  # its address, for the checks through it
+    } <= needed
 
 
 deploy_path = re.compile(

@@ -10,7 +10,7 @@ import yaml
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import load_spec
-from pipeline.k8s import manifests
+from pipeline.k8s import crds, manifests
 from pipeline.k8s.manifests import Artifact, RenderOptions
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
@@ -231,10 +231,30 @@ def test_labels_carry_release_id_and_manifest_hash_and_names_are_dns_safe(prod):
     assert route["spec"]["parentRefs"] == [
         {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference", "namespace": "gateway-system"}
     ]
-    (rule,) = route["spec"]["rules"]
+    rule, named = route["spec"]["rules"]
     assert rule["backendRefs"] == [
         {"group": "", "kind": "Service", "name": own["metadata"]["name"], "port": 8000, "weight": 10_000}
     ]
+    # and a rule of its own, which a request naming the release takes (the rollout's checks through the
+    # Gateway), whose answers the Gateway marks with the same name
+    header = {"type": "Exact", "name": manifests.RELEASE_HEADER, "value": own["metadata"]["name"]}
+    assert named["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}, "headers": [header]}]
+    assert named["backendRefs"] == [{**rule["backendRefs"][0], "weight": 1}]
+    assert named["filters"] == [
+        {
+            "type": "ResponseHeaderModifier",
+            "responseHeaderModifier": {"set": [{"name": manifests.RELEASE_HEADER, "value": own["metadata"]["name"]}]},
+        }
+    ]
+    assert manifests.route_weights(route) == {own["metadata"]["name"]: 10_000}
+    assert manifests.named_releases(route) == [own["metadata"]["name"]]
+    # as the rollout sets it: a release's own rule with no backend in the default one (before a first
+    # release's share: the Gateway answers 503), and two releases weighted, each with its own rule
+    name = own["metadata"]["name"]
+    for weights, named in (({}, [name]), ({"other-r1": 9000, name: 1000}, ["other-r1", name])):
+        changed = manifests.with_backends(route, weights, named)
+        assert crds.problems(changed) == []
+        assert (manifests.route_weights(changed), manifests.named_releases(changed)) == (weights, named)
     # this release's own objects carry its id in their names, beside the live release's
     assert own["spec"]["selector"]["model-release/release-id"] == release_label
     assert own["metadata"]["name"].startswith("qwen3-235b-a22b-fp8-r")

@@ -50,7 +50,12 @@ def cluster_managed() -> list[dict]:
             "spec": {"controllerName": "io.cilium/gateway-controller"},
             "status": {
                 "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted"}],
-                "supportedFeatures": [{"name": "Gateway"}, {"name": "HTTPRoute"}, {"name": "HTTPRouteRequestTimeout"}],
+                "supportedFeatures": [
+                    {"name": "Gateway"},
+                    {"name": "HTTPRoute"},
+                    {"name": "HTTPRouteRequestTimeout"},
+                    {"name": "HTTPRouteResponseHeaderModification"},
+                ],
             },
         }
     )
@@ -205,7 +210,21 @@ def class_not_accepted(fake):
 
 def class_without_timeouts(fake):
     cls = fake.objects[_key("GatewayClass", GW, "", "cilium")]
-    cls["status"]["supportedFeatures"] = [{"name": "Gateway"}, {"name": "HTTPRoute"}]
+    cls["status"]["supportedFeatures"] = [
+        {"name": "Gateway"},
+        {"name": "HTTPRoute"},
+        {"name": "HTTPRouteResponseHeaderModification"},
+    ]
+
+
+def class_without_response_headers(fake):
+    """The named-release rules' answer header is how a check knows which release answered."""
+    cls = fake.objects[_key("GatewayClass", GW, "", "cilium")]
+    cls["status"]["supportedFeatures"] = [
+        {"name": "Gateway"},
+        {"name": "HTTPRoute"},
+        {"name": "HTTPRouteRequestTimeout"},
+    ]
 
 
 CASES = {
@@ -254,6 +273,11 @@ CASES = {
         class_without_timeouts,
         "route-features",
         "does not support HTTPRouteRequestTimeout",
+    ),
+    "a class that cannot set the answer's header": (
+        class_without_response_headers,
+        "route-features",
+        "does not support HTTPRouteResponseHeaderModification",
     ),
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -578,9 +579,13 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         kinds = [e.kind for e in reg.events(rel.id)]
         for kind in ("manifests_rendered", "smoke_test", "rollout_step", "rollout_complete", "deploy_finished"):
             assert kind in kinds, kinds
-        assert promote.verify(reg, rel.id, k8s_client=fake.client()).text == " Paris."
-        assert fake.requests[-1].path.endswith(f"/services/qwen3-235b-a22b-fp8-r{rel.id}:8000/proxy/v1/completions")
-        assert [c.weights for c in fake.route_changes] == [{f"qwen3-235b-a22b-fp8-r{rel.id}": 10_000}]
+        verified = promote.verify(reg, rel.id, k8s_client=fake.client())
+        assert verified.text == " Paris." and "x-model-release: qwen3-235b-a22b-fp8-r" in verified.endpoint
+        # verify went through the Gateway, by the release's own rule, and its pods answered
+        own = f"qwen3-235b-a22b-fp8-r{rel.id}"
+        last = fake.named_hits[-1]
+        assert (last.named, last.answered_as, last.release, last.status) == (own, own, str(rel.id), 200)
+        assert [c.weights for c in fake.route_changes] == [{}, {own: 10_000}]
 
         second, _ = candidate(reg, prod(0), small_artifact, approver="ml-lead", layout="tp8-ep8", run="run-2")
         fake.requests.clear()
@@ -601,8 +606,12 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         assert fake.servers() == {str(rel.id): 3, str(third.id): 0}
         finished = promote.last_event(reg, rel.id, "rollback_finished").detail
         assert finished["path"] == "kept objects" and finished["all_traffic_after_s"] is not None
+        trail = reg.events(rel.id)
+        since = max(i for i, e in enumerate(trail) if e.kind == "rollback_started")
+        # (its first promotion was judged: a first release runs the analysis too)
+        assert any(e.detail.get("analysis") for e in trail[:since] if e.kind == "rollout_step")
         assert "rollout_step" in finished["events"] and not any(
-            e.detail.get("analysis") for e in reg.events(rel.id) if e.kind == "rollout_step"
+            e.detail.get("analysis") for e in trail[since:] if e.kind == "rollout_step"
         )
         applied = {r.path.rsplit("/", 2)[-2] for r in fake.requests if r.content_type == "application/apply-patch+yaml"}
         # its objects were there: the Deployments take the rollout's record (same pod template, so the
@@ -662,6 +671,84 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(pr
         ], steps
 
 
+def test_a_first_kubernetes_release_too_slow_under_load_through_the_gateway_is_taken_down(
+    prod_spec, small_artifact, monkeypatch
+):
+    """The first release of a model is judged like any step, by the cluster's Prometheus (here the
+    fake's, counting the requests clients sent through the Gateway to the release's pods), with no
+    live release to compare: its engines' p90 TTFT (3.1 s) is above the SLO's 3 s, so the step fails;
+    the release leaves the route (the Gateway answers 503 rather than route to it), its Deployments go
+    to zero with their objects kept, and the registry says failed, nothing serving."""
+    import threading
+
+    import yaml
+
+    from pipeline.k8s import deploy as k8s_deploy
+    from pipeline.k8s import manifests
+    from tests.k8s_fake import FakeCluster, FakePrometheus
+
+    monkeypatch.setattr(k8s_deploy.KubernetesTarget, "__init__", fast_target(k8s_deploy.KubernetesTarget.__init__))
+    path = prod_spec("slow-first", analysis_window="1s", scrape_interval="1s")
+    reg = Registry()
+    stop = threading.Event()
+    with FakeCluster() as fake, FakePrometheus(fake, ttft_s={"1": 3.1}) as prometheus:
+        data = yaml.safe_load(path.read_text())
+        data["rollout"]["prometheus_url"] = prometheus.url
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        rel, _ = candidate(reg, path, small_artifact, approver="ml-lead", layout="tp8-ep8", rate=50.0)
+        assert rel.id == 1
+
+        def clients() -> None:  # the model's users, through the Gateway, from before it serves
+            while not stop.is_set():
+                fake.send("llm-serving", "qwen3-235b-a22b-fp8")
+                time.sleep(0.001)
+
+        load = threading.Thread(target=clients, daemon=True)
+        load.start()
+        try:
+            with pytest.raises(
+                promote.DeployFailed, match=r"failed \(failed; nothing serving\).*p90 TTFT 3100 ms > SLO"
+            ):
+                promote.promote(reg, rel.id, k8s_client=fake.client())
+        finally:
+            stop.set()
+            load.join()
+        assert reg.get(rel.id).status == "failed"
+        (step,) = [e.detail for e in reg.events(rel.id) if e.kind == "rollout_step"]
+        queries = step["analysis"]["queries"]
+        assert step["passed"] is False and queries["new_p90_ttft"]["value"] == 3.1
+        assert queries["new_requests"]["value"] > 0  # it served the clients' requests in its window
+        assert not [name for name in queries if name.startswith("old_")]  # nothing to compare with
+        assert any('release="1"' in q for q in prometheus.asked)
+        kinds = [e.kind for e in reg.events(rel.id)]
+        assert kinds.index("rollout_aborted") < kinds.index("scaled_to_zero") < kinds.index("deploy_failed")
+        # taken down: no replicas (no pod holds or waits for a GPU), the objects kept, out of the route
+        assert fake.servers() == {"1": 0} and fake.names("deployments", "llm-serving") == ["qwen3-235b-a22b-fp8-r1-0"]
+        assert not [n for n in fake.names("pods", "llm-serving")]
+        route = fake.get("httproutes", "llm-serving", "qwen3-235b-a22b-fp8")
+        assert manifests.route_weights(route) == {} and manifests.named_releases(route) == []
+        served = [h for h in fake.hits if h.release == "1"]
+        withdrawn = fake.route_changes[-1].seq
+        assert served and all(h.seq < withdrawn for h in served)  # it took traffic, then none
+        assert fake.send("llm-serving", "qwen3-235b-a22b-fp8").status == 503
+
+
+def test_a_first_kubernetes_release_has_its_one_step_reviewed_and_a_first_local_one_none(
+    prod_spec, tiny_spec, small_artifact
+):
+    """The release DAG maps one review task per step `review_steps` lists: a first release on
+    Kubernetes is judged in one step, so a reviewer is asked about it (an inconclusive window may be
+    Continued); the local target switches a first release unjudged, so nobody is asked."""
+    from pipeline.entry import flow
+
+    reg = Registry()
+    k8s, _ = candidate(reg, prod_spec("review-first", review_timeout="60s"), small_artifact, layout="tp8-ep8")
+    assert flow.review_steps(k8s.id) == [1]
+    local_spec = tiny_spec(lambda d: d["rollout"].update(review_timeout="60s"), "tiny-review.yaml")
+    local, _ = candidate(reg, local_spec, small_artifact, run="run-2")
+    assert flow.review_steps(local.id) == []
+
+
 def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_retry(
     prod_spec, small_artifact, monkeypatch, passing_steps
 ):
@@ -681,8 +768,10 @@ def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_ret
 
     def dies_after_first_share(api, method, path, *args, **kwargs):
         answer = real_call(api, method, path, *args, **kwargs)
-        if path.endswith("/httproutes/qwen3-235b-a22b-fp8") and method == "PATCH" and "r2" in json.dumps(kwargs):
-            raise Terminated("SIGTERM")
+        if path.endswith("/httproutes/qwen3-235b-a22b-fp8") and method == "PATCH":
+            default = kwargs["body"]["spec"]["rules"][0].get("backendRefs", [])
+            if any("r2" in b["name"] and b["weight"] for b in default):  # its first share
+                raise Terminated("SIGTERM")
         return answer
 
     reg = Registry()
@@ -704,10 +793,7 @@ def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_ret
             promote.promote(reg, second.id, k8s_client=fake.client(), first_try=False)
         assert reg.get(second.id).status == "rolled_back" and reg.get(first.id).status == "live"
         assert {r: n for r, n in fake.servers().items() if n} == {str(first.id): 3}
-        assert fake.route_changes[-1].weights == {
-            f"qwen3-235b-a22b-fp8-r{first.id}": 10_000,
-            f"qwen3-235b-a22b-fp8-r{second.id}": 0,
-        }
+        assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{first.id}": 10_000}  # and out of it
         recovered = promote.last_event(reg, second.id, "recovered").detail
         assert recovered["state"] == "undone" and recovered["replacing"] == str(first.id)
         with pytest.raises(promote.PromotionRefused, match="this promotion already ran"):

@@ -81,6 +81,6 @@ def review_and_promote(spec, gate, pool: str | None = None, preflight: bool = Fa
         approve >> cluster_preflight.override(task_id="preflight_promotion")(spec) >> promoted
     else:
         approve >> promoted
-    # beside the promotion: a reviewer's Continue / Abort per rollout step (none for a first release)
+    # beside the promotion: a reviewer's Continue / Abort per rollout step (a first local release has none)
     review_each_step(spec, after=approve)
     return verify.override(**slot)(spec, promoted)

@@ -496,13 +496,16 @@ def promote(
 
 def review_steps(release: ReleaseRef | int) -> list[int]:
     """The rollout steps a reviewer will be asked about: none when the spec sets no
-    `rollout.review_timeout` or nothing is live to roll over (the first release switches at once)."""
+    `rollout.review_timeout`; with nothing live to roll over, the one step a first release takes on
+    Kubernetes, judged like any (the local target switches a first release at once, unjudged)."""
     reg = registry()
     rel = reg.get(_release_id(release))
     loaded = release_spec(rel)
     live = reg.live(rel.name, rel.target)
-    if not loaded.spec.rollout.review_timeout or live is None or live.id == rel.id:
+    if not loaded.spec.rollout.review_timeout or (live is not None and live.id == rel.id):
         return []
+    if live is None:
+        return [] if rel.target == "local" else [1]
     count = len(loaded.spec.rollout.steps)
     if rel.target != "local":
         count = len(rollout_plan.for_release(loaded, rel, live).steps)

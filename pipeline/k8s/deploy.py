@@ -8,14 +8,14 @@ through `DynamicClient`, which needs API discovery first and adds nothing for th
 release has; authentication and TLS stay the client's.
 
 This module only acts: `KubernetesRelease` is one release's rollout primitives (its state, start
-N servers unexposed, check them through their own Service, scale, set the HTTPRoute's weights).
+N servers unexposed, check them through the Gateway by the release's own rule, scale, set the
+HTTPRoute's weights, take a failed release down).
 What to do when (waves, steps, aborts, the keep window, recovery) is decided by the controller
 both targets run, `pipeline.release.controller`.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -26,8 +26,16 @@ from pipeline.core import platform
 from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutFailed, SmokeFailed
 from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutRecord
 from pipeline.k8s import autoscaler
-from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG
+from pipeline.k8s.manifests import (
+    RELEASE_HEADER,
+    RELEASE_LABEL,
+    TOKENIZER_INFO_FLAG,
+    named_releases,
+    route_weights,
+    with_backends,
+)
 from pipeline.records.evaluate import Endpoint
+from pipeline.records.rollout import GatewaySmoke
 from pipeline.stages.served_accuracy import Answers
 
 log = logging.getLogger(__name__)
@@ -267,36 +275,112 @@ def service_endpoint(api, namespace: str, service: str, port: int) -> Endpoint:
     )
 
 
-def smoke(
+GATEWAY_API = "gateway.networking.k8s.io/v1"
+RETRIED = {404, 502, 503, 504}  # the Gateway has no rule or no ready endpoint for the request yet
+
+
+def gateway_url(api, route: dict) -> tuple[str, str]:
+    """(Gateway namespace/name, its URL) for the route's first parent: the first address in the
+    Gateway's status (what its controller programmed: the load balancer users reach) and the port of
+    the listener the route attaches to (its sectionName, else the first HTTP or HTTPS one). From an
+    Airflow worker in the cluster this is the path a client takes; reading it needs `get` on
+    gateways only."""
+    parent = route["spec"]["parentRefs"][0]
+    name = f"{parent.get('namespace') or route['metadata']['namespace']}/{parent['name']}"
+    namespace, gateway_name = name.split("/")
+    try:
+        gateway = _call(api, "GET", f"/apis/{GATEWAY_API}/namespaces/{namespace}/gateways/{gateway_name}")
+    except KubernetesError as exc:
+        if exc.status != 404:
+            raise
+        raise SmokeFailed(f"Gateway {name}: not found (promotion.gateway names it); create it first") from None
+    status = gateway.get("status") or {}
+    addresses = [a["value"] for a in status.get("addresses") or [] if a.get("value")]
+    if not addresses:
+        conditions = ", ".join(f"{c.get('type')}={c.get('status')}" for c in status.get("conditions", [])) or "none"
+        raise SmokeFailed(f"Gateway {name}: no address in its status (not programmed yet? conditions: {conditions})")
+    section = parent.get("sectionName")
+    listeners = gateway.get("spec", {}).get("listeners", [])
+    listener = next(
+        (
+            item
+            for item in listeners
+            if (item.get("name") == section if section else item.get("protocol") in ("HTTP", "HTTPS"))
+        ),
+        None,
+    )
+    if listener is None:
+        raise SmokeFailed(f"Gateway {name}: no {'listener ' + section if section else 'HTTP or HTTPS listener'}")
+    host = addresses[0]
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    scheme = "https" if listener.get("protocol") == "HTTPS" else "http"
+    return name, f"{scheme}://{host}:{listener['port']}"
+
+
+def named_smoke(
     api,
-    namespace: str,
-    service: str,
-    port: int,
-    model: str,
+    manifests: list[dict],
     timeout_s: float = 120.0,
-    retries: int = 3,
+    deadline_s: float = 60.0,
     retry_delay_s: float = 2.0,
-) -> str:
-    """One short completion through the API server's service proxy: proves the Service reaches a
-    pod that serves this model, without a route from here into the cluster network. A 503 (no
-    ready endpoints yet, right after the rollout) is retried a few times; returns the text."""
-    path = f"/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy/v1/completions"
-    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
-    for attempt in range(retries + 1):
+) -> GatewaySmoke:
+    """One short completion through the model's Gateway, as a client sends it, naming the release's
+    Service in RELEASE_HEADER: it passes only when the answer carries that header back (the Gateway
+    served the release's own rule, whose one backend selects only its pods) with a completion.
+    An answer from elsewhere (no header: the default rule; another release's; a 404 or 5xx of the
+    Gateway, or no connection) means the Gateway's data plane does not serve the rule yet, though the
+    route's status may say Accepted: asked again until `deadline_s`. A wrong answer of the release
+    itself (an error, no choices) fails at once."""
+    import requests
+
+    namespace, service, _, model = _smoke_target(manifests)
+    route = _route_of(manifests)
+    gateway, base = gateway_url(api, route)
+    where = f"smoke test through Gateway {gateway} ({base}, HTTPRoute {namespace}/{route['metadata']['name']})"
+    body: dict[str, Any] = {"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    wrong: list[str] = []
+    deadline = time.monotonic() + deadline_s
+    while True:
         try:
-            answer = _call(api, "POST", path, body=body, timeout_s=timeout_s)
-            break
-        except KubernetesError as exc:
-            if exc.status != 503 or attempt == retries:
-                raise SmokeFailed(f"smoke test through Service {namespace}/{service}:{port}: {exc}") from None
-            time.sleep(retry_delay_s)
-    choices = answer.get("choices") or []
-    if not choices:
-        raise SmokeFailed(
-            f"smoke test through Service {namespace}/{service}:{port}: expected choices in the "
-            f"completion, got {json.dumps(answer)[:300]}"
-        )
-    return str(choices[0].get("text", ""))
+            response = requests.post(
+                f"{base}/v1/completions",
+                json=body,
+                headers={RELEASE_HEADER: service},
+                timeout=(min(10.0, timeout_s), timeout_s),  # an address not reachable from here fails fast
+            )
+        except requests.RequestException as exc:
+            answered, status, answer = f"no answer ({type(exc).__name__})", None, {}
+        else:
+            status, answered = response.status_code, response.headers.get(RELEASE_HEADER, "")
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = {"text": response.text[:300]}
+        if status is not None and answered == service and status not in RETRIED - {404}:
+            choices = (answer.get("choices") or []) if status == 200 else []
+            if not choices:
+                raise SmokeFailed(
+                    f"{where}: release {service} answered HTTP {status}, expected a completion: "
+                    + json.dumps(answer)[:300]
+                )
+            return GatewaySmoke(
+                gateway=gateway,
+                url=base,
+                release=service,
+                answered_by=answered,
+                tries=len(wrong) + 1,
+                wrong=wrong,
+                text=str(choices[0].get("text", "")),
+            )
+        if status is not None:  # another release's rule, or none of a release (the default rule, no rule)
+            answered = f"HTTP {status} " + (f"from {answered}" if answered else f"without {RELEASE_HEADER}")
+        wrong.append(answered)
+        if time.monotonic() > deadline:
+            raise SmokeFailed(
+                f"{where}: no answer from release {service} in {len(wrong)} tries over {deadline_s:g} s; "
+                f"the last: {wrong[-1]} (does the Gateway serve the route's rule for {RELEASE_HEADER}: {service}?)"
+            )
+        time.sleep(retry_delay_s)
 
 
 def _engine_argv(deployment: dict) -> list[str]:
@@ -425,13 +509,16 @@ class KubernetesTarget:
 class KubernetesRelease:
     """One release's rollout primitives on a cluster (the controller's Target).
 
-    Traffic reaches a release only through the model's HTTPRoute, whose backends are the releases'
-    own Services with the weights the controller sets: the new release's pods start unexposed
-    (Ready in their own Service, in no route), its smoke test and served answers go through that
-    Service, and only then does the route give it a share. A server is one pod per replica group
-    (each group its own Deployment). Objects go in by server-side apply; replicas change through
-    the scale subresource. The rollout's record is an annotation on the new release's Deployments,
-    applied with them before anything else of the release changes.
+    Traffic reaches a release only through the model's HTTPRoute, whose default rule's backends are
+    the releases' own Services with the weights the controller sets: the new release's pods start
+    unexposed (Ready in their own Service, with no share), the route gets a rule of the release's
+    own (matched by RELEASE_HEADER) through which each step's smoke test goes, by the Gateway's
+    address, its served answers go through its Service, and only then does the default rule give it
+    a share. A release that failed leaves the route (weight and rule) and goes to zero servers.
+    A server is one pod per replica group (each group its own Deployment). Objects go in by
+    server-side apply; replicas change through the scale subresource. The rollout's record is an
+    annotation on the new release's Deployments, applied with them before anything else of the
+    release changes.
     """
 
     def __init__(
@@ -539,7 +626,11 @@ class KubernetesRelease:
 
     def scale_new(self, servers: int) -> None:
         """The new release down to `servers` (its Deployments that exist: a failed first apply may
-        have created only some)."""
+        have created only some). To zero, it first leaves the route where it is still named there
+        (a weight of 0, or only its own rule): no rule of the Gateway points at a release with no
+        pods, and its Pending pods neither hold nor buy GPU nodes; its objects stay."""
+        if servers == 0 and self.own in (now := self.routed()):
+            self.route({name: weight for name, weight in now.items() if name != self.own})
         if self.applied:
             self._hold(self.scalers, servers)
         for dep in self.applied:
@@ -550,24 +641,21 @@ class KubernetesRelease:
                     raise
 
     def check(self, step: int, servers: int) -> None:
-        """A step's checks through the release's own Service: the smoke completion (once), then the
-        serving-path accuracy check, one `rollout_accuracy` event with its table; raises SmokeFailed
-        or AnswersWorse when they fail. Pods rendered before they served /tokenizer_info (a rollback
-        to such a release) cannot have their answers checked this way: the event says so and the
-        rollout goes on, judged by its analysis."""
-        if not any(kind == "smoke_test" for kind, _ in self.events):
-            text = smoke(
-                self.api,
-                self.namespace,
-                self.own,
-                self.port,
-                self.model,
-                self.target.smoke_timeout_s,
-                retry_delay_s=self.target.smoke_retry_delay_s,
-            )
-            self.events.append(
-                ("smoke_test", {"ok": True, "service": f"{self.namespace}/{self.own}:{self.port}", "text": text[:200]})
-            )
+        """A step's checks: a smoke completion through the model's Gateway to this release by name
+        (the route gets the release's own rule first, with no share of the default one), then the
+        serving-path accuracy check through its own Service, one `rollout_accuracy` event with its
+        table; raises SmokeFailed or AnswersWorse when they fail. Pods rendered before they served
+        /tokenizer_info (a rollback to such a release) cannot have their answers checked this way:
+        the event says so and the rollout goes on, judged by its analysis."""
+        self._name_own()
+        smoked = named_smoke(
+            self.api,
+            self.manifests,
+            self.target.smoke_timeout_s,
+            self.target.route_timeout_s,
+            self.target.smoke_retry_delay_s,
+        )
+        self.events.append(("smoke_test", {"ok": True, "step": step, **smoked.model_dump()}))
         if self.answers is None:
             return
         if TOKENIZER_INFO_FLAG not in _engine_argv(self.new_deps[0]):
@@ -590,11 +678,25 @@ class KubernetesRelease:
             )
 
     def route(self, weights: dict[str, int]) -> None:
-        route = copy.deepcopy(self.route_obj)
-        template = route["spec"]["rules"][0]["backendRefs"][0]
-        route["spec"]["rules"][0]["backendRefs"] = [
-            {**template, "name": name, "weight": weight} for name, weight in weights.items()
-        ]
+        """The default rule's backends and weights; each of them keeps a rule of its own (its checks'
+        address), a release left out has none."""
+        self._apply_route(weights, list(weights))
+        log.info(
+            "route %s: %s",
+            self.route_obj["metadata"]["name"],
+            ", ".join(f"{n} {w / WEIGHT_TOTAL:.2%}" for n, w in weights.items()) or "no backend",
+        )
+
+    def _name_own(self) -> None:
+        """The release's own rule in the route (for its checks through the Gateway) where it has none,
+        the default rule's weights as they are."""
+        now = self._route_now()
+        named = named_releases(now) if now else []
+        if self.own not in named:
+            self._apply_route(route_weights(now) if now else {}, [*named, self.own])
+
+    def _apply_route(self, weights: dict[str, int], named: list[str]) -> None:
+        route = with_backends(self.route_obj, weights, named)
         applied = _call(
             self.api,
             "PATCH",
@@ -604,11 +706,6 @@ class KubernetesRelease:
             query={"fieldManager": self.target.field_manager, "force": "true"},
         )
         self._wait_accepted(applied["metadata"].get("generation", 1))
-        log.info(
-            "route %s: %s",
-            route["metadata"]["name"],
-            ", ".join(f"{n} {w / WEIGHT_TOTAL:.2%}" for n, w in weights.items()),
-        )
 
     def _wait_accepted(self, generation: int) -> None:
         """The route counts as set once its Gateway says so: every parent in its status has observed
@@ -645,13 +742,31 @@ class KubernetesRelease:
             time.sleep(self.target.poll_s)
 
     def routed(self) -> dict[str, int]:
+        """The default rule's backends and weights, and at 0 any release that has only a rule of its own."""
+        now = self._route_now()
+        if now is None:
+            return {}
+        weights = route_weights(now)
+        return {**weights, **{name: 0 for name in named_releases(now) if name not in weights}}
+
+    def _route_now(self) -> dict | None:
         try:
-            now = _call(self.api, "GET", object_path(self.route_obj))
+            return _call(self.api, "GET", object_path(self.route_obj))
         except KubernetesError as exc:
             if exc.status == 404:
-                return {}
+                return None
             raise
-        return {b["name"]: b.get("weight", 1) for rule in now["spec"]["rules"] for b in rule.get("backendRefs", [])}
+
+    def take_down(self) -> bool:
+        """After a failure the controller's undo did not see (an error outside it): the release goes
+        out of the route and to zero servers unless the route still sends it traffic (then it serves,
+        and stays). True when it was taken down."""
+        if self.routed().get(self.own, 0) > 0:
+            log.warning("release %s keeps its servers: the route sends it traffic", self.release_id)
+            return False
+        self.scale_new(0)
+        self.events.append(("scaled_to_zero", {"release": self.own}))
+        return True
 
     def settle(self, live: bool) -> None:
         """The scalers of the release that serves now (the new one when live, else the old one) get

@@ -44,6 +44,9 @@ GATEWAY_API = "gateway.networking.k8s.io/v1"
 # a streamed answer of a long context may run for minutes; Gateway implementations' own default
 # request timeouts (Envoy's is 15 s) would cut it
 ROUTE_REQUEST_TIMEOUT = "600s"
+# a request naming a release's Service in this header reaches that release only, through the model's
+# HTTPRoute on the Gateway, and its answer carries the header back, set by the Gateway's rule
+RELEASE_HEADER = "x-model-release"
 # served by every rendered engine: the rollout's accuracy check uses the engine's own tokenizer
 TOKENIZER_INFO_FLAG = "--enable-tokenizer-info-endpoint"
 # vLLM start-up: engine init, graph capture and kernel warm-up, then reading the weights at a
@@ -197,7 +200,7 @@ def render(
 
 def route(spec: ReleaseSpec, weights: dict[str, int]) -> dict:
     """The model's HTTPRoute: `weights` is release Service name -> its weight (its share of requests
-    in parts of WEIGHT_TOTAL).
+    in parts of WEIGHT_TOTAL); each of those Services also gets a rule of its own (`with_backends`).
     Every release's Service is in the route's namespace, so no ReferenceGrant is needed."""
     gateway = spec.promotion.gateway
     if gateway is None:
@@ -210,11 +213,8 @@ def route(spec: ReleaseSpec, weights: dict[str, int]) -> dict:
         parent["namespace"] = gateway.namespace
     if gateway.section_name:
         parent["sectionName"] = gateway.section_name
-    backends = [
-        {"group": "", "kind": "Service", "name": name, "port": spec.serving.port, "weight": weight}
-        for name, weight in weights.items()
-    ]
-    return {
+    template = {"group": "", "kind": "Service", "name": "", "port": spec.serving.port, "weight": 0}
+    skeleton = {
         "apiVersion": GATEWAY_API,
         "kind": "HTTPRoute",
         "metadata": {
@@ -224,15 +224,65 @@ def route(spec: ReleaseSpec, weights: dict[str, int]) -> dict:
         },
         "spec": {
             "parentRefs": [parent],
-            "rules": [
-                {
-                    "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                    "backendRefs": backends,
-                    "timeouts": {"request": ROUTE_REQUEST_TIMEOUT},
-                }
-            ],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [template]}],
         },
     }
+    return with_backends(skeleton, weights, list(weights))
+
+
+def with_backends(route: dict, weights: dict[str, int], named: list[str]) -> dict:
+    """The route (a copy) with its rules set: first the default rule, which every request without
+    RELEASE_HEADER takes, sending it to the release Services in `weights` by their weights (none
+    given: no backend, so the Gateway answers 503); then, for each Service in `named`, a rule that
+    a request naming it in RELEASE_HEADER takes, sent to that Service only, whose answer carries
+    RELEASE_HEADER set to it by the Gateway (ResponseHeaderModifier, Extended support). The rollout's
+    checks go through the named rules: the Gateway's own address, to one release, and the answer
+    says which rule served it. The backend template (group, kind, port) is the route's first."""
+    out = copy.deepcopy(route)
+    template = next(b for rule in route["spec"]["rules"] for b in rule.get("backendRefs", []))
+    default: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]}
+    if weights:
+        default["backendRefs"] = [{**template, "name": name, "weight": weight} for name, weight in weights.items()]
+    out["spec"]["rules"] = [{**default, "timeouts": {"request": ROUTE_REQUEST_TIMEOUT}}] + [
+        {
+            "matches": [
+                {
+                    "path": {"type": "PathPrefix", "value": "/"},
+                    "headers": [{"type": "Exact", "name": RELEASE_HEADER, "value": name}],
+                }
+            ],
+            "filters": [
+                {
+                    "type": "ResponseHeaderModifier",
+                    "responseHeaderModifier": {"set": [{"name": RELEASE_HEADER, "value": name}]},
+                }
+            ],
+            "backendRefs": [{**template, "name": name, "weight": 1}],
+            "timeouts": {"request": ROUTE_REQUEST_TIMEOUT},
+        }
+        for name in named
+    ]
+    return out
+
+
+def route_weights(route: dict) -> dict[str, int]:
+    """The default rule's backends and weights (what requests without RELEASE_HEADER get)."""
+    return {b["name"]: b.get("weight", 1) for rule in _default_rules(route) for b in rule.get("backendRefs", [])}
+
+
+def named_releases(route: dict) -> list[str]:
+    """The release Services that have a rule of their own in the route (matched by RELEASE_HEADER)."""
+    return [
+        header["value"]
+        for rule in route["spec"]["rules"]
+        for match in rule.get("matches", [])
+        for header in match.get("headers", [])
+        if header.get("name", "").lower() == RELEASE_HEADER
+    ]
+
+
+def _default_rules(route: dict) -> list[dict]:
+    return [rule for rule in route["spec"]["rules"] if not any(m.get("headers") for m in rule.get("matches", []))]
 
 
 def release_name(spec: ReleaseSpec, release_id: str) -> str:

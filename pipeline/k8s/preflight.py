@@ -40,6 +40,8 @@ INSTALL_FIX = (
     "apply the platform install (model-release platform SPEC --nfs-server H --nfs-path P | kubectl apply -f -)"
 )
 ROUTE_FEATURES = {"timeouts": "HTTPRouteRequestTimeout"}  # a field of the model's route -> Gateway API feature
+# a filter type of the model's route -> its Gateway API feature (the named-release rules' answer header)
+FILTER_FEATURES = {"ResponseHeaderModifier": "HTTPRouteResponseHeaderModification"}
 
 
 class PreflightFailed(ReleaseError):
@@ -257,7 +259,11 @@ def check_route_features(ctx: Context, cluster: Cluster) -> list[str]:
     if cluster.gateway_class is None or ctx.loaded.spec.promotion.gateway is None:
         return []
     route = manifests.route(ctx.loaded.spec, {"release": 1})
-    used = {feature for key, feature in ROUTE_FEATURES.items() for rule in route["spec"]["rules"] if key in rule}
+    rules = route["spec"]["rules"]
+    used = {feature for key, feature in ROUTE_FEATURES.items() for rule in rules if key in rule}
+    used |= {
+        FILTER_FEATURES[f["type"]] for rule in rules for f in rule.get("filters", []) if f["type"] in FILTER_FEATURES
+    }
     listed = (cluster.gateway_class.get("status") or {}).get("supportedFeatures")
     if listed is None:
         return []

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["PendingStep", "Query", "StepAnalysis", "StepReview"]
+__all__ = ["GatewaySmoke", "PendingStep", "Query", "StepAnalysis", "StepReview"]
 
 
 class Query(BaseModel):
@@ -84,3 +84,19 @@ class PendingStep(BaseModel):
 
     analysis: StepAnalysis = Field(description="the step's judged analysis, put to the reviewers")
     timeout_s: float = Field(description="how long the review waits for an answer (rollout.review_timeout), s")
+
+
+class GatewaySmoke(BaseModel):
+    """A smoke completion through the model's Gateway to one named release, and what answered:
+    proof that the address users call reaches that release's servers."""
+
+    gateway: str = Field(description="the route's Gateway, namespace/name")
+    url: str = Field(description="the address asked: the Gateway's status address and its listener's port")
+    release: str = Field(description="the release's Service, named in the request's x-model-release header")
+    answered_by: str = Field(description="the x-model-release header of the answer that passed (the rule that served)")
+    tries: int = Field(description="requests sent until that answer, this one included")
+    wrong: list[str] = Field(
+        default_factory=list,
+        description="what answered each earlier try instead (the Gateway's data plane not yet serving the rule)",
+    )
+    text: str = Field(description="the completion's text")

@@ -7,14 +7,17 @@ Every decision is made here, the same way for both:
 
 - the rollout's record is stored on the target before anything else changes;
 - the new release's servers start unexposed, in waves of at most `spare_servers`, and each step's
-  checks (a smoke completion once, the served answers every step) pass before the route gives
+  checks (a smoke completion, the served answers every step) pass before the route gives
   them a share; the route never gives them more than the servers they hold;
 - old servers stop only where the old share, at the route's weights, no longer needs them, and
   only to make room: what takes traffic never holds less than the live fleet did, and no more
   than the live fleet plus the spare budget run at once;
 - each step is judged (its analysis, a reviewer) while the old release keeps every server the
-  budget leaves it; a failed step or check moves the route back (at once where the old release
-  still holds the traffic) and the old release's servers come back in waves;
+  budget leaves it (a first release is judged too, against the SLO alone); a failed step or check
+  moves the route back (at once where the old release still holds the traffic) and the old
+  release's servers come back in waves;
+- a release that failed gives back its servers (to zero, its objects kept for the post-mortem) and
+  leaves the route, so none of its pods, Pending ones included, holds or buys a GPU node;
 - after the last step's analysis the route names only the new release, and the old one keeps its
   servers, out of the route, for `scale_down_delay_s` before going to zero (its objects kept):
   a rollback meanwhile only moves the route back;
@@ -79,8 +82,9 @@ class Target(Protocol):
         ...
 
     def check(self, step: int, servers: int) -> None:
-        """The step's checks on the new servers (a smoke completion once, the served answers each
-        step), through their own address: SmokeFailed or AnswersWorse when they fail."""
+        """The step's checks on the new servers (a smoke completion, the served answers), by the
+        address clients use where the target can name the release there (the Gateway, on
+        Kubernetes): SmokeFailed or AnswersWorse when they fail."""
         ...
 
     def scale_old(self, servers: int) -> None:
@@ -114,8 +118,8 @@ def rollout(
     """Make the target's release live beside the one serving, or leave that one serving.
 
     `steps` default to one step with every server the release renders; with nothing serving the
-    new release starts whole (no steps, nothing to judge). Servers the release still has (kept at
-    zero by a later release, or serving beside it: a rollback) count. Failures are outcomes
+    new release starts whole, in one step, judged like any (against the SLO alone). Servers the
+    release still has (kept at zero by a later release, or serving beside it: a rollback) count. Failures are outcomes
     ("rolled_back" while the old release serves, "failed" with none), never exceptions, except
     one that stops the task itself (a signal): that leaves the record for `recover`.
     """
@@ -184,7 +188,7 @@ def rollout(
                 "new_servers": new_servers,
                 "seconds": round(time.monotonic() - step_started, 1),
             }
-            if old and judge is not None:
+            if judge is not None:  # a first release too: against the SLO's own limits, with nothing to compare
                 verdict = judge(number, step.fraction, new_servers * target.groups)
                 analyses.append(verdict)
                 detail |= {"analysis": verdict.model_dump(), "passed": verdict.passed}
@@ -294,11 +298,12 @@ def _undo(
     kind = "rollout_aborted" if isinstance(exc, RolloutAborted | AnswersWorse) else "rollout_failed"
     events.append((kind, {"error": error, "seconds": round(time.monotonic() - started, 1)}))
     if old_release is None:
+        # nothing served before it: a release that failed serves nothing either (no answers rather than
+        # worse or slower ones), and its pods, Pending ones included, give back their GPUs
         log.error("rollout failed and no earlier release serves: %s", error)
         try:
-            if isinstance(exc, AnswersWorse):  # no answers rather than worse ones
-                target.scale_new(0)
-                events.append(("scaled_to_zero", {"release": traffic.own}))
+            target.scale_new(0)
+            events.append(("scaled_to_zero", {"release": traffic.own}))
         finally:
             target.settle(live=False)
         return RolloutOutcome(status="failed", events=events, error=error)
@@ -328,6 +333,12 @@ def _undo(
         target.scale_new(0)
     except Exception as undo_exc:
         events.append(("rollback_failed", {"to_release": old_release, "error": str(undo_exc)}))
+        if not traffic.exposed:  # it takes no traffic: it gives back its servers all the same
+            try:
+                target.scale_new(0)
+                events.append(("scaled_to_zero", {"release": traffic.own}))
+            except Exception as down_exc:
+                log.error("release %s could not be scaled to zero: %s", traffic.own, down_exc)
         return RolloutOutcome(
             status="failed", events=events, error=f"{error}; back to release {old_release} failed: {undo_exc}"
         )

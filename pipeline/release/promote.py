@@ -361,7 +361,8 @@ def _opened_local(
         yield Opened(
             target=target,
             steps=None if kept else local_target.steps(spec),
-            judge=None if kept else target.judge(review),
+            # a first local release is not judged: the embedded front has no traffic before it serves
+            judge=None if kept or live is None else target.judge(review),
             spare=1,  # one machine: both releases run on it at once
             scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
             live_data=live_data,
@@ -389,8 +390,13 @@ def _opened_kubernetes(
     endpoint = f"service/{objs_service(objs)}.{namespace}"
 
     def smoke() -> tuple[str, str]:
-        text = k8s_deploy.smoke(client, namespace, objs_service(objs), spec.serving.port, spec.name)
-        return rel.data.get("endpoint", endpoint), text
+        """Through the Gateway, as clients reach the model, to this release by name."""
+        if not objs:
+            raise ReleaseError(f"release {rel.id}: no rendered manifests on record; nothing to check")
+        checked = k8s_deploy.named_smoke(
+            client, objs, cluster.smoke_timeout_s, cluster.route_timeout_s, cluster.smoke_retry_delay_s
+        )
+        return f"{checked.url} ({k8s_deploy.RELEASE_HEADER}: {checked.release})", checked.text
 
     if purpose == "verify" or (purpose == "recover" and not objs):  # nothing to roll out or recover
         yield Opened(None, None, None, 0, 0.0, lambda: {"endpoint": endpoint}, smoke)
@@ -400,16 +406,24 @@ def _opened_kubernetes(
     target = cluster.release(str(rel.id), objs, step_answers(rel, loaded) if purpose != "recover" else None)
     if purpose == "rollback" and k8s_deploy.kept_servers(client, objs) is None:  # pruned: rolled out again
         plan = feasible_plan(loaded, rel, live)
+    # a first release is judged too (no live release: against the SLO's own limits)
     judge = prometheus_judge(loaded, str(rel.id), str(live.id) if live else None, review) if plan else None
-    yield Opened(
-        target=target,
-        steps=server_steps(plan) if plan else None,
-        judge=judge,
-        spare=plan.spare_servers if plan else spec.rollout.spare_servers,
-        scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
-        live_data=lambda: {"endpoint": endpoint},
-        smoke=smoke,
-    )
+    try:
+        yield Opened(
+            target=target,
+            steps=server_steps(plan) if plan else None,
+            judge=judge,
+            spare=plan.spare_servers if plan else spec.rollout.spare_servers,
+            scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
+            live_data=lambda: {"endpoint": endpoint},
+            smoke=smoke,
+        )
+    except Exception:
+        # an error the controller's own undo did not see: what of the release takes no traffic goes to
+        # zero (a signal, which leaves the rollout to `recover`, is no Exception)
+        with contextlib.suppress(ReleaseError):
+            target.take_down()
+        raise
 
 
 _TARGETS = {"local": _opened_local, "kubernetes": _opened_kubernetes}
