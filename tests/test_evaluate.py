@@ -71,9 +71,10 @@ def test_real_fp8_candidate_passes_the_gate(baseline, fp8_candidate, evaluation,
     for verdict in decision.tasks:
         assert verdict.samples_candidate == verdict.expected_samples == len(tiny_model.load_eval(verdict.task))
         assert verdict.baseline > verdict.floor and verdict.recovery >= verdict.min_recovery
-    # the off-ceiling task sits well above chance (0.25) and below the ceiling, where a small loss can show
+    # the off-ceiling task sits well above chance (0.25) and below the ceiling, where a small loss can show:
+    # the shipped build 0.671, a build of the same config on an AVX512 host 0.805, one of seed 2 0.638
     [span] = [v for v in decision.tasks if v.task == tiny_model.SPAN_TASK]
-    assert 0.5 <= span.baseline <= 0.8 and span.baseline_stderr and span.candidate_stderr, decision.table()
+    assert 0.4 <= span.baseline <= 0.9 and span.baseline_stderr and span.candidate_stderr, decision.table()
     assert "PASSED" in Path(decision.validation_html).read_text()
 
 
