@@ -1,6 +1,6 @@
 """A real PostgreSQL server for the suite: Debian's binaries in a temporary data directory,
 listening on a unix socket only (no port to collide with another run), as an unprivileged user
-(initdb and postgres refuse root). Roles as production has them (docker/postgres-init.sql): the
+(initdb and postgres refuse root). Roles as production has them (docker/postgres-init.sh): the
 owner runs the migrations; the pipeline logs in as `model_release_app`, a member of the group role
 `model_release_runtime` that the migrations grant reading, appending and status changes to."""
 

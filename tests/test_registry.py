@@ -289,7 +289,7 @@ def test_a_runtime_role_behind_head_is_told_to_run_the_upgrade_step(postgres):
     from tests.postgres import APP
 
     database = postgres.database()
-    with pytest.raises(migrations.NotMigrated, match=r"at revision none, this code needs \d+, .*registry upgrade"):
+    with pytest.raises(migrations.NotMigrated, match=r"at revision none, this code needs \d+, .*releases migrate"):
         Registry(postgres.url(APP, database))
 
 

@@ -235,7 +235,7 @@ class Registry:
             event.listen(self.engine, "connect", lambda conn, _: conn.execute("PRAGMA busy_timeout = 30000"))
         # every open brings the schema to head (a no-op check once there): the embedded default
         # needs no extra command; a runtime role that may not migrate is told to run the step
-        migrations.upgrade(self.engine, self.safe_url)
+        self.migrated_from = migrations.upgrade(self.engine, self.safe_url)
 
     @contextmanager
     def _session(self) -> Iterator[Session]:

@@ -3,12 +3,13 @@ earlier version is brought forward in place instead of only new databases gettin
 
 Its own version table (`model_release_version`): Airflow's metadata uses Alembic's default
 `alembic_version`, and the two must never read each other's revision. `Registry` upgrades on open
-(`pipeline.release.registry`); `model-release registry upgrade` does it as an explicit step, with
+(`pipeline.release.registry`); `model-release releases migrate --url OWNER_URL` does it as an explicit step, with
 the owner's URL, where the running code connects as a role that may not change the schema.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -23,6 +24,12 @@ from pipeline.core.errors import ReleaseError
 from pipeline.release.migrations.env_names import BASELINE, VERSION_TABLE
 
 __all__ = ["BASELINE", "VERSION_TABLE", "NotMigrated", "head", "revision", "upgrade"]
+
+
+# Alembic says which dialect it found on every context, i.e. on every open: keep the upgrades' lines only
+logging.getLogger("alembic.runtime.migration").addFilter(
+    lambda record: not record.getMessage().startswith(("Context impl", "Will assume"))
+)
 
 
 class NotMigrated(ReleaseError):
@@ -69,7 +76,7 @@ def upgrade(engine: Engine, safe_url: str, to: str = "head") -> str:
         if engine.dialect.name == "postgresql" and getattr(exc.orig, "sqlstate", None) in ("42501",):
             raise NotMigrated(
                 f"registry {safe_url}: at revision {was or 'none'}, this code needs {head()}, and this role may not"
-                " change the schema: run `model-release registry upgrade --url OWNER_URL` as the owner"
+                " change the schema: run `model-release releases migrate --url OWNER_URL`"
             ) from None
         raise
     return was or "none"

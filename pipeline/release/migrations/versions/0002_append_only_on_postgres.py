@@ -5,7 +5,7 @@ tables. Now a trigger refuses UPDATE, DELETE and TRUNCATE of `release_events` fo
 group role `model_release_runtime` (the running pipeline's login role is a member; the owner runs
 migrations) may only read and append, and change a release's status and facts: it cannot touch
 an event, nor drop the trigger (only the owner can). Skipped where that role does not exist (a
-database with one role); `registry upgrade` after creating it grants nothing twice.
+database with one role): create the role, then grant what this revision grants, by hand.
 
 Revision ID: 0002
 Revises: 0001
