@@ -185,9 +185,11 @@ def test_the_url_comes_from_the_airflow_connection_without_an_override(monkeypat
 
     monkeypatch.delenv("MODEL_RELEASE_REGISTRY_URL", raising=False)
     monkeypatch.setattr(platform, "current", lambda: Kept())
+    registry._connection_url.cache_clear()
     assert registry.registry_url() == "postgresql+psycopg://app:pw@db/model_release"
     monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", "sqlite:////x/r.db")
     assert registry.registry_url() == "sqlite:////x/r.db"
+    registry._connection_url.cache_clear()  # no other test sees the kept connection
 
 
 # --- migrations ---------------------------------------------------------------------------------

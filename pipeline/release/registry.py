@@ -11,6 +11,7 @@ environment (`MODEL_RELEASE_REGISTRY_URL`) or the Airflow connection `model_rele
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -211,9 +212,15 @@ def registry_url() -> str:
     the SQLite file under MODEL_RELEASE_HOME (the embedded default)."""
     if url := os.environ.get("MODEL_RELEASE_REGISTRY_URL"):
         return with_driver(url)
-    if conn := platform.current().connection(CONN_ID):
-        return with_driver(conn.uri.get_secret_value())
-    return f"sqlite:///{home() / 'registry.db'}"
+    return _connection_url() or f"sqlite:///{home() / 'registry.db'}"
+
+
+@functools.cache
+def _connection_url() -> str | None:
+    """Asked once per process: `cached()` resolves the URL on every call (a plugin page, a task),
+    and each ask is a secrets-backend, API or metadata-database round trip."""
+    conn = platform.current().connection(CONN_ID)
+    return with_driver(conn.uri.get_secret_value()) if conn else None
 
 
 def with_driver(url: str) -> str:
