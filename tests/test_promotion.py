@@ -14,7 +14,7 @@ from pipeline.core.spec import load_spec
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, SelectionVerdict
 from pipeline.records.plan import LayoutPrediction
 from pipeline.release import local_target, promote, report
-from pipeline.release.registry import Registry, ReleaseData, audit_trail
+from pipeline.release.registry import Registry, ReleaseData, audit_trail, inputs_of
 from pipeline.stages import evaluate
 from testkit.probes import fixed_probe
 from testkit.s3server import free_port
@@ -106,7 +106,7 @@ def candidate(
     the gate's in-process baseline and candidate results, which rollouts hold the served answers to)."""
     loaded = load_spec(spec_path)
     target = loaded.spec.promotion.target
-    rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), target)
+    rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), target, inputs_of(loaded))
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
     reg.record(rel.id, "staged", "pipeline", data=ReleaseData(s3_uri=staged.s3_uri, manifest_hash=staged.manifest_hash))
     if accuracy is not None:
@@ -165,8 +165,12 @@ def test_rejected_release_is_refused_and_the_rejection_is_on_record(tiny_spec, s
     assert "rejected" in trail and "by reviewer" in trail and "TPOT too close" in trail
 
 
-def test_a_spec_edited_after_the_run_does_not_change_what_is_promoted(tiny_spec, small_artifact):
+def test_a_spec_or_profile_edited_after_the_run_does_not_change_what_is_promoted(tiny_spec, small_artifact):
+    """The release keeps its spec text, hardware profile and resolved model source (#59): they are
+    read back from the registry, with no file written, whatever the files on disk say now."""
     import yaml
+
+    from pipeline.core import paths
 
     reg = Registry()
     spec = tiny_spec()
@@ -175,12 +179,20 @@ def test_a_spec_edited_after_the_run_does_not_change_what_is_promoted(tiny_spec,
     assert "reviewer" in recorded["promotion"]["reviewers"]
     edited = dict(recorded, promotion={**recorded["promotion"], "reviewers": ["mallory"]})
     spec.write_text(yaml.safe_dump(edited))  # after the run: the approval by "reviewer" would no longer count
+    profile = spec.parent.parent / "hardware" / "cpu-local.yaml"  # a profile beside the spec tree wins on disk
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    changed = yaml.safe_load((paths.CONFIGS_DIR / "hardware" / "cpu-local.yaml").read_text())
+    profile.write_text(yaml.safe_dump(dict(changed, price_per_server_hour=99.0)))
+    written = {p: p.stat().st_mtime_ns for p in paths.home().rglob("*.yaml")}
     loaded = promote.release_spec(reg.get(rel.id))
     assert loaded.spec.promotion.reviewers == recorded["promotion"]["reviewers"]
-    assert loaded.path != spec.resolve() and loaded.path.read_text() == reg.get(rel.id).spec_yaml
+    assert loaded.hardware.price_per_server_hour == 0.05 and loaded.path == spec.resolve()
     assert promote.gate_problems(reg, reg.get(rel.id), loaded) == []
+    assert {p: p.stat().st_mtime_ns for p in paths.home().rglob("*.yaml")} == written  # nothing written to load it
     spec.unlink()  # gone altogether: still the recorded one
     assert promote.release_spec(reg.get(rel.id)).spec.promotion.reviewers == recorded["promotion"]["reviewers"]
+    kept = reg.get(rel.id).inputs
+    assert kept is not None and kept.hardware_yaml == (paths.CONFIGS_DIR / "hardware" / "cpu-local.yaml").read_text()
 
 
 def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifact, tmp_path):

@@ -78,6 +78,22 @@ def test_the_registry_refuses_data_outside_its_schema(reg):
     assert reg.get(rel.id).facts.rate_per_server == 12.5 and reg.get(rel.id).facts.s3_uri == "s3://b/k"
 
 
+def test_a_release_keeps_its_inputs_and_they_never_change(urls, reg):
+    """Spec text, hardware profile and resolved model source, read back typed with the release;
+    refused changing at the database (every role) like the events."""
+    from pipeline.records.release import ReleaseInputs
+
+    kept = ReleaseInputs(hardware_path="/cfg/hardware/h.yaml", hardware_yaml="name: h\n", model_source="/models/m")
+    rel = reg.open_release("run-i", "x", "/cfg/releases/x.yaml", "name: x\n", "local", kept)
+    again = reg.open_release("run-i", "x", "/cfg/releases/x.yaml", "other", "local", None)  # a retry changes nothing
+    assert rel.inputs == kept and again.inputs == kept and reg.get(rel.id).spec_yaml == "name: x\n"
+    assert reg.open_release("run-j", "x", "x.yaml", "", "local").inputs is None
+    owner = Registry(urls.owner)
+    for statement in ("UPDATE release_inputs SET hardware_yaml = 'name: other'", "DELETE FROM release_inputs"):
+        assert "release_inputs is append-only" in refused(owner, statement)
+    assert reg.get(rel.id).inputs == kept
+
+
 def test_a_status_change_is_conditional_and_always_leaves_its_event(reg):
     rel = reg.open_release("run-c", "x", "x.yaml", "", "local")
     moved = reg.record(rel.id, "approved", "reviewer", status="approved", only_from=("candidate",))
@@ -123,6 +139,7 @@ def test_the_runtime_role_cannot_change_or_unguard_the_event_log_on_postgres(pos
             "DROP FUNCTION release_events_append_only() CASCADE",
             "ALTER TABLE release_events DISABLE TRIGGER ALL",
             "UPDATE releases SET spec_yaml = 'spec: 2'",
+            "UPDATE release_inputs SET model_source = 'elsewhere'",
             "DELETE FROM releases",
         )
     }

@@ -48,6 +48,17 @@ class ValidatedRelease(BaseModel):
     release_id: int | None = Field(None, description="the registry's release, when a run opened one")
 
 
+class ReleaseInputs(BaseModel):
+    """What a release was built from besides its spec text, kept with it in the registry: a rollback
+    or re-benchmark months later reads these, not whatever profile or directory is on disk then."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hardware_path: str = Field(description="where the hardware profile was read from (for messages)")
+    hardware_yaml: str = Field(description="the hardware profile's text, as the release was measured on it")
+    model_source: str = Field(description="the model source, resolved: a local directory absolute, a URI as written")
+
+
 class ReleaseRef(BaseModel):
     """A release by its registry id: what the review end needs of a run's validated record, or of a
     promotion's outcome (either record's JSON reads as one)."""

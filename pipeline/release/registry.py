@@ -23,18 +23,20 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
 from pipeline.core.rollout import Deployment
+from pipeline.core.spec import LoadedSpec, hardware_path, resolved_source
 from pipeline.planner.calibration import Measurements, observations
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LoadSplit
 from pipeline.records.capacity import CapacityPlan
 from pipeline.records.evaluate import EvaluationPair, GateDecision
 from pipeline.records.plan import PredictionCheck
+from pipeline.records.release import ReleaseInputs
 from pipeline.records.served_accuracy import ServedSummary
 from pipeline.release import migrations
 from pipeline.stages import capacity
@@ -75,6 +77,19 @@ class ReleaseRow(Base):
     data: Mapped[dict] = mapped_column(JSON, default=dict, doc="model/artifact URIs, hashes, layout, summaries")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # its own query (selectin), never a join: Postgres refuses FOR UPDATE beside an outer join
+    inputs: Mapped[InputsRow | None] = relationship(lazy="selectin")
+
+
+class InputsRow(Base):
+    """What a release was built from besides its spec text (records.release.ReleaseInputs); never changed."""
+
+    __tablename__ = "release_inputs"
+
+    release_id: Mapped[int] = mapped_column(ForeignKey("releases.id"), primary_key=True)
+    hardware_path: Mapped[str] = mapped_column(Text)
+    hardware_yaml: Mapped[str] = mapped_column(Text)
+    model_source: Mapped[str] = mapped_column(Text)
 
 
 class EventRow(Base):
@@ -176,6 +191,7 @@ class Release(BaseModel):
     data: dict[str, Any]
     created_at: UtcTime
     updated_at: UtcTime
+    inputs: ReleaseInputs | None = Field(None, description="None: opened before releases kept their inputs")
 
     @property
     def facts(self) -> ReleaseData:
@@ -249,8 +265,17 @@ class Registry:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
 
-    def open_release(self, run_key: str, name: str, spec_path: str, spec_yaml: str, target: str) -> Release:
-        """The release of this run; created on first call (task retries find the same row)."""
+    def open_release(
+        self,
+        run_key: str,
+        name: str,
+        spec_path: str,
+        spec_yaml: str,
+        target: str,
+        inputs: ReleaseInputs | None = None,
+    ) -> Release:
+        """The release of this run; created on first call (task retries find the same row), with
+        the `inputs` it is built from (`inputs_of`), in the same transaction."""
         with self._session() as s:
             row = s.scalar(select(ReleaseRow).where(ReleaseRow.run_key == run_key))
             if row is None:
@@ -265,6 +290,7 @@ class Registry:
                     data={},
                     created_at=now,
                     updated_at=now,
+                    inputs=InputsRow(**inputs.model_dump()) if inputs else None,
                 )
                 s.add(row)
                 s.flush()
@@ -419,6 +445,12 @@ class Registry:
     def safe_url(self) -> str:
         """The URL without its password, for messages and logs."""
         return self.engine.url.render_as_string(hide_password=True)
+
+
+def inputs_of(loaded: LoadedSpec) -> ReleaseInputs:
+    """What a release opened from this spec keeps besides the spec's text (read now, once)."""
+    path = hardware_path(loaded.spec.hardware, loaded.path)
+    return ReleaseInputs(hardware_path=str(path), hardware_yaml=path.read_text(), model_source=resolved_source(loaded))
 
 
 _REGISTRIES: dict[str, Registry] = {}
