@@ -12,6 +12,7 @@ __all__ = [
     "ModelRef",
     "Overrides",
     "PromotionOutcome",
+    "ReleaseInputs",
     "ReleaseRef",
     "ReportPage",
     "StagedRef",
