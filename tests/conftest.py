@@ -85,6 +85,23 @@ def s3():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL for the session (tests/postgres.py), stopped at its end. Under CI=true a
+    machine without one fails the suite; elsewhere the tests that need it skip, saying why."""
+    from tests.postgres import Server, binaries
+
+    bin_dir = binaries()
+    if bin_dir is None:
+        why = "no PostgreSQL server (/usr/lib/postgresql/*/bin/initdb): `bash scripts/setup.sh system` installs it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    server = Server(bin_dir)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def release_env(monkeypatch, tmp_path):
     """S3 credentials for the local server and a registry of the test's own."""

@@ -83,11 +83,14 @@ def test_compose_keeps_the_release_registry_in_its_own_database_on_the_same_post
     database = re.search(r"CREATE DATABASE (\w+)", (DOCKER / init).read_text()).group(1)
     for name in ("api-server", "scheduler", "dag-processor", "triggerer"):
         env = compose["services"][name]["environment"]
-        assert env["MODEL_RELEASE_REGISTRY_URL"].startswith(
-            "postgresql+psycopg2://airflow:${POSTGRES_PASSWORD}@postgres/"
-        )
+        # the runtime role, through the locked driver; the owner only migrates
+        assert env["MODEL_RELEASE_REGISTRY_URL"].startswith("postgresql+psycopg://model_release_app:${")
         assert env["MODEL_RELEASE_REGISTRY_URL"].endswith(f"@postgres/{database}")
         assert env["MODEL_RELEASE_WORKER_IMAGE"].startswith("${")  # from the environment, default empty
+    migrate = compose["services"]["registry-migrate"]
+    assert migrate["command"][-2:] == ["releases", "migrate"]
+    assert migrate["environment"]["MODEL_RELEASE_REGISTRY_URL"].startswith("postgresql+psycopg://model_release_owner:")
+    assert "registry-migrate" in compose["services"]["airflow-init"]["depends_on"]
 
 
 def test_images_script_tags_both_images_with_the_package_version(tmp_path):

@@ -12,8 +12,12 @@ from pipeline.core.errors import ReleaseError
 
 
 def _releases(args: argparse.Namespace) -> int:
-    from pipeline.release import registry
+    from pipeline.release import migrations, registry
 
+    if args.action == "migrate":  # opening upgrades; with the owner's URL where the runtime role may not
+        reg = registry.Registry(registry.with_driver(args.url) if args.url else None)
+        emit(f"registry {reg.safe_url}: at revision {migrations.head()} (was {reg.migrated_from})")
+        return 0
     reg = registry.Registry()
     if args.action == "show":
         emit(registry.audit_trail(reg, args.id))
@@ -77,6 +81,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--to", type=int, help="release id to restore (default: the previous one that served)")
     q.add_argument("--reason", required=True)
     q.add_argument("--as", required=True, metavar="USER", help="who rolls back (recorded)")
+    q = rs.add_parser(
+        "migrate", help="bring the registry's schema to this version's head (as the owner role, on Postgres)"
+    )
+    q.add_argument("--url", help="the registry's URL as its owner (default: the registry's own URL)")
     p.set_defaults(func=_releases)
 
     for name, verb in (("approve", "approve"), ("reject", "reject")):

@@ -741,6 +741,10 @@ def _read_yaml(path: Path) -> Any:
         text = path.read_text()
     except FileNotFoundError:
         raise SpecError([f"{path}: file not found"]) from None
+    return _parse_yaml(text, path)
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -784,14 +788,46 @@ def load_spec(path: str | Path) -> LoadedSpec:
     path = Path(path)
     spec = _validate(ReleaseSpec, _read_yaml(path), path)
     hardware = load_hardware(spec.hardware, path)
-    problems = [f"{path}: {field}: {msg}" for field, msg in feasibility_problems(spec, hardware)]
+    problems: list[str] = []
     local = local_source(spec.model.source, path.parent)
     if local is not None and not (local / "config.json").is_file():
         what = "not a model directory (no config.json)" if local.is_dir() else "no such directory"
         problems.append(f"{path}: model.source: {local}: {what}")
+    return _checked(path, spec, hardware, hardware_path(spec.hardware, path), problems)
+
+
+def load_recorded(
+    spec_path: str, spec_yaml: str, hw_path: str | None, hardware_yaml: str | None, model_source: str | None
+) -> LoadedSpec:
+    """A spec from the texts a release recorded (pipeline/release/registry.py), with the hardware
+    profile and the resolved model source it was built with: no file is read or written, so a spec
+    or profile edited, moved or deleted since changes nothing. A release that recorded no profile
+    (opened before they were kept) reads the one on disk now; its source stays as written."""
+    path = Path(spec_path)
+    spec = _validate(ReleaseSpec, _parse_yaml(spec_yaml, path), path)
+    if model_source is not None:
+        spec.model.source = model_source
+    if hw_path is None or hardware_yaml is None:
+        return _checked(path, spec, load_hardware(spec.hardware, path), hardware_path(spec.hardware, path), [])
+    hardware = _validate(HardwareProfile, _parse_yaml(hardware_yaml, Path(hw_path)), Path(hw_path))
+    return _checked(path, spec, hardware, Path(hw_path), [])
+
+
+def resolved_source(loaded: LoadedSpec) -> str:
+    """The model source as the release used it: a local directory as an absolute path (a relative
+    one means nothing once the spec is read from the registry), a URI as written."""
+    local = local_source(loaded.spec.model.source, loaded.path.parent)
+    return str(local.resolve()) if local is not None else loaded.spec.model.source
+
+
+def _checked(
+    path: Path, spec: ReleaseSpec, hardware: HardwareProfile, hw_path: Path, problems: list[str]
+) -> LoadedSpec:
+    """Feasibility on that hardware, the defaults that depend on it and the generated layouts."""
+    problems = [*(f"{path}: {field}: {msg}" for field, msg in feasibility_problems(spec, hardware)), *problems]
     if spec.capacity is not None and hardware.price_per_server_hour is None:
         problems.append(
-            f"{hardware_path(spec.hardware, path)}: price_per_server_hour: missing, and {path.name} asks for a cost "
+            f"{hw_path}: price_per_server_hour: missing, and {path.name} asks for a cost "
             "(capacity:); set the operator's price of one server-hour in USD"
         )
     if problems:

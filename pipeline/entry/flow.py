@@ -44,7 +44,7 @@ from pipeline.release import rebenchmark as rebench
 from pipeline.release import report as report_page
 from pipeline.release import rollout_plan, step_review
 from pipeline.release.promote import release_spec
-from pipeline.release.registry import Registry, ReleaseData, cached
+from pipeline.release.registry import Registry, ReleaseData, cached, inputs_of
 from pipeline.stages import benchmark, capacity, serving, sources
 from pipeline.stages import evaluate as evaluate_stage
 from pipeline.stages import quantize as quantize_stage
@@ -83,7 +83,12 @@ def validate_spec(path: str, run_key: str | None = None, overrides: Overrides | 
     out = ValidatedRelease(spec_path=str(loaded.path), name=spec.name, layouts=[lay.name for lay in spec.layouts])
     if run_key:
         rel = registry().open_release(
-            run_key, spec.name, str(loaded.path), loaded.path.read_text(), spec.promotion.target
+            run_key,
+            spec.name,
+            str(loaded.path),
+            loaded.path.read_text(),
+            spec.promotion.target,
+            inputs_of(loaded),
         )
         out.release_id = rel.id
         log.info("release %d opened in the registry (%s)", rel.id, registry().safe_url)

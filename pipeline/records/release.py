@@ -12,6 +12,7 @@ __all__ = [
     "ModelRef",
     "Overrides",
     "PromotionOutcome",
+    "ReleaseInputs",
     "ReleaseRef",
     "ReportPage",
     "StagedRef",
@@ -46,6 +47,17 @@ class ValidatedRelease(BaseModel):
     name: str = Field(description="the spec's release name")
     layouts: list[str] = Field(description="every layout of the spec, generated ones included")
     release_id: int | None = Field(None, description="the registry's release, when a run opened one")
+
+
+class ReleaseInputs(BaseModel):
+    """What a release was built from besides its spec text, kept with it in the registry: a rollback
+    or re-benchmark months later reads these, not whatever profile or directory is on disk then."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hardware_path: str = Field(description="where the hardware profile was read from (for messages)")
+    hardware_yaml: str = Field(description="the hardware profile's text, as the release was measured on it")
+    model_source: str = Field(description="the model source, resolved: a local directory absolute, a URI as written")
 
 
 class ReleaseRef(BaseModel):

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.core import paths, storage
+from pipeline.core import storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.rollout import RolloutOutcome, ServerStep
-from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_spec
+from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_recorded
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
@@ -43,23 +43,19 @@ class DeployFailed(ReleaseError):
 
 
 def release_spec(rel: Release) -> LoadedSpec:
-    """The spec as it was when the release was opened (its recorded text), not as the file reads
-    now: a spec edited after the run must not change what gets deployed, rolled back to or
-    re-measured. The file itself is used while it still matches."""
-    path = Path(rel.spec_path)
-    if path.is_file() and path.read_text() == rel.spec_yaml:
-        return load_spec(path)
-    copy = paths.home() / "releases" / str(rel.id) / "spec.yaml"
-    if not copy.is_file() or copy.read_text() != rel.spec_yaml:
-        atomic_write(copy, rel.spec_yaml)
-    log.warning(
-        "release %d: %s %s since the release was opened; using the recorded spec (%s)",
-        rel.id,
-        path,
-        "changed" if path.is_file() else "is gone",
-        copy,
+    """The spec as it was when the release was opened: its recorded text, hardware profile and
+    resolved model source (registry `inputs`), never the files as they read now: a spec or profile
+    edited after the run must not change what gets deployed, rolled back to or re-measured."""
+    kept = rel.inputs
+    if kept is None:  # opened before releases kept their inputs: the profile on disk now
+        log.warning("release %d: no recorded hardware profile; reading %s's from disk", rel.id, rel.spec_path)
+    return load_recorded(
+        rel.spec_path,
+        rel.spec_yaml,
+        kept.hardware_path if kept else None,
+        kept.hardware_yaml if kept else None,
+        kept.model_source if kept else None,
     )
-    return load_spec(copy)
 
 
 def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:

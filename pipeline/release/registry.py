@@ -2,37 +2,43 @@
 
 Months after a rollout someone asks who approved what, on which evidence: every gate result,
 approval, rejection, deploy step, smoke test and rollback is an event row with a timestamp and
-an actor, and event rows are never updated or deleted (the API has no such call, and on SQLite
-triggers refuse it). SQLite file by default; any SQLAlchemy URL (Postgres in production) from
-the environment (`MODEL_RELEASE_REGISTRY_URL`) or the Airflow connection `model_release_registry`.
+an actor, and event rows are never updated or deleted: the API has no such call, and the database
+refuses it (SQLite triggers; on Postgres a trigger, and privileges that leave the runtime role only
+reading and appending). The schema is migrated (`pipeline.release.migrations`), never created ad hoc.
+SQLite file by default; Postgres in production (psycopg, the one driver locked), its URL from the
+environment (`MODEL_RELEASE_REGISTRY_URL`) or the Airflow connection `model_release_registry`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from pipeline.core import platform
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import home
 from pipeline.core.rollout import Deployment
+from pipeline.core.spec import LoadedSpec, hardware_path, resolved_source
 from pipeline.planner.calibration import Measurements, observations
 from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LoadSplit
 from pipeline.records.capacity import CapacityPlan
 from pipeline.records.evaluate import EvaluationPair, GateDecision
 from pipeline.records.plan import PredictionCheck
+from pipeline.records.release import ReleaseInputs
 from pipeline.records.served_accuracy import ServedSummary
+from pipeline.release import migrations
 from pipeline.stages import capacity
 
 CONN_ID = "model_release_registry"
@@ -55,7 +61,7 @@ SERVING = ("live", "degraded")
 
 
 class Base(DeclarativeBase):
-    pass
+    """The tables as this code reads and writes them; the migrations create and change them."""
 
 
 class ReleaseRow(Base):
@@ -71,6 +77,19 @@ class ReleaseRow(Base):
     data: Mapped[dict] = mapped_column(JSON, default=dict, doc="model/artifact URIs, hashes, layout, summaries")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # its own query (selectin), never a join: Postgres refuses FOR UPDATE beside an outer join
+    inputs: Mapped[InputsRow | None] = relationship(lazy="selectin")
+
+
+class InputsRow(Base):
+    """What a release was built from besides its spec text (records.release.ReleaseInputs); never changed."""
+
+    __tablename__ = "release_inputs"
+
+    release_id: Mapped[int] = mapped_column(ForeignKey("releases.id"), primary_key=True)
+    hardware_path: Mapped[str] = mapped_column(Text)
+    hardware_yaml: Mapped[str] = mapped_column(Text)
+    model_source: Mapped[str] = mapped_column(Text)
 
 
 class EventRow(Base):
@@ -153,12 +172,12 @@ class ReleaseData(BaseModel):
         return max(self.load_seconds or [], default=None)
 
 
-def _one_name(data: dict[str, Any]) -> dict[str, Any]:
-    """Registries written before the one-name rule called the staged S3 URI `artifact_uri`: read as
-    `s3_uri` (`Release.data`); writes must use the one name."""
-    if "artifact_uri" not in data:
-        return data
-    return {k: v for k, v in data.items() if k != "artifact_uri"} | {"s3_uri": data["artifact_uri"]}
+def _utc(at: datetime) -> datetime:
+    """SQLite hands back the stored UTC time without its zone, Postgres with it: one type on both."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+UtcTime = Annotated[datetime, AfterValidator(_utc)]
 
 
 class Release(BaseModel):
@@ -170,13 +189,9 @@ class Release(BaseModel):
     target: str
     status: str
     data: dict[str, Any]
-    created_at: datetime
-    updated_at: datetime
-
-    @field_validator("data")
-    @classmethod
-    def legacy_names(cls, data: dict[str, Any]) -> dict[str, Any]:
-        return _one_name(data)
+    created_at: UtcTime
+    updated_at: UtcTime
+    inputs: ReleaseInputs | None = Field(None, description="None: opened before releases kept their inputs")
 
     @property
     def facts(self) -> ReleaseData:
@@ -192,7 +207,7 @@ EventDetail = dict[str, Any]
 class Event(BaseModel):
     id: int
     release_id: int
-    at: datetime
+    at: UtcTime
     kind: str
     actor: str
     status_after: str | None
@@ -208,24 +223,29 @@ def _now() -> datetime:
 
 
 def registry_url() -> str:
-    """Environment first, then the Airflow connection, then the SQLite file under MODEL_RELEASE_HOME."""
+    """The environment first (an explicit override: tests, a pod's Secret), then the Airflow
+    connection wherever Airflow keeps it (environment, metadata database, a secrets backend), then
+    the SQLite file under MODEL_RELEASE_HOME (the embedded default)."""
     if url := os.environ.get("MODEL_RELEASE_REGISTRY_URL"):
-        return url
-    if os.environ.get(f"AIRFLOW_CONN_{CONN_ID.upper()}") and (conn := platform.current().connection(CONN_ID)):
-        return conn.uri.get_secret_value()
-    return f"sqlite:///{home() / 'registry.db'}"
+        return with_driver(url)
+    return _connection_url() or f"sqlite:///{home() / 'registry.db'}"
 
 
-def _append_only(engine: Engine) -> None:
-    """SQLite: refuse UPDATE/DELETE on the event log at the database, not only in this module."""
-    if engine.dialect.name != "sqlite":
-        return
-    with engine.begin() as conn:
-        for op in ("UPDATE", "DELETE"):
-            conn.exec_driver_sql(
-                f"CREATE TRIGGER IF NOT EXISTS release_events_no_{op.lower()} BEFORE {op} ON release_events "
-                f"BEGIN SELECT RAISE(ABORT, 'release_events is append-only'); END"
-            )
+@functools.cache
+def _connection_url() -> str | None:
+    """Asked once per process: `cached()` resolves the URL on every call (a plugin page, a task),
+    and each ask is a secrets-backend, API or metadata-database round trip."""
+    conn = platform.current().connection(CONN_ID)
+    return with_driver(conn.uri.get_secret_value()) if conn else None
+
+
+def with_driver(url: str) -> str:
+    """A Postgres URL through psycopg (v3), the one driver locked: Airflow writes a connection's
+    URI as `postgres://`, which SQLAlchemy does not know, and older settings name psycopg2."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() in ("postgres", "postgresql"):
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    return url
 
 
 class Registry:
@@ -236,16 +256,26 @@ class Registry:
         self.engine = create_engine(self.url, future=True)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", lambda conn, _: conn.execute("PRAGMA busy_timeout = 30000"))
-        Base.metadata.create_all(self.engine)
-        _append_only(self.engine)
+        # every open brings the schema to head (a no-op check once there): the embedded default
+        # needs no extra command; a runtime role that may not migrate is told to run the step
+        self.migrated_from = migrations.upgrade(self.engine, self.safe_url)
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
 
-    def open_release(self, run_key: str, name: str, spec_path: str, spec_yaml: str, target: str) -> Release:
-        """The release of this run; created on first call (task retries find the same row)."""
+    def open_release(
+        self,
+        run_key: str,
+        name: str,
+        spec_path: str,
+        spec_yaml: str,
+        target: str,
+        inputs: ReleaseInputs | None = None,
+    ) -> Release:
+        """The release of this run; created on first call (task retries find the same row), with
+        the `inputs` it is built from (`inputs_of`), in the same transaction."""
         with self._session() as s:
             row = s.scalar(select(ReleaseRow).where(ReleaseRow.run_key == run_key))
             if row is None:
@@ -260,6 +290,7 @@ class Registry:
                     data={},
                     created_at=now,
                     updated_at=now,
+                    inputs=InputsRow(**inputs.model_dump()) if inputs else None,
                 )
                 s.add(row)
                 s.flush()
@@ -289,20 +320,29 @@ class Registry:
         """Append an event; optionally move the release to `status` and merge the facts `data` sets
         (the fields given, None included) into its record.
 
-        `only_from`: change the status only if the release is (still) in one of these, checked in
-        the same transaction (a verdict measured for minutes must not revive a superseded release).
+        `only_from`: change the status only if the release is (still) in one of these (a verdict
+        measured for minutes must not revive a superseded release). The change is one conditional
+        UPDATE (`WHERE id = ? AND status IN (...)`, its row count read), never a read then a write:
+        of two processes moving the same release, exactly one does; the other's event is recorded
+        with no status change (`status_after` None).
         """
         if status is not None and status not in STATUSES:
             raise ValueError(f"status {status!r}: expected one of {', '.join(STATUSES)}")
         with self._session() as s:
-            row = s.get(ReleaseRow, release_id, with_for_update=True)
+            now = _now()
+            if status is not None:
+                moved = update(ReleaseRow).where(ReleaseRow.id == release_id)
+                if only_from is not None:
+                    moved = moved.where(ReleaseRow.status.in_(only_from))
+                result = s.execute(
+                    moved.values(status=status, updated_at=now), execution_options={"synchronize_session": False}
+                )
+                if result.rowcount != 1:  # type: ignore[attr-defined]
+                    status = None
+            # after the UPDATE this transaction holds the row's lock; else take it for the merge
+            row = s.get(ReleaseRow, release_id, with_for_update=True, populate_existing=True)
             if row is None:
                 raise UnknownRelease(f"release {release_id}: no such release in {self.safe_url}")
-            now = _now()
-            if status is not None and only_from is not None and row.status not in only_from:
-                status = None
-            if status is not None:
-                row.status = status
             if data is not None:
                 row.data = {**row.data, **_json_safe(data.model_dump(mode="json", exclude_unset=True))}
             row.updated_at = now
@@ -405,6 +445,12 @@ class Registry:
     def safe_url(self) -> str:
         """The URL without its password, for messages and logs."""
         return self.engine.url.render_as_string(hide_password=True)
+
+
+def inputs_of(loaded: LoadedSpec) -> ReleaseInputs:
+    """What a release opened from this spec keeps besides the spec's text (read now, once)."""
+    path = hardware_path(loaded.spec.hardware, loaded.path)
+    return ReleaseInputs(hardware_path=str(path), hardware_yaml=path.read_text(), model_source=resolved_source(loaded))
 
 
 _REGISTRIES: dict[str, Registry] = {}

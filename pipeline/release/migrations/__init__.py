@@ -1,0 +1,82 @@
+"""The registry's schema history (Alembic): one revision per change, so a database written by any
+earlier version is brought forward in place instead of only new databases getting new tables.
+
+Its own version table (`model_release_version`): Airflow's metadata uses Alembic's default
+`alembic_version`, and the two must never read each other's revision. `Registry` upgrades on open
+(`pipeline.release.registry`); `model-release releases migrate --url OWNER_URL` does it as an explicit step, with
+the owner's URL, where the running code connects as a role that may not change the schema.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from pipeline.core.errors import ReleaseError
+from pipeline.release.migrations.env_names import BASELINE, VERSION_TABLE
+
+__all__ = ["BASELINE", "VERSION_TABLE", "NotMigrated", "head", "revision", "upgrade"]
+
+
+# Alembic says which dialect it found on every context, i.e. on every open: keep the upgrades' lines only
+logging.getLogger("alembic.runtime.migration").addFilter(
+    lambda record: not record.getMessage().startswith(("Context impl", "Will assume"))
+)
+
+
+class NotMigrated(ReleaseError):
+    """The registry's schema is behind this code and the URL's role may not change it."""
+
+
+def _config(conn: Connection) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent))
+    cfg.attributes["connection"] = conn
+    return cfg
+
+
+def head() -> str:
+    """The newest revision this code knows."""
+    return str(ScriptDirectory(str(Path(__file__).parent)).get_current_head())
+
+
+def revision(conn: Connection) -> str | None:
+    """The database's revision; None before migrations (an empty database, or one written before them)."""
+    return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+def upgrade(engine: Engine, safe_url: str, to: str = "head") -> str:
+    """Bring the registry to head (or `to`: tests build an old database); returns the revision it
+    was at. A database written before migrations (its tables, no version table) is stamped at the
+    baseline first, then upgraded.
+    Serialised between processes: SQLite's write lock (BEGIN IMMEDIATE), Postgres' advisory lock."""
+    with engine.connect() as conn:
+        was = revision(conn)
+    if was == (head() if to == "head" else to):
+        return was
+    try:
+        with engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            elif conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(59059)")
+            was = revision(conn)  # another process may have migrated while this one waited
+            if was is None and inspect(conn).has_table("releases"):
+                command.stamp(_config(conn), BASELINE)
+            command.upgrade(_config(conn), to)
+    except DBAPIError as exc:
+        if engine.dialect.name == "postgresql" and getattr(exc.orig, "sqlstate", None) in ("42501",):
+            raise NotMigrated(
+                f"registry {safe_url}: at revision {was or 'none'}, this code needs {head()}, and this role may not"
+                " change the schema: run `model-release releases migrate --url OWNER_URL`"
+            ) from None
+        raise
+    return was or "none"
