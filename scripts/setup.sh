@@ -55,11 +55,11 @@ setup_system() {
   # end-to-end test opens the plugin page in Debian's headless Chromium (Playwright drives it).
   # The registry's tests run on a real PostgreSQL started from Debian's server binaries.
   # One apt-get update for whatever is missing.
-  local want=() browser=${1:-yes}
+  local want=() tests=${1:-yes}  # no: make demo's needs only (no browser, no database server)
   command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || want+=(nginx-light)
   command -v prometheus >/dev/null || [[ -x /usr/bin/prometheus ]] || want+=(prometheus)
-  [[ $browser == no || -x /usr/bin/chromium ]] || want+=(chromium)
-  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || want+=(postgresql)
+  [[ $tests == no || -x /usr/bin/chromium ]] || want+=(chromium)
+  [[ $tests == no ]] || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || want+=(postgresql)
   [[ ${#want[@]} -eq 0 ]] && return 0
   echo "setup: installing ${want[*]} (apt)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null

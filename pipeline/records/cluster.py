@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+__all__ = ["ClusterReady"]
+
 
 class ClusterReady(BaseModel):
     """The cluster holds what the release needs, as `pipeline.k8s.preflight` found it."""
