@@ -55,18 +55,21 @@ def test_worker_image_carries_the_engine_the_production_spec_names_where_the_pod
     )
     assert f"MODEL_RELEASE_HOME={pods.POD_HOME}" in text and f"WORKDIR {pods.POD_PROJECT}\n" in text
     # editable installs: `pipeline` finds configs/ next to itself (pipeline.core.paths.CONFIGS_DIR)
-    assert "pip install --no-cache-dir --no-deps --editable .\n" in text
-    assert "--editable /opt/model-release\n" in (DOCKER / "airflow.Dockerfile").read_text()
+    assert '--editable ".[${EXTRA}]"' in text
+    assert '--editable "/opt/model-release[${EXTRA}]"' in (DOCKER / "airflow.Dockerfile").read_text()
 
 
-def test_airflow_image_has_what_the_light_tasks_of_the_kubernetes_dag_import():
-    text = (DOCKER / "airflow.Dockerfile").read_text()
-    assert "great_expectations" in text and "apache-airflow-providers-cncf-kubernetes" in text
-    assert "grep -E '^great_expectations==' /opt/model-release/requirements/main.lock" in text  # the locked version
+def test_airflow_extra_pins_the_airflow_its_base_image_carries():
+    import tomllib
+
+    extras = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    version = re.search(r"^ARG AIRFLOW_VERSION=(\S+)$", (DOCKER / "airflow.Dockerfile").read_text(), re.M).group(1)
+    assert f"apache-airflow=={version}" in extras["airflow"]
+    assert f"apache-airflow=={version}" in (DOCKER / "base" / "airflow.txt").read_text().splitlines()
 
 
 def test_each_image_sends_only_what_it_copies_as_build_context():
-    for name in ("airflow", "worker-rocm"):
+    for name in ("airflow", "worker-rocm", "quantize"):
         dockerfile = (DOCKER / f"{name}.Dockerfile").read_text()
         ignore = (DOCKER / f"{name}.Dockerfile.dockerignore").read_text().split("\n")
         assert "*" in ignore  # allowlist: .venv, .model-release and .git stay out
