@@ -5,7 +5,8 @@
 # its manifest validation and served-answers check (lm-eval's local-completions), the registry on
 # Postgres. docker/images.sh builds it FROM the digest recorded in docker/base/airflow.txt.
 ARG AIRFLOW_VERSION=3.3.2
-FROM apache/airflow:${AIRFLOW_VERSION}-python3.11
+ARG AIRFLOW_IMAGE=apache/airflow:${AIRFLOW_VERSION}-python3.11
+FROM ${AIRFLOW_IMAGE}
 ARG EXTRA=airflow
 ARG BASE_FREEZE=docker/base/airflow.txt
 

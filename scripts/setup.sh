@@ -61,7 +61,7 @@ setup_images() {
     base=$(sed -n 's/^ARG BASE_FREEZE=//p' "$df")
     if [[ -z $extra || ! -f $base ]]; then echo "setup: $df: no ARG EXTRA or no ARG BASE_FREEZE file" >&2; return 1; fi
     venv=.venv-images/$name
-    want=$(stamp_of pyproject.toml "$base" "$df")
+    want=$(printf '%s\n' "$extra" | cat pyproject.toml "$base" - | sha256sum | cut -c1-16)
     if [[ -f $venv/.setup-stamp && $(cat "$venv/.setup-stamp") == "$want" ]]; then
       echo "setup: $venv up to date"; continue
     fi

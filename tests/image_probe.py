@@ -55,7 +55,7 @@ _VLLM = "vLLM for ROCm (the base image's own build) cannot install here; no CPU 
 
 IMAGES: dict[str, ImagePaths] = {
     "worker": ImagePaths(
-        entries=("pipeline.cli", "pipeline.cli.__main__", *_POD_COMMANDS),
+        entries=("pipeline.cli", *_POD_COMMANDS),
         not_here={
             # flow.quantize/flow.stage reach the quantizer; pods pass --artifact to stage, and
             # pods.image_for sends the quantize step to the quantize image
@@ -71,7 +71,7 @@ IMAGES: dict[str, ImagePaths] = {
         checks=("registry_postgres",),
     ),
     "quantize": ImagePaths(
-        entries=("pipeline.cli", "pipeline.cli.__main__", "pipeline.cli.model:_quantize"),
+        entries=("pipeline.cli", "pipeline.cli.model:_quantize"),
         checks=(),
     ),
     "airflow": ImagePaths(
@@ -86,6 +86,7 @@ IMAGES: dict[str, ImagePaths] = {
             # the heavy stages of the local DAG (model_release, `execution: local`); a production spec
             # runs them as pods of model_release_k8s, in the worker and quantize images
             "pipeline.stages.quantize:run_method": _LOCAL_ONLY,
+            "pipeline.stages.quantize:_llmcompressor_logs_to_stderr": _LOCAL_ONLY,
             "pipeline.stages.quantize:numeric_check": _LOCAL_ONLY,
             "pipeline.stages.quantize:verify_fp8": _LOCAL_ONLY,
             "pipeline.stages.fp8_stream": _LOCAL_ONLY,
