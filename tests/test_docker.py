@@ -133,10 +133,14 @@ def test_images_script_records_each_base_then_builds_from_its_digest_tagged_with
     assert log.read_text().splitlines() == [
         line
         for name, arg, base in zip(
-            names, ["AIRFLOW_IMAGE", "ROCM_VLLM_IMAGE", "PYTHON_IMAGE"], ["apache/airflow", "rocm/vllm", "python"]
+            names,
+            ["AIRFLOW_IMAGE", "ROCM_VLLM_IMAGE", "PYTHON_IMAGE"],
+            ["apache/airflow", "rocm/vllm", "python"],
+            strict=True,
         )
         for line in (
-            f"build -f docker/{name}.Dockerfile --build-arg {arg}={base}@sha256:abc -t reg.example.com/mr/{name}:{__version__} .",
+            f"build -f docker/{name}.Dockerfile --build-arg {arg}={base}@sha256:abc"
+            f" -t reg.example.com/mr/{name}:{__version__} .",
             f"push reg.example.com/mr/{name}:{__version__}",
         )
     ]
