@@ -44,8 +44,8 @@ def _stamp(base: str, extra: str) -> str:
 
 def test_each_dockerfile_installs_one_extra_against_its_committed_base():
     extras = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert sorted(p.name for p in DOCKER.glob("*.Dockerfile")) == sorted(f"{n}.Dockerfile" for n in DOCKERFILES)
-    for name in DOCKERFILES:
+    for name in sorted(DOCKERFILES, key=lambda n: not (DOCKER / f"{n}.Dockerfile").is_file()):
+        assert (DOCKER / f"{name}.Dockerfile").is_file(), f"docker/{name}.Dockerfile: missing"
         text = (DOCKER / f"{name}.Dockerfile").read_text()
         extra, base = _arg(text, "EXTRA"), _arg(text, "BASE_FREEZE")
         assert extra in extras, f"docker/{name}.Dockerfile: ARG EXTRA={extra} is no extra of pyproject.toml"
@@ -58,6 +58,7 @@ def test_each_dockerfile_installs_one_extra_against_its_committed_base():
         assert text.index('docker/check-base.sh "${BASE_FREEZE}"') < text.index("pip install")
         image = re.search(r"^# image: (\S+)$", (PROJECT_ROOT / base).read_text(), re.M).group(1)
         assert image.split("@")[0] == _from_image(text), f"{base}: names {image}, the Dockerfile builds FROM another"
+    assert sorted(p.name for p in DOCKER.glob("*.Dockerfile")) == sorted(f"{n}.Dockerfile" for n in DOCKERFILES)
 
 
 def _from_image(text: str) -> str:
@@ -96,7 +97,11 @@ def test_the_probe_leaves_out_only_functions_that_exist_and_import_something():
 
 @pytest.mark.parametrize("dockerfile", sorted(DOCKERFILES))
 def test_image_runs_every_path_up_to_its_first_io(dockerfile):
-    text = (DOCKER / f"{dockerfile}.Dockerfile").read_text()
+    text = (DOCKER / f"{dockerfile}.Dockerfile").read_text() if (DOCKER / f"{dockerfile}.Dockerfile").is_file() else ""
+    if not (_arg(text, "EXTRA") and _arg(text, "BASE_FREEZE")):
+        pytest.fail(
+            f"docker/{dockerfile}.Dockerfile: no ARG EXTRA and BASE_FREEZE: it installs no extra of pyproject.toml"
+        )
     venv = VENVS / dockerfile
     want = _stamp(_arg(text, "BASE_FREEZE"), _arg(text, "EXTRA"))
     stamp = venv / ".setup-stamp"

@@ -82,7 +82,12 @@ def dagbag(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AIRFLOW_HOME", str(tmp_path_factory.mktemp("airflow-home")))
         mp.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-        for name in ("MODEL_RELEASE_WORKER_IMAGE", "MODEL_RELEASE_NAMESPACE", "MODEL_RELEASE_PVC"):
+        for name in (
+            "MODEL_RELEASE_WORKER_IMAGE",
+            "MODEL_RELEASE_QUANTIZE_IMAGE",
+            "MODEL_RELEASE_NAMESPACE",
+            "MODEL_RELEASE_PVC",
+        ):
             mp.delenv(name, raising=False)
         from airflow.dag_processing.dagbag import DagBag
 
