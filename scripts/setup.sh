@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's two virtualenvs. Idempotent: a venv is touched only when
 # its requirement or lock files changed since it was last installed (a stamp records their hash).
-#   scripts/setup.sh [main|docs|serve|system|demo|all]      (default: all; docs includes main)
+#   scripts/setup.sh [main|docs|serve|images|system|demo|all]      (default: all; docs includes main)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -49,6 +49,31 @@ setup_serve() {
   echo "$want" > .venv-serve/.setup-stamp
 }
 
+setup_images() {
+  # one clean venv per production image (tests/test_images.py): the extra its Dockerfile installs
+  # (ARG EXTRA), constrained by its base's committed freeze (ARG BASE_FREEZE), rebuilt from scratch
+  # when either changes. GPU builds cannot install here, so two stand-ins, named in the test too:
+  # a ROCm torch pin becomes the CPU torch 2.13.0 on local disk, and vLLM (ROCm) is left out.
+  local df name extra base venv want
+  for df in docker/*.Dockerfile; do
+    name=$(basename "$df" .Dockerfile)
+    extra=$(sed -n 's/^ARG EXTRA=//p' "$df")
+    base=$(sed -n 's/^ARG BASE_FREEZE=//p' "$df")
+    if [[ -z $extra || ! -f $base ]]; then echo "setup: $df: no ARG EXTRA or no ARG BASE_FREEZE file" >&2; return 1; fi
+    venv=.venv-images/$name
+    want=$(printf '%s\n' "$extra" | cat pyproject.toml "$base" - | sha256sum | cut -c1-16)
+    if [[ -f $venv/.setup-stamp && $(cat "$venv/.setup-stamp") == "$want" ]]; then
+      echo "setup: $venv up to date"; continue
+    fi
+    echo "setup: building $venv (clean, from pip's cache)"
+    rm -rf "$venv" && "$PY" -m venv "$venv"
+    sed -E -e 's/^torch==.*/torch==2.13.0/' -e '/^vllm==/d' "$base" > "$venv/base-constraints.txt"
+    "$venv/bin/pip" install "${PIP_FLAGS[@]}" --constraint "$venv/base-constraints.txt" ".[$extra]"
+    "$venv/bin/pip" uninstall --quiet --yes model-release  # the probe runs the checkout's own code
+    echo "$want" > "$venv/.setup-stamp"
+  done
+}
+
 setup_system() {
   # nginx balances a layout's replicas behind one endpoint, as a Service does in production; the
   # local target's rollouts read the engines' live p90s through a real Prometheus server; the
@@ -75,20 +100,24 @@ case ${1:-all} in
   main) timed setup_main ;;
   docs) timed setup_main; timed setup_docs ;;
   serve) timed setup_serve ;;
+  images) timed setup_images ;;
   system) timed setup_system ;;
-  # what make demo needs: no browser, no docs tools; the two venvs install side by side
+  # what make demo needs: no browser, no docs tools, no image venvs; the two venvs install side by side
   demo)
     timed setup_system no
     timed setup_serve & serve=$!
     timed setup_main
     wait "$serve"
     ;;
+  # the venvs are mostly downloads and unpacking: the engine's and the images' beside the main one
   all)
     timed setup_system
     timed setup_serve & serve=$!
+    timed setup_images & images=$!
     timed setup_main
     timed setup_docs
     wait "$serve"
+    wait "$images"
     ;;
-  *) echo "usage: $0 [main|docs|serve|system|demo|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [main|docs|serve|images|system|demo|all]" >&2; exit 2 ;;
 esac

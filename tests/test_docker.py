@@ -17,7 +17,7 @@ def test_airflow_image_pins_the_locked_airflow_version():
     ).group(1)
     text = (DOCKER / "airflow.Dockerfile").read_text()
     assert f"ARG AIRFLOW_VERSION={locked}" in text
-    assert "FROM apache/airflow:${AIRFLOW_VERSION}" in text
+    assert "ARG AIRFLOW_IMAGE=apache/airflow:${AIRFLOW_VERSION}-python3.11" in text and "FROM ${AIRFLOW_IMAGE}" in text
     for path in ("dags", "plugins", "pipeline", "configs"):
         assert (PROJECT_ROOT / path).is_dir() and f"COPY --chown=airflow:root {path} " in text
 
@@ -55,18 +55,21 @@ def test_worker_image_carries_the_engine_the_production_spec_names_where_the_pod
     )
     assert f"MODEL_RELEASE_HOME={pods.POD_HOME}" in text and f"WORKDIR {pods.POD_PROJECT}\n" in text
     # editable installs: `pipeline` finds configs/ next to itself (pipeline.core.paths.CONFIGS_DIR)
-    assert "pip install --no-cache-dir --no-deps --editable .\n" in text
-    assert "--editable /opt/model-release\n" in (DOCKER / "airflow.Dockerfile").read_text()
+    assert '--editable ".[${EXTRA}]"' in text
+    assert '--editable "/opt/model-release[${EXTRA}]"' in (DOCKER / "airflow.Dockerfile").read_text()
 
 
-def test_airflow_image_has_what_the_light_tasks_of_the_kubernetes_dag_import():
-    text = (DOCKER / "airflow.Dockerfile").read_text()
-    assert "great_expectations" in text and "apache-airflow-providers-cncf-kubernetes" in text
-    assert "grep -E '^great_expectations==' /opt/model-release/requirements/main.lock" in text  # the locked version
+def test_airflow_extra_pins_the_airflow_its_base_image_carries():
+    import tomllib
+
+    extras = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    version = re.search(r"^ARG AIRFLOW_VERSION=(\S+)$", (DOCKER / "airflow.Dockerfile").read_text(), re.M).group(1)
+    assert f"apache-airflow=={version}" in extras["airflow"]
+    assert f"apache-airflow=={version}" in (DOCKER / "base" / "airflow.txt").read_text().splitlines()
 
 
 def test_each_image_sends_only_what_it_copies_as_build_context():
-    for name in ("airflow", "worker-rocm"):
+    for name in ("airflow", "worker-rocm", "quantize"):
         dockerfile = (DOCKER / f"{name}.Dockerfile").read_text()
         ignore = (DOCKER / f"{name}.Dockerfile.dockerignore").read_text().split("\n")
         assert "*" in ignore  # allowlist: .venv, .model-release and .git stay out
@@ -93,32 +96,56 @@ def test_compose_keeps_the_release_registry_in_its_own_database_on_the_same_post
     assert "registry-migrate" in compose["services"]["airflow-init"]["depends_on"]
 
 
-def test_images_script_tags_both_images_with_the_package_version(tmp_path):
+def test_images_script_records_each_base_then_builds_from_its_digest_tagged_with_the_package_version(tmp_path):
+    """`freeze` pins each base by digest with its packages; a build refuses a base file without one
+    (the committed stand-ins), then builds FROM the recorded digest."""
     import os
+    import shutil
     import subprocess
 
     from pipeline import __version__
     from pipeline.k8s import pods
 
+    repo = tmp_path / "repo"  # freeze rewrites docker/base/: run on a copy
+    shutil.copytree(DOCKER, repo / "docker")
+    (repo / "pipeline").mkdir(parents=True)
+    shutil.copy(PROJECT_ROOT / "pipeline" / "__init__.py", repo / "pipeline")
     fake = tmp_path / "bin" / "docker"
     fake.parent.mkdir()
-    fake.write_text('#!/bin/sh\necho "$@" >> "$DOCKER_LOG"\n')
+    fake.write_text(
+        '#!/bin/sh\necho "$@" >> "$DOCKER_LOG"\n'
+        'case "$1" in image) echo "${5%%:*}@sha256:abc";; run) echo "pip==25.0";; esac\n'
+    )
     fake.chmod(0o755)
     log = tmp_path / "docker.log"
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "DOCKER_LOG": str(log)}
-    out = subprocess.run(
-        ["sh", "docker/images.sh", "reg.example.com/mr", "--push"],
-        cwd=PROJECT_ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    assert out == [f"reg.example.com/mr/airflow:{__version__}", f"reg.example.com/mr/worker-rocm:{__version__}"]
+
+    def images(*args):
+        return subprocess.run(["sh", "docker/images.sh", *args], cwd=repo, env=env, capture_output=True, text=True)
+
+    refused = images("reg.example.com/mr", "--push")
+    assert refused.returncode == 1 and "docker/base/airflow.txt: no base digest recorded" in refused.stderr
+    assert not log.exists()  # nothing built on a stand-in
+    assert images("freeze").returncode == 0
+    base = (repo / "docker" / "base" / "rocm-vllm.txt").read_text()
+    assert "# image: rocm/vllm@sha256:abc" in base and "pip==25.0" in base and "stand-in" not in base
+    log.unlink()
+    out = images("reg.example.com/mr", "--push").stdout.split()
+    names = ["airflow", "worker-rocm", "quantize"]
+    assert out == [f"reg.example.com/mr/{name}:{__version__}" for name in names]
     assert log.read_text().splitlines() == [
-        f"build -f docker/airflow.Dockerfile -t {out[0]} .",
-        f"push {out[0]}",
-        f"build -f docker/worker-rocm.Dockerfile -t {out[1]} .",
-        f"push {out[1]}",
+        line
+        for name, arg, base in zip(
+            names,
+            ["AIRFLOW_IMAGE", "ROCM_VLLM_IMAGE", "PYTHON_IMAGE"],
+            ["apache/airflow", "rocm/vllm", "python"],
+            strict=True,
+        )
+        for line in (
+            f"build -f docker/{name}.Dockerfile --build-arg {arg}={base}@sha256:abc"
+            f" -t reg.example.com/mr/{name}:{__version__} .",
+            f"push reg.example.com/mr/{name}:{__version__}",
+        )
     ]
     assert pods.DEFAULT_WORKER_IMAGE == f"registry.digitalocean.com/model-release/worker-rocm:{__version__}"
+    assert pods.DEFAULT_QUANTIZE_IMAGE == f"registry.digitalocean.com/model-release/quantize:{__version__}"

@@ -10,7 +10,7 @@ import yaml
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import load_spec
-from pipeline.k8s import crds, manifests
+from pipeline.k8s import crds, manifests, pods
 from pipeline.k8s.manifests import Artifact, RenderOptions
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
@@ -171,6 +171,7 @@ def test_without_nfs_an_init_container_fetches_from_s3_with_secret_credentials(s
     for d in of_kind(objs, "Deployment"):
         [init] = pod(d)["initContainers"]
         assert init["command"] == ["model-release", "fetch", S3_ARTIFACT.s3_uri, f"/models/{HASH}"]
+        assert init["image"] == manifests.DEFAULT_WORKER_IMAGE != container(d)["image"]  # the image with the CLI
         assert init["envFrom"] == [{"secretRef": {"name": "spaces-default-s3"}}]
         assert all("KEY" not in e["name"] and "SECRET" not in e["name"] for e in init["env"])
         assert {"name": "AWS_ENDPOINT_URL", "value": "https://nyc3.digitaloceanspaces.com"} in init["env"]
@@ -179,6 +180,21 @@ def test_without_nfs_an_init_container_fetches_from_s3_with_secret_credentials(s
         argv = container(d)["command"]
         assert argv[2] == f"/models/{HASH}"
         assert container(d)["resources"]["requests"]["ephemeral-storage"] == volume["emptyDir"]["sizeLimit"]
+
+
+def test_init_containers_run_the_worker_image_the_airflow_components_name(spec_file, monkeypatch):
+    """promote renders in the Airflow process, whose MODEL_RELEASE_WORKER_IMAGE is the one the step pods run."""
+    monkeypatch.setenv("MODEL_RELEASE_WORKER_IMAGE", "reg.example.com/mr/worker-rocm:9.9")
+
+    def no_nfs(data):
+        del data["staging"]["nfs"]
+
+    loaded = load_spec(spec_file(PROD_SPEC, no_nfs))
+    objs = manifests.render(loaded, "tp8-ep8", RELEASE, S3_ARTIFACT)
+    assert {init["image"] for d in of_kind(objs, "Deployment") for init in pod(d)["initContainers"]} == {
+        "reg.example.com/mr/worker-rocm:9.9"
+    }
+    assert pods.ClusterSettings.from_env().image == "reg.example.com/mr/worker-rocm:9.9"
 
 
 def test_streamed_weights_are_checked_first_and_read_with_a_read_only_key(spec_file):
@@ -196,6 +212,7 @@ def test_streamed_weights_are_checked_first_and_read_with_a_read_only_key(spec_f
     for d in of_kind(objs, "Deployment"):
         [init] = pod(d)["initContainers"]
         assert init["command"] == ["model-release", "verify-staged", S3_ARTIFACT.s3_uri, "--manifest-hash", HASH]
+        assert init["image"] == manifests.DEFAULT_WORKER_IMAGE  # the engine image has no model-release CLI
         assert init["envFrom"] == read_only and container(d)["envFrom"] == read_only
         argv, env = container(d)["command"], {e["name"]: e.get("value") for e in container(d)["env"]}
         assert argv[2] == S3_ARTIFACT.s3_uri and argv[argv.index("--load-format") + 1] == "runai_streamer"

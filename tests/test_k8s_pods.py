@@ -84,7 +84,12 @@ def dagbag(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AIRFLOW_HOME", str(tmp_path_factory.mktemp("airflow-home")))
         mp.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-        for name in ("MODEL_RELEASE_WORKER_IMAGE", "MODEL_RELEASE_NAMESPACE", "MODEL_RELEASE_PVC"):
+        for name in (
+            "MODEL_RELEASE_WORKER_IMAGE",
+            "MODEL_RELEASE_QUANTIZE_IMAGE",
+            "MODEL_RELEASE_NAMESPACE",
+            "MODEL_RELEASE_PVC",
+        ):
             mp.delenv(name, raising=False)
         from airflow.dag_processing.dagbag import DagBag
 
@@ -300,8 +305,11 @@ def test_benchmark_pod_takes_the_whole_gpu_node(rendered, prod, task_id):
 
 @pytest.mark.parametrize("task_id", HEAVY)
 def test_every_pod_runs_the_worker_image_with_secrets_by_reference_only(rendered, task_id):
+    """Every step but quantize runs the worker image; quantize runs the quantize image (llmcompressor
+    needs a transformers the worker's vLLM cannot sit beside: docker/quantize.Dockerfile)."""
     pod = rendered[task_id]
-    assert container(pod)["image"] == pods.DEFAULT_WORKER_IMAGE
+    image = pods.DEFAULT_QUANTIZE_IMAGE if task_id == "quantize" else pods.DEFAULT_WORKER_IMAGE
+    assert container(pod)["image"] == image
     assert pod["metadata"]["namespace"] == "model-release"
     assert {"secretRef": {"name": s3_secret_name("spaces_default")}} in container(pod)["envFrom"]
     assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN"} & set(env_of(pod))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import os
 import re
 from pathlib import PurePosixPath
 from typing import Any, NamedTuple
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 import yaml
 from pydantic import BaseModel, Field
 
+from pipeline import __version__
 from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import WEIGHT_TOTAL
 from pipeline.core.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
@@ -70,6 +72,19 @@ class Artifact(BaseModel):
     manifest_hash: str
 
 
+# The images' tags are the package version: bump `pipeline.__version__` to ship new ones
+# (docker/images.sh). The worker image carries the `model-release` CLI the serving pods' init
+# containers run; the engine image (serving.engine_image) does not.
+DEFAULT_WORKER_IMAGE = f"registry.digitalocean.com/model-release/worker-rocm:{__version__}"
+DEFAULT_QUANTIZE_IMAGE = f"registry.digitalocean.com/model-release/quantize:{__version__}"
+
+
+def worker_image() -> str:
+    """The worker image the Airflow components are configured with (MODEL_RELEASE_WORKER_IMAGE),
+    the same one the step pods run (pods.ClusterSettings)."""
+    return os.environ.get("MODEL_RELEASE_WORKER_IMAGE") or DEFAULT_WORKER_IMAGE
+
+
 class RenderOptions(BaseModel):
     """Cluster facts the release spec does not hold."""
 
@@ -79,8 +94,10 @@ class RenderOptions(BaseModel):
         description="PersistentVolume of the NFS share to bind the claim to; default: the model's own, "
         "`<spec.name>-models`, which the platform install creates pre-bound to this claim (pipeline.k8s.install)",
     )
-    fetch_image: str | None = Field(
-        None, description="image with the model-release CLI for the S3 init container; default: the engine image"
+    fetch_image: str = Field(
+        default_factory=worker_image,
+        description="image with the model-release CLI for the S3 init containers (fetch, verify-staged): "
+        "the worker image (MODEL_RELEASE_WORKER_IMAGE); the engine image has no such CLI",
     )
     servers: int = Field(1, ge=0, description="pods per replica group, one per server (the rollout scales them)")
     load_seconds: float | None = Field(
@@ -385,7 +402,7 @@ def _s3_weights(spec: ReleaseSpec, artifact: Artifact, options: RenderOptions) -
     env += [{"name": "AWS_DEFAULT_REGION", "value": s3.region}] if s3.region else []
     init = {
         "name": "fetch-weights",
-        "image": options.fetch_image or spec.serving.engine_image,
+        "image": options.fetch_image,
         "command": ["model-release", "fetch", artifact.s3_uri, dest],
         "envFrom": [{"secretRef": {"name": s3_secret_name(s3.connection_id)}}],
         "env": env,
@@ -410,7 +427,7 @@ def _s3_streamed_weights(spec: ReleaseSpec, artifact: Artifact, options: RenderO
     env_from = [{"secretRef": {"name": s3_secret_name(s3.read_connection_id)}}]
     init = {
         "name": "verify-weights",
-        "image": options.fetch_image or spec.serving.engine_image,
+        "image": options.fetch_image,
         "command": ["model-release", "verify-staged", artifact.s3_uri, "--manifest-hash", artifact.manifest_hash],
         "envFrom": env_from,
         "env": env,

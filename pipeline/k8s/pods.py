@@ -28,16 +28,13 @@ import yaml
 from kubernetes.client import models as k8s
 from pydantic import BaseModel, Field
 
-from pipeline import __version__
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT, run_key
 from pipeline.core.spec import LoadedSpec, load_spec
-from pipeline.k8s.manifests import label_value, s3_secret_name
+from pipeline.k8s.manifests import DEFAULT_QUANTIZE_IMAGE, DEFAULT_WORKER_IMAGE, label_value, s3_secret_name
 
 Step = Literal["quantize", "evaluate", "stage", "fetch", "benchmark", "rebenchmark"]
 
-# The worker image's tag is the package version: bump `pipeline.__version__` to ship a new one.
-DEFAULT_WORKER_IMAGE = f"registry.digitalocean.com/model-release/worker-rocm:{__version__}"
 POD_HOME = "/var/lib/model-release"  # MODEL_RELEASE_HOME in the worker image
 POD_PROJECT = "/opt/model-release"  # the worker image's WORKDIR: configs/ lives here
 HOME_SUBPATH = "model-release-home"  # MODEL_RELEASE_HOME's directory on the shared claim
@@ -54,9 +51,13 @@ RETRIES = {"stage": 2, "fetch": 2}  # network transfers resume; the GPU steps fa
 
 class ClusterSettings(BaseModel):
     """Cluster facts the release spec does not hold; each can be set in the Airflow components'
-    environment (MODEL_RELEASE_WORKER_IMAGE, MODEL_RELEASE_NAMESPACE, MODEL_RELEASE_PVC)."""
+    environment (MODEL_RELEASE_WORKER_IMAGE, MODEL_RELEASE_QUANTIZE_IMAGE, MODEL_RELEASE_NAMESPACE,
+    MODEL_RELEASE_PVC)."""
 
     image: str = Field(DEFAULT_WORKER_IMAGE, description="worker image with the model-release CLI")
+    quantize_image: str = Field(
+        DEFAULT_QUANTIZE_IMAGE, description="quantize image (llmcompressor): the quantize step's pod only"
+    )
     namespace: str = Field("model-release", description="namespace the step pods run in")
     pvc: str = Field("model-release-nfs", description="ReadWriteMany claim on the NFS share")
     kube_conn_id: str = Field("kubernetes_default", description="Airflow connection of the cluster")
@@ -65,6 +66,7 @@ class ClusterSettings(BaseModel):
     def from_env(cls) -> ClusterSettings:
         names = {
             "image": "MODEL_RELEASE_WORKER_IMAGE",
+            "quantize_image": "MODEL_RELEASE_QUANTIZE_IMAGE",
             "namespace": "MODEL_RELEASE_NAMESPACE",
             "pvc": "MODEL_RELEASE_PVC",
         }
@@ -329,6 +331,12 @@ def placement(loaded: LoadedSpec, res: PodResources) -> tuple[dict[str, str], li
 # ---------------------------------------------------------------- the operator's arguments
 
 
+def image_for(step: Step, settings: ClusterSettings) -> str:
+    """The quantize image for the quantize step (llmcompressor needs a newer transformers than the
+    worker's vLLM), the worker image for every other step."""
+    return settings.quantize_image if step == "quantize" else settings.image
+
+
 def pod_operator_kwargs(loaded: LoadedSpec, step: Step, settings: ClusterSettings | None = None, **args: Any) -> dict:
     """Keyword arguments for `KubernetesPodOperator(task_id=..., **kwargs)`; `args` go to `cli_args`."""
     return {**pod_operator_partial_kwargs(loaded, step, settings), "arguments": shell(cli_args(loaded, step, **args))}
@@ -346,7 +354,7 @@ def pod_operator_partial_kwargs(loaded: LoadedSpec, step: Step, settings: Cluste
         "model-release/release": label_value(loaded.spec.name),
     }
     return {
-        "image": settings.image,
+        "image": image_for(step, settings),
         "namespace": settings.namespace,
         "kubernetes_conn_id": settings.kube_conn_id,
         "labels": labels,
