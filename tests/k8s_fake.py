@@ -691,19 +691,8 @@ class FakeCluster:
         backend = self.backends.get(labels.get(RELEASE_LABEL, ""))
         if backend is not None:
             return _forward(method, backend + rest, raw)
-        if (method, rest) != ("POST", "/v1/completions"):
-            return 404, _status(404, f"{rest}: this fake answers completions only")
         argv = pod["spec"]["containers"][0]["command"]
-        served = argv[argv.index("--served-model-name") + 1]
-        body = json.loads(raw or b"{}")
-        if body.get("model") != served:
-            return 404, {"object": "error", "message": f"The model `{body.get('model')}` does not exist.", "code": 404}
-        return 200, {
-            "id": "cmpl-fake",
-            "object": "text_completion",
-            "model": body["model"],
-            "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
-        }
+        return _completion(method, rest, raw, {argv[argv.index("--served-model-name") + 1]})
 
     def _owned(self, ns: str, plural: str, owner_uid: str) -> list[tuple[tuple, dict]]:
         return [
@@ -756,17 +745,22 @@ class FakeCluster:
         backend = next((self.backends[r] for r in sorted(releases) if r in self.backends), None)
         if backend is not None:
             return _forward(method, backend + rest, raw)
-        if (method, rest) != ("POST", "/v1/completions"):
-            return 404, _status(404, f"{rest}: this fake answers completions only")
-        body = json.loads(raw or b"{}")
-        if body.get("model") not in served:
-            return 404, {"object": "error", "message": f"The model `{body.get('model')}` does not exist.", "code": 404}
-        return 200, {
-            "id": "cmpl-fake",
-            "object": "text_completion",
-            "model": body["model"],
-            "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
-        }
+        return _completion(method, rest, raw, served)
+
+
+def _completion(method: str, rest: str, raw: bytes, served: set[str]) -> tuple[int, dict]:
+    """What a vLLM engine serving `served` answers: a completion, or its 404 for another path or model."""
+    if (method, rest) != ("POST", "/v1/completions"):
+        return 404, _status(404, f"{rest}: this fake answers completions only")
+    body = json.loads(raw or b"{}")
+    if body.get("model") not in served:
+        return 404, {"object": "error", "message": f"The model `{body.get('model')}` does not exist.", "code": 404}
+    return 200, {
+        "id": "cmpl-fake",
+        "object": "text_completion",
+        "model": body["model"],
+        "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
+    }
 
 
 @dataclass
