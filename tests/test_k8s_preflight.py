@@ -352,3 +352,18 @@ def test_a_forbidden_list_is_one_line(cluster, spec):
     assert failing(err) == {"gpus": [line for line in err.splitlines() if line.startswith("gpus: ")]}
     assert "gpus: cannot read /api/v1/nodes: forbidden for this caller" in err
     assert "Traceback" not in err
+
+
+def test_a_spec_that_promotes_to_no_cluster_is_refused_in_one_line():
+    """The embedded default's spec promotes locally: neither an install nor a preflight means anything for it."""
+    from tests.conftest import TINY_SPEC
+
+    for argv in (["preflight", str(TINY_SPEC)], ["platform", str(TINY_SPEC), "--nfs-server", "h", "--nfs-path", "/p"]):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+        assert code == 1 and out.getvalue() == "", argv
+        assert err.getvalue().strip() == (
+            f"error: {TINY_SPEC}: promotion.target is 'local': the cluster's install and preflight are for a spec "
+            "that promotes to Kubernetes"
+        )

@@ -9,10 +9,9 @@ from pipeline.cli.common import emit
 
 def _platform(args: argparse.Namespace) -> int:
     from pipeline.core.errors import ReleaseError
-    from pipeline.core.spec import load_spec
     from pipeline.k8s import install
 
-    loaded = load_spec(args.spec)
+    loaded = _kubernetes_spec(args.spec)
     options = install.PlatformOptions(
         nfs_server=args.nfs_server,
         nfs_path=args.nfs_path,
@@ -28,13 +27,28 @@ def _platform(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kubernetes_spec(path: str):
+    """The spec, refused in one line where it promotes to no cluster (nothing to check or install)."""
+    from pipeline.core.errors import SpecError
+    from pipeline.core.spec import load_spec
+
+    loaded = load_spec(path)
+    if loaded.spec.promotion.target != "kubernetes":
+        raise SpecError(
+            [
+                f"{loaded.path}: promotion.target is {loaded.spec.promotion.target!r}: the cluster's install and "
+                "preflight are for a spec that promotes to Kubernetes"
+            ]
+        )
+    return loaded
+
+
 def _preflight(args: argparse.Namespace) -> int:
     from pipeline.core import platform
-    from pipeline.core.spec import load_spec
     from pipeline.k8s import preflight
     from pipeline.k8s.pods import ClusterSettings
 
-    loaded = load_spec(args.spec)
+    loaded = _kubernetes_spec(args.spec)
     api = preflight.connect(loaded, use_kubeconfig=args.kubeconfig)
 
     def connection(conn_id: str) -> bool | None:
