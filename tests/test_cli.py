@@ -212,6 +212,24 @@ CASES = [
         1,
         r"cannot reach Airflow",
     ),
+    Case(
+        "platform-ok",
+        "platform {prod} --nfs-server 10.110.0.10 --nfs-path /share --gateway-class cilium"
+        " --gateway-network internal --worker-account airflow-worker",
+        0,
+        r"kind: Gateway\n",
+    ),
+    Case("platform-local-spec", "platform {tiny} --nfs-server h --nfs-path /p", 1, r"promotion\.target is 'local'"),
+    Case(
+        "preflight-local-spec", "preflight {tiny} --worker-account airflow-worker", 1, r"promotion\.target is 'local'"
+    ),
+    Case("releases-migrate", "releases migrate --url sqlite:///{tmp}/registry.db", 0, r"at revision \d+ \(was none\)"),
+    Case(
+        "releases-migrate-unreachable",
+        "releases migrate --url postgresql://u:p@127.0.0.1:9/registry",
+        1,
+        r"registry postgresql\+psycopg://u:\*\*\*@127\.0\.0\.1:9/registry: cannot connect",
+    ),
     Case("verbose", "--verbose validate {tmp}/nope.yaml", 1, r"file not found"),
 ]
 
@@ -237,6 +255,8 @@ EXEMPT = {
     "verify-staged": "needs an artifact staged to S3: tests/test_storage.py walks it through cli.main against the "
     "local S3 server, to success, another release's hash and a deleted object",
     "verify-staged --manifest-hash": "as verify-staged",
+    "preflight --kubeconfig": "a cluster to check: tests/test_k8s_preflight.py runs this command against the fake "
+    "API server holding the rendered install, one missing piece at a time",
 }
 
 

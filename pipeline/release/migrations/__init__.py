@@ -12,16 +12,19 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+# before alembic is imported: it sets up its plugins, saying so at INFO, on import and on every command
+logging.getLogger("alembic.runtime.plugins").addFilter(lambda record: record.levelno >= logging.WARNING)
 
-from pipeline.core.errors import ReleaseError
-from pipeline.release.migrations.env_names import BASELINE, VERSION_TABLE
+from alembic import command  # noqa: E402
+from alembic.config import Config  # noqa: E402
+from alembic.runtime.migration import MigrationContext  # noqa: E402
+from alembic.script import ScriptDirectory  # noqa: E402
+from sqlalchemy import inspect  # noqa: E402
+from sqlalchemy.engine import Connection, Engine  # noqa: E402
+from sqlalchemy.exc import DBAPIError, OperationalError  # noqa: E402
+
+from pipeline.core.errors import ReleaseError  # noqa: E402
+from pipeline.release.migrations.env_names import BASELINE, VERSION_TABLE  # noqa: E402
 
 __all__ = ["BASELINE", "VERSION_TABLE", "NotMigrated", "head", "revision", "upgrade"]
 
@@ -58,8 +61,12 @@ def upgrade(engine: Engine, safe_url: str, to: str = "head") -> str:
     was at. A database written before migrations (its tables, no version table) is stamped at the
     baseline first, then upgraded.
     Serialised between processes: SQLite's write lock (BEGIN IMMEDIATE), Postgres' advisory lock."""
-    with engine.connect() as conn:
-        was = revision(conn)
+    try:
+        with engine.connect() as conn:
+            was = revision(conn)
+    except OperationalError as exc:  # the server is not there, or refuses this role: one line, no traceback
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc).splitlines()[0]
+        raise ReleaseError(f"registry {safe_url}: cannot connect: {reason}") from None
     if was == (head() if to == "head" else to):
         return was
     try:
