@@ -333,8 +333,14 @@ def measurements_page(root: Path | None = None) -> str:
         out.append(f"\n## {name}\n\n{rec.summary}\n\n" if rec.summary else f"\n## {name}\n\n")
         machine = ", ".join(f"{k} {v}" for k, v in rec.machine.items())
         runs = len(list((root or measurements.RESULTS_DIR).glob(f"{name}/*.json")))
+        if rec.diff:
+            pinned = f" (uncommitted changes: `benchmarks/results/{name}/{rec.diff}`)"
+        elif rec.commit.endswith("-dirty"):
+            pinned = " (a dirty tree, diff not kept: the commit does not pin the code that measured this)"
+        else:
+            pinned = ""
         out.append(
-            f"- command: `{rec.command}`\n- commit: `{rec.commit}`, {rec.date}\n- machine: {machine}\n"
+            f"- command: `{rec.command}`\n- commit: `{rec.commit}`{pinned}, {rec.date}\n- machine: {machine}\n"
             f"- record: the newest of {runs} in `benchmarks/results/{name}/`\n\n"
         )
         rows, tables = _figures(rec.figures)

@@ -162,3 +162,74 @@ def test_a_demo_record_renders_on_the_page_and_in_the_readme(tmp_path: Path) -> 
     page = docs_gen.measurements_page(tmp_path)
     assert "## demo" in page and "| `chosen.rate_per_server` | 340.6 |" in page
     assert "| `minutes.trigger_to_approval_request` | 5.7 |" in page
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (["init", "-q"], ["config", "user.email", "t@example.com"], ["config", "user.name", "t"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    (repo / "code.py").write_text("RATE = 1\n")
+    subprocess.run(["git", "add", "code.py"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "one"], cwd=repo, check=True)
+    return repo
+
+
+def test_a_record_from_a_dirty_tree_keeps_its_diff(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its commit alone does not pin the code that measured it: the diff goes beside it, or no record."""
+    from pipeline.core import measurements
+
+    repo = _repo(tmp_path)
+    clean = measurements.record("x", {"a": 1}, root=tmp_path / "results", repo=repo)
+    assert not clean.name.endswith("-dirty.json") and not list(clean.parent.glob("*.diff"))
+    assert measurements.Measurement.model_validate_json(clean.read_text()).diff is None
+
+    (repo / "code.py").write_text("RATE = 2\n")
+    dirty = measurements.record("x", {"a": 2}, root=tmp_path / "results", repo=repo)
+    rec = measurements.Measurement.model_validate_json(dirty.read_text())
+    assert rec.commit.endswith("-dirty") and rec.diff == dirty.with_suffix(".diff").name
+    patch = (dirty.parent / rec.diff).read_bytes()
+    assert b"-RATE = 1" in patch and b"+RATE = 2" in patch
+    # the diff applies to the record's commit and gives back the measured code
+    subprocess.run(["git", "stash", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "apply", str(dirty.parent / rec.diff)], cwd=repo, check=True)
+    assert (repo / "code.py").read_text() == "RATE = 2\n"
+
+    # a diff that cannot be taken: refused, and nothing written
+    real = measurements._git_bytes
+    monkeypatch.setattr(measurements, "_git_bytes", lambda r, *a: None if a[:1] == ("diff",) else real(r, *a))
+    before = sorted(p.name for p in (tmp_path / "results/x").iterdir())
+    (repo / "code.py").write_text("RATE = 3\n")
+    with pytest.raises(measurements.MeasurementError, match="uncommitted changes"):
+        measurements.record("x", {"a": 3}, root=tmp_path / "results", repo=repo)
+    assert sorted(p.name for p in (tmp_path / "results/x").iterdir()) == before
+
+
+def test_the_page_says_which_records_do_not_pin_their_code(tmp_path: Path) -> None:
+    """A record from a dirty tree written before diffs were kept is flagged; one with its diff links it."""
+    from pipeline.core import measurements
+
+    base = {"date": "2026-12-05T00:00:00+00:00", "command": "x", "machine": {}, "figures": {"a": 1}}
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old/2026-12-05-abc1234-dirty.json").write_text(
+        measurements.Measurement(name="old", commit="abc1234-dirty", **base).model_dump_json()
+    )
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new/2026-12-05-abc1234-dirty.diff").write_text("diff --git a/x b/x\n")
+    (tmp_path / "new/2026-12-05-abc1234-dirty.json").write_text(
+        measurements.Measurement(
+            name="new", commit="abc1234-dirty", diff="2026-12-05-abc1234-dirty.diff", **base
+        ).model_dump_json()
+    )
+    page = docs_gen.measurements_page(tmp_path)
+    new, old = page.split("## new")[1].split("## old")
+    assert "diff not kept" in old and "diff not kept" not in new
+    assert "benchmarks/results/new/2026-12-05-abc1234-dirty.diff" in new
+
+
+def test_every_committed_record_with_a_diff_has_it() -> None:
+    from pipeline.core import measurements
+
+    for path in sorted(measurements.RESULTS_DIR.glob("*/*.json")):
+        rec = measurements.Measurement.model_validate_json(path.read_text())
+        assert rec.diff is None or (path.parent / rec.diff).is_file(), f"{path}: its diff {rec.diff} is missing"
