@@ -243,3 +243,22 @@ def test_each_local_completions_evaluation_keeps_its_own_concurrency(spec_file):
     _, served_args = evaluate_stage._model_args(Path("/m"), served, "http://127.0.0.1:1")
     assert served_args["num_concurrent"] == 2 and served.limit == 20 and served.backend == "local-completions"
     assert load_spec(TINY_SPEC).spec.evaluation.num_concurrent == 4  # the default
+
+
+def test_the_gate_page_escapes_what_tasks_report():
+    """The gate's HTML page goes through the autoescaped template: a metric, reason or expectation
+    argument is text, never markup; failed rows are marked."""
+    from pipeline.records.evaluate import TaskVerdict
+    from pipeline.stages import gx_suite
+
+    verdict = TaskVerdict(
+        task="tiny_add", metric="<script>x</script>", baseline=1.0, baseline_stderr=0.01, candidate=0.9,
+        candidate_stderr=0.01, recovery=0.9, recovery_stderr=0.014, min_recovery=0.95, floor=0.5,
+        samples_baseline=10, samples_candidate=10, expected_samples=10, passed=False, reason="a & b",
+    )  # fmt: skip
+    check = {"success": False, "expectation_config": {"type": "expect_x", "kwargs": {"column": "<c>", "batch_id": 1}}}
+    page = gx_suite.render_html(gx_suite.Validation(success=False, result={"results": [check]}), [verdict])
+    assert "Accuracy gate (great-expectations): FAILED" in page
+    assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "FAIL: a &amp; b" in page and "&#34;&lt;c&gt;&#34;" in page and "batch_id" not in page
+    assert page.count('<tr class="bad">') == 2 and "0.9000 ± 0.0140" in page

@@ -43,3 +43,7 @@ class SmokeFailed(ReleaseError):
 class AnswersWorse(ReleaseError):
     """The new release's served answers failed a step's accuracy check before it took that step's
     share: traffic goes back to the live release at once."""
+
+
+class MeasurementError(ReleaseError):
+    """A results record that would not say which code measured it (a dirty tree whose diff could not be taken)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.core.errors import MeasurementError
 from pipeline.core.files import atomic_json, atomic_write
 from pipeline.core.paths import PROJECT_ROOT
 
@@ -48,10 +49,6 @@ class Measurement(BaseModel):
         description="on a dirty tree: the file beside this record holding `git diff --binary HEAD` at the "
         "run (the commit alone does not pin the code); none on a clean tree",
     )
-
-
-class MeasurementError(RuntimeError):
-    """A record that would not say which code measured it."""
 
 
 def _git_bytes(repo: Path, *args: str) -> bytes | None:

@@ -7,7 +7,6 @@ or above each task's minimum, candidate at or above its floor.
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.files import atomic_json, atomic_write
+from pipeline.core.html import environment
 
 RESULT_FORMAT = {"result_format": "COMPLETE"}
 logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its INFO lines drown the task log
@@ -27,6 +27,7 @@ class Validation:
     failures: list[str] = field(default_factory=list)
 
 
+_PAGES = environment(Path(__file__).parent / "templates")
 SERVED_COLUMNS = ["in_process", "difference", "max_difference"]
 
 
@@ -152,28 +153,13 @@ def publish(tasks, configured: list[str], out_dir: Path, name: str, served: bool
 
 def render_html(validation: Validation, tasks) -> str:
     """A small self-contained page: the table and each expectation's outcome."""
-    rows = "".join(
-        f"<tr class='{'ok' if t.passed else 'bad'}'><td>{html.escape(t.task)}</td><td>{t.metric}</td>"
-        f"<td>{t.baseline:.4f} ± {t.baseline_stderr or 0:.4f}</td>"
-        f"<td>{t.candidate:.4f} ± {t.candidate_stderr or 0:.4f}</td>"
-        f"<td>{'' if t.recovery is None else f'{t.recovery:.4f} ± {t.recovery_stderr or 0:.4f}'}</td>"
-        f"<td>{t.min_recovery}</td><td>{t.floor}</td><td>{t.samples_candidate}/{t.expected_samples}</td>"
-        f"<td>{'pass' if t.passed else 'FAIL: ' + html.escape(t.reason)}</td></tr>"
-        for t in tasks
-    )
-    checks = "".join(
-        f"<tr class='{'ok' if r['success'] else 'bad'}'><td>{html.escape(r['expectation_config']['type'])}</td>"
-        "<td><code>"
-        f"{html.escape(json.dumps({k: v for k, v in r['expectation_config']['kwargs'].items() if k != 'batch_id'}))}"
-        "</code></td>"
-        f"<td>{'pass' if r['success'] else 'FAIL'}</td></tr>"
+    checks = [
+        {
+            "type": r["expectation_config"]["type"],
+            "arguments": json.dumps({k: v for k, v in r["expectation_config"]["kwargs"].items() if k != "batch_id"}),
+            "success": r["success"],
+        }
         for r in validation.result.get("results", [])
-    )
-    verdict = "PASSED" if validation.success else "FAILED"
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Accuracy gate: {verdict}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:2em}}
-td,th{{border:1px solid #ccc;padding:4px 8px}}.ok{{background:#eef9ee}}.bad{{background:#fdecec}}</style></head><body>
-<h1>Accuracy gate (great-expectations): {verdict}</h1>
-<table><tr><th>task</th><th>metric</th><th>baseline</th><th>candidate</th><th>recovery</th><th>min</th><th>floor</th><th>samples</th><th>result</th></tr>{rows}</table>
-<h2>Expectations</h2><table><tr><th>expectation</th><th>arguments</th><th>outcome</th></tr>{checks}</table>
-</body></html>"""
+    ]
+    page = _PAGES.get_template("accuracy_gate.html.j2")
+    return page.render(verdict="PASSED" if validation.success else "FAILED", tasks=tasks, checks=checks)
