@@ -16,6 +16,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -311,17 +312,41 @@ def _benchmark_scripts() -> list[tuple[str, str, bool]]:
     return out
 
 
-def measurements_page(root: Path | None = None) -> str:
+GUIDES = ROOT / "benchmarks" / "guides"
+_DRAWN_FROM = re.compile(r"<!-- conclusion drawn from: (\S+) -->\n?")
+
+
+def guide(name: str, newest: str, guides: Path = GUIDES) -> tuple[str, str]:
+    """(the guide's text, its conclusion's first sentence) for one record name; the text says so when
+    the conclusion was drawn from an older record than the newest (`<name>/<file>`)."""
+    path = guides / f"{name}.md"
+    if not path.is_file():
+        return (f"*No guide yet: `benchmarks/guides/{name}.md` should say what this measures and conclude.*\n\n", "—")
+    text = path.read_text()
+    drawn = _DRAWN_FROM.search(text)
+    body = _DRAWN_FROM.sub("", text).strip() + "\n\n"
+    if drawn is None or drawn.group(1) != newest:
+        was = f"`{drawn.group(1)}`" if drawn else "no named record"
+        body += f"*This conclusion was drawn from {was}; the newest record is `{newest}`: read its figures below.*\n\n"
+    conclusion = body.split("**Conclusion.**", 1)[1] if "**Conclusion.**" in body else ""
+    first = " ".join(conclusion.split())
+    first = first.split(". ")[0].rstrip(".") + "." if first else "—"
+    return body, first
+
+
+def measurements_page(root: Path | None = None, guides: Path = GUIDES) -> str:
+    base = root or measurements.RESULTS_DIR
     latest = measurements.latest(root)
+    newest = {name: path.name for name, path in measurements.latest_paths(root).items()}
     out = [
-        _banner("benchmarks/results/ (the latest record of each name)"),
+        _banner("benchmarks/results/ (the latest record of each name) and benchmarks/guides/"),
         "# Measurements\n\n",
-        "Figures here come from records that runs wrote themselves: "
-        "`benchmarks/results/<name>/<date>-<commit>.json` holds the command, the commit, the machine and "
-        "the figures of one run (`pipeline/core/measurements.py`); this page shows the latest of each name. "
-        "A figure quoted anywhere in these docs should name its record. Measurements on the embedded "
-        "default's shared 2-core VM move by tens of percent between runs minutes apart: compare figures "
-        "of one record, not across records.\n",
+        "What the project has measured, and what it concluded. Each section says what its figures mean "
+        "and what they show, then the command that measures it, then the newest record that command "
+        "wrote (`benchmarks/results/<name>/<date>-<commit>.json`: the command, the commit, the machine, "
+        "the figures; `pipeline/core/measurements.py`). Figures from the shared 2-core machines here "
+        "move by tens of percent between runs minutes apart: compare figures within one record, never "
+        "across records.\n",
     ]
     if not latest:
         out.append(
@@ -329,10 +354,14 @@ def measurements_page(root: Path | None = None) -> str:
             "`benchmarks/results/demo/<date>-<commit>.json`; commit the records you want to keep, then "
             "`make docs` renders them here.\n"
         )
+    sections = {name: guide(name, f"{name}/{newest[name]}", guides) for name in latest}
+    if latest:
+        out.append("\n| measurement | conclusion |\n|---|---|\n")
+        out += [f"| [{name}](#{name}) | {_cell(first)} |\n" for name, (_, first) in sections.items()]
     for name, rec in latest.items():
-        out.append(f"\n## {name}\n\n{rec.summary}\n\n" if rec.summary else f"\n## {name}\n\n")
+        out.append(f"\n## {name}\n\n{sections[name][0]}")
         machine = ", ".join(f"{k} {v}" for k, v in rec.machine.items())
-        runs = len(list((root or measurements.RESULTS_DIR).glob(f"{name}/*.json")))
+        runs = len(list(base.glob(f"{name}/*.json")))
         if rec.diff:
             pinned = f" (uncommitted changes: `benchmarks/results/{name}/{rec.diff}`)"
         elif rec.commit.endswith("-dirty"):
@@ -340,8 +369,10 @@ def measurements_page(root: Path | None = None) -> str:
         else:
             pinned = ""
         out.append(
-            f"- command: `{rec.command}`\n- commit: `{rec.commit}`{pinned}, {rec.date}\n- machine: {machine}\n"
-            f"- record: the newest of {runs} in `benchmarks/results/{name}/`\n\n"
+            f"**The command:** `{rec.command}`\n\n"
+            f"**The record:** `benchmarks/results/{name}/{newest[name]}`, the newest of {runs}: "
+            f"{rec.summary or 'no summary'}\n\n"
+            f"- commit: `{rec.commit}`{pinned}, {rec.date}\n- machine: {machine}\n\n"
         )
         rows, tables = _figures(rec.figures)
         if rows:

@@ -233,3 +233,35 @@ def test_every_committed_record_with_a_diff_has_it() -> None:
     for path in sorted(measurements.RESULTS_DIR.glob("*/*.json")):
         rec = measurements.Measurement.model_validate_json(path.read_text())
         assert rec.diff is None or (path.parent / rec.diff).is_file(), f"{path}: its diff {rec.diff} is missing"
+
+
+def test_every_measurement_has_a_guide() -> None:
+    """The page is a guide: each record name says what it measures and concludes (benchmarks/guides/)."""
+    from pipeline.core import measurements
+
+    missing = [name for name in measurements.latest() if not (docs_gen.GUIDES / f"{name}.md").is_file()]
+    assert missing == [], f"records without a guide in benchmarks/guides/: {missing}"
+    for path in sorted(docs_gen.GUIDES.glob("*.md")):
+        text = path.read_text()
+        assert "**What it measures.**" in text and "**Conclusion.**" in text, path
+
+
+def test_a_conclusion_drawn_from_an_older_record_says_so(tmp_path: Path) -> None:
+    from pipeline.core import measurements
+
+    base = {"command": "x", "commit": "abc1234", "machine": {}, "figures": {"rate": 1}}
+    (tmp_path / "results/speed").mkdir(parents=True)
+    for day in ("05", "06"):
+        rec = measurements.Measurement(name="speed", date=f"2026-12-{day}T00:00:00+00:00", **base)
+        (tmp_path / f"results/speed/2026-12-{day}-abc1234.json").write_text(rec.model_dump_json())
+    guides = tmp_path / "guides"
+    guides.mkdir()
+    text = "**What it measures.** Speed.\n\n**Conclusion.** Fast enough. Details follow.\n"
+    (guides / "speed.md").write_text("<!-- conclusion drawn from: speed/2026-12-06-abc1234.json -->\n" + text)
+    page = docs_gen.measurements_page(tmp_path / "results", guides)
+    assert "| [speed](#speed) | Fast enough. |" in page and "newest record is" not in page
+    (guides / "speed.md").write_text("<!-- conclusion drawn from: speed/2026-12-05-abc1234.json -->\n" + text)
+    page = docs_gen.measurements_page(tmp_path / "results", guides)
+    assert "drawn from `speed/2026-12-05-abc1234.json`; the newest record is `speed/2026-12-06-abc1234.json`" in page
+    (guides / "speed.md").unlink()
+    assert "No guide yet" in docs_gen.measurements_page(tmp_path / "results", guides)

@@ -27,7 +27,7 @@ from pipeline.core.errors import MeasurementError
 from pipeline.core.files import atomic_json, atomic_write
 from pipeline.core.paths import PROJECT_ROOT
 
-__all__ = ["RESULTS_DIR", "Measurement", "MeasurementError", "latest", "record"]
+__all__ = ["RESULTS_DIR", "Measurement", "MeasurementError", "latest", "latest_paths", "record"]
 
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results"
 
@@ -146,14 +146,19 @@ def record(
     return path
 
 
-def latest(root: Path | None = None) -> dict[str, Measurement]:
-    """Name -> its newest record (by the date inside), for every name under the results directory."""
+def latest_paths(root: Path | None = None) -> dict[str, Path]:
+    """Name -> the file of its newest record (by the date inside), for every name under the results directory."""
     base = root or RESULTS_DIR
-    out: dict[str, Measurement] = {}
+    out: dict[str, tuple[str, Path]] = {}
     if not base.is_dir():
-        return out
+        return {}
     for path in sorted(base.glob("*/*.json")):
         rec = Measurement.model_validate_json(path.read_text())
-        if rec.name not in out or rec.date > out[rec.name].date:
-            out[rec.name] = rec
-    return dict(sorted(out.items()))
+        if rec.name not in out or rec.date > out[rec.name][0]:
+            out[rec.name] = (rec.date, path)
+    return {name: path for name, (_, path) in sorted(out.items())}
+
+
+def latest(root: Path | None = None) -> dict[str, Measurement]:
+    """Name -> its newest record (by the date inside), for every name under the results directory."""
+    return {name: Measurement.model_validate_json(path.read_text()) for name, path in latest_paths(root).items()}
