@@ -23,8 +23,10 @@ from pipeline.stages.benchmark.verdict import judge, mark_client_bound, quantile
 
 
 def per_request_tpot_ms(data: dict[str, Any]) -> list[float]:
-    out = []
+    out: list[float] = []
     columns = (data.get("ttfts", []), data.get("latencies", []), data.get("output_lens", []))
+    if not columns[1] or not columns[2]:
+        return out  # a result without per-request latencies (a recorded probe's TTFTs only): no TPOT interval
     for ttft, latency, n in zip(*columns, strict=True):
         if n and n > 1 and latency:
             out.append((latency - ttft) / (n - 1) * 1000)
