@@ -214,6 +214,7 @@ def independent_door(
         bound_only=outcome.bound_only, stop_reason=outcome.stop_reason, spread=outcome.spread,
         deciding_p90_ttft_ms=outcome.deciding_p90_ttft_ms, unsteady=outcome.unsteady,
         client_bound=outcome.client_bound, client_bound_rates=outcome.client_bound_rates, probes=outcome.probes,
+        confirm_seconds=outcome.confirm_seconds, confirmed=outcome.confirmed, step_downs=outcome.step_downs,
     )  # fmt: skip
     return json.loads(result.model_dump_json()), checks
 
