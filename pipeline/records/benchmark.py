@@ -110,6 +110,22 @@ class Probe(BaseModel):
         "latencies may be the client's as much as the engine's",
     )
     client_note: str = Field("", description="why the probe is client-bound (its lags against the limit)")
+    ttft_trend_ms_per_s: float | None = Field(
+        None,
+        description="Theil-Sen slope of TTFT against send time over the probe's last three quarters, ms per s "
+        "(steady.trend): a queue that grows shows here before it shows in the p90",
+    )
+    backlog_end: int | None = Field(
+        None, description="requests sent and not yet answered (no first token) at the last send"
+    )
+    projected_p90_ttft_ms: float | None = Field(
+        None,
+        description="the p90 TTFT with the trend carried over the confirmation's length (p90 + max(0, trend) x "
+        "seconds): what the verdict judges beside the p90",
+    )
+    confirmation: bool = Field(
+        False, description="a run at the search's answer, as long as workload.confirm_seconds, that confirms it"
+    )
 
 
 class LoadSplit(BaseModel):
@@ -188,6 +204,15 @@ class LayoutResult(BaseModel):
     )
     client_bound_rates: list[float] = Field(default_factory=list, description="rates with a client-bound run")
     unclean_rates: list[float] = Field(default_factory=list, description="rates never measured without interference")
+    confirm_seconds: float | None = Field(
+        None, description="length of the runs that confirmed the answer (workload.confirm_seconds or its floor), s"
+    )
+    confirmed: bool | None = Field(
+        None,
+        description="a run at the answer as long as confirm_seconds held the SLO and its trend (Probe.confirmation); "
+        "false: every confirmation down to the step-down cap failed and there is no answer; None: none ran",
+    )
+    step_downs: int = Field(0, description="times a failed confirmation moved the answer down before one held")
     placement: dict[str, str] = Field(default_factory=dict, description="what ran on which cores (cpu profile)")
     prediction: LayoutPrediction | None = Field(
         None, description="the planner's figures for this layout, made before the measurement; the search's prior"
@@ -281,3 +306,6 @@ class SearchOutcome(BaseModel):
     unclean_rates: list[float] = Field(
         default_factory=list, description="rates where interference stayed above the limit on every try"
     )
+    confirm_seconds: float | None = Field(None, description="length of the confirmation runs, s (see LayoutResult)")
+    confirmed: bool | None = Field(None, description="see LayoutResult.confirmed")
+    step_downs: int = Field(0, description="see LayoutResult.step_downs")

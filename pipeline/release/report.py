@@ -234,7 +234,8 @@ def _measurement_view(bench: BenchmarkFile | None) -> list[dict[str, Any]] | Non
                     "inter": inter,
                     "engine": p.engine,
                     "top": ", ".join(f"{name} {c:.2f}" for name, c in (inter.top_other if inter else [])[:2]),
-                    "verdict": ("pass" if p.passed else "fail")
+                    "verdict": ("confirmation: " if p.confirmation else "")
+                    + ("pass" if p.passed else "fail")
                     + (" (run again)" if p.superseded else "")
                     + ("" if p.clean else " (unclean)")
                     + (" (client-bound)" if p.client_bound else ""),
@@ -256,9 +257,27 @@ def _measurement_view(bench: BenchmarkFile | None) -> list[dict[str, Any]] | Non
                 "client_bound_rates": ", ".join(f"{r:.3g}" for r in lay.client_bound_rates),
                 "client_bound": lay.client_bound,
                 "client_notes": "; ".join(notes[:3]),
+                "confirmation": _confirmation_text(lay),
             }
         )
     return out
+
+
+def _confirmation_text(lay: LayoutResult) -> str:
+    """The runs that confirmed the answer (#61), beside the search's: each rate, its length, p90 TTFT and
+    trend, verdict; how many step-downs it took."""
+    runs = [p for p in lay.probes if p.confirmation and not p.superseded]
+    if not runs:
+        return "none"
+    each = "; ".join(
+        f"{p.rate:.3g} req/s x {p.num_prompts}: p90 TTFT {p.p90_ttft_ms:.0f} ms, trend "
+        + ("-" if p.ttft_trend_ms_per_s is None else f"{p.ttft_trend_ms_per_s:+.1f} ms/s")
+        + f", {'pass' if p.passed else 'fail'}"
+        for p in runs
+    )
+    verdict = "held" if lay.confirmed else "failed: no rate confirmed"
+    downs = f", {lay.step_downs} step-down{'s' * (lay.step_downs != 1)}" if lay.step_downs else ""
+    return f"{lay.confirm_seconds or 0:.0f} s runs, {verdict}{downs}: {each}"
 
 
 def _section_measurement(bench: BenchmarkFile | None) -> str:

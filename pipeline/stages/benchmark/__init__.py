@@ -8,6 +8,8 @@ probe and reads the JSON it saves. Split by job, as GuideLLM splits its benchmar
   part hands on) live in `pipeline.records.benchmark`, where callers import them
 - `verdict`: a probe's verdict (p90 intervals, keep-up, SLO reasons, client-bound), pure
 - `search`: the SLO search, pure (a probe is a callable)
+- `steady`: whether a probe's queue held still (its TTFT trend and backlog), pure
+- `confirm`: the long run at the search's answer that confirms it (or steps it down), pure
 - `selection`: per server / per device, the best layout, a rate as a reader must take it
 - `client`: vLLM's bench client (command line, result parser, the client process)
 - `outputs`: table, benchmark.json / .csv, the latency-vs-rate plot
@@ -18,6 +20,7 @@ a test that stands in for a step patches it where it is looked up (`orchestratio
 """
 
 from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, client_lag_ms, parse_result
+from pipeline.stages.benchmark.confirm import confirmed_search
 from pipeline.stages.benchmark.orchestration import Prober, benchmark_layout, running_layout
 from pipeline.stages.benchmark.outputs import plot, table, write_outputs
 from pipeline.stages.benchmark.search import RunProbe, hopeless, margin, slo_search, uniform_sweep
@@ -32,6 +35,7 @@ __all__ = [
     "bench_command",
     "benchmark_layout",
     "client_lag_ms",
+    "confirmed_search",
     "finish",
     "hopeless",
     "judge",

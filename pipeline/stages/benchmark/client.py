@@ -18,12 +18,15 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import HardwareProfile, SloSpec, WorkloadSpec
 from pipeline.records.benchmark import Probe
 from pipeline.stages import serving
+from pipeline.stages.benchmark import steady
 from pipeline.stages.benchmark.verdict import judge, mark_client_bound, quantile_ci
 
 
 def per_request_tpot_ms(data: dict[str, Any]) -> list[float]:
-    out = []
+    out: list[float] = []
     columns = (data.get("ttfts", []), data.get("latencies", []), data.get("output_lens", []))
+    if not columns[1] or not columns[2]:
+        return out  # a result without per-request latencies (a recorded probe's TTFTs only): no TPOT interval
     for ttft, latency, n in zip(*columns, strict=True):
         if n and n > 1 and latency:
             out.append((latency - ttft) / (n - 1) * 1000)
@@ -111,8 +114,9 @@ def client_lag_ms(data: dict[str, Any], rate: float) -> tuple[float | None, floa
 def parse_result(
     path: Path, rate: float, num_prompts: int, slo: SloSpec, workload: WorkloadSpec | None = None
 ) -> Probe:
-    """A probe from a client's saved result (vLLM's `--save-detailed` keys); with `workload`, marked
-    client-bound by the client's send lag (`mark_client_bound`)."""
+    """A probe from a client's saved result (vLLM's `--save-detailed` keys), judged with its TTFT trend
+    carried over the confirmation's length (`steady`: the spec's with `workload`, else the SLO's floor);
+    with `workload`, marked client-bound by the client's send lag (`mark_client_bound`)."""
     data = json.loads(path.read_text())
     completed, failed = int(data.get("completed", 0)), int(data.get("failed", 0) or 0)
     total = max(completed + failed, num_prompts)
@@ -137,6 +141,11 @@ def parse_result(
     probe.client_lag_p90_ms, probe.client_lag_end_ms = client_lag_ms(data, rate)
     if data.get("client_cpu_s") is not None:  # a client that measures its own CPU (the Prober's is from wait4)
         probe.client_cpu_ms_per_request = round(float(data["client_cpu_s"]) * 1000 / max(num_prompts, 1), 3)
+    if not math.isinf(rate):
+        seen = steady.measure(data)
+        horizon = steady.confirm_seconds(workload, slo) if workload else slo.confirm_floor_seconds
+        probe.ttft_trend_ms_per_s, probe.backlog_end = seen.trend_ms_per_s, seen.backlog_end
+        probe.projected_p90_ttft_ms = steady.projected(probe.p90_ttft_ms, seen.trend_ms_per_s, horizon)
     judge(probe, slo)
     if workload is not None:
         mark_client_bound(probe, slo, workload)

@@ -19,7 +19,7 @@ from pipeline.records.evaluate import EvalResult
 from pipeline.records.plan import LayoutPrediction
 from pipeline.stages import engine_metrics, interference, served_accuracy, serving
 from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, parse_result
-from pipeline.stages.benchmark.search import slo_search
+from pipeline.stages.benchmark.confirm import confirmed_search
 from pipeline.stages.benchmark.selection import finish
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,8 @@ def benchmark_layout(
     accuracy: tuple[EvalResult, EvalResult] | None = None,
     answers_without_slo: bool = False,
 ) -> LayoutResult:
-    """Start the layout's engines, run the search against their one endpoint, always tear down.
+    """Start the layout's engines, run the search against their one endpoint and confirm its answer
+    with a long run (`confirm`), always tear down.
 
     Each probe records who else used the CPU meanwhile and the engine's own histograms.
     `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
@@ -140,7 +141,7 @@ def benchmark_layout(
             result.load_seconds = engine.load_seconds
             result.load_splits = [LoadSplit.model_validate(split) for split in engine.load_splits()]
             result.weights_source = "local path"
-            outcome = slo_search(prober, spec.workload, spec.slo, max_probes, prior=prior)
+            outcome = confirmed_search(prober, spec.workload, spec.slo, max_probes, prior=prior)
             result.probes = outcome.probes
             result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate
             result.bound_only, result.extrapolated, result.stop_reason, result.burst_rps = (
@@ -153,6 +154,8 @@ def benchmark_layout(
             result.unsteady, result.client_bound = outcome.unsteady, outcome.client_bound
             result.client_bound_rates = outcome.client_bound_rates
             result.unclean_rates = outcome.unclean_rates
+            result.confirm_seconds, result.confirmed = outcome.confirm_seconds, outcome.confirmed
+            result.step_downs = outcome.step_downs
             if (
                 accuracy
                 and spec.evaluation.served.enabled

@@ -69,6 +69,10 @@ def write_outputs(
         "client_lag_end_ms",
         "client_cpu_ms_per_request",
         "client_bound",
+        "ttft_trend_ms_per_s",
+        "backlog_end",
+        "projected_p90_ttft_ms",
+        "confirmation",
     ]
     with open(csv_path, "w", newline="") as handle:
         extra = ["cpu_engine", "cpu_client", "cpu_other", "cpu_steal", "cpu_load_avg_1m", "engine_p90_ttft_ms"]

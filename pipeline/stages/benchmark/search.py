@@ -33,9 +33,12 @@ def margin(probe: Probe, slo: SloSpec) -> float:
 
     Why this scale: for a queue it falls about linearly with the offered rate up to the knee
     (M/M/1: p90 TTFT = ln 10 / (mu - rate), so limit / p90 is linear in the rate), so a line
-    through two probes lands near the edge where halving the bracket needs several probes more."""
+    through two probes lands near the edge where halving the bracket needs several probes more.
+    The TTFT is the p90 with its trend carried over the confirmation (`steady`) where that is higher:
+    what the verdict judges."""
+    ttft = max(probe.p90_ttft_ms, probe.projected_p90_ttft_ms or 0.0)
     return min(
-        slo.max_p90_ttft_ms / max(probe.p90_ttft_ms, 1e-9),
+        slo.max_p90_ttft_ms / max(ttft, 1e-9),
         slo.max_p90_tpot_ms / max(probe.p90_tpot_ms, 1e-9),
     )
 

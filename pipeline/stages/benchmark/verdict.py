@@ -1,6 +1,9 @@
 """A probe's verdict, pure: the p90's order-statistic interval, whether the client kept pace with
 the offered rate, the SLO's reasons, and whether the client's own send lag marks it client-bound.
 
+A probe also fails when its TTFT trend, carried over the confirmation's length, would take the p90
+past the limit (`steady`, #61): a short probe above capacity ends before its queue shows.
+
 Why order statistics: a p90 from n requests is itself a random quantity; when the SLO limit falls
 inside its 95% interval the verdict is noise, so the search repeats the probe with more requests."""
 
@@ -68,6 +71,13 @@ def judge(probe: Probe, slo: SloSpec) -> None:
     reasons = []
     if probe.p90_ttft_ms > slo.max_p90_ttft_ms:
         reasons.append(f"p90 TTFT {probe.p90_ttft_ms:.1f} ms > {slo.max_p90_ttft_ms:g}")
+    projected = probe.projected_p90_ttft_ms
+    if projected is not None and projected > slo.max_p90_ttft_ms >= probe.p90_ttft_ms:
+        # the queue grows: a run as long as the confirmation would end past the limit (`steady`)
+        reasons.append(
+            f"TTFT trend +{probe.ttft_trend_ms_per_s:.1f} ms/s: p90 {probe.p90_ttft_ms:.0f} ms "
+            f"carried over the confirmation reaches {projected:.0f} ms > {slo.max_p90_ttft_ms:g}"
+        )
     if probe.p90_tpot_ms > slo.max_p90_tpot_ms:
         reasons.append(f"p90 TPOT {probe.p90_tpot_ms:.1f} ms > {slo.max_p90_tpot_ms:g}")
     if probe.failed_fraction > slo.max_failed_fraction:

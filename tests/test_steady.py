@@ -1,0 +1,220 @@
+"""The steady-state test in a probe's verdict and the confirmation at the search's answer (#61):
+the statistic on probes recorded from the tiny engine, the confirmation's step-downs on stand-ins,
+the floor `validate` enforces."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
+from pipeline.records.benchmark import Interference, SearchOutcome
+from pipeline.stages import benchmark
+from pipeline.stages.benchmark import confirm, steady
+from testkit.probes import fixed_probe, mm1_run
+from tests.conftest import TINY_SPEC
+
+FIXTURES = Path(__file__).parent / "fixtures" / "steady"
+SLO = SloSpec(max_p90_ttft_ms=500, max_p90_tpot_ms=100, resolution=0.05)
+
+
+def recorded(name: str, tmp_path: Path) -> tuple[dict, Path]:
+    """A recorded probe written back as the client's result file (`parse_result` reads it as it reads
+    vLLM's): per request its send time and TTFT, the p90s as vLLM computes them (numpy's percentile)."""
+    import numpy as np
+
+    fixture = json.loads((FIXTURES / name).read_text())
+    sends, ttfts = zip(*fixture["requests"], strict=True)
+    result = {
+        "completed": len(ttfts),
+        "failed": 0,
+        "duration": fixture["duration_s"],
+        "request_throughput": len(ttfts) / fixture["duration_s"],
+        "p90_ttft_ms": float(np.percentile(ttfts, 90) * 1000),
+        "p90_tpot_ms": fixture["p90_tpot_ms"],
+        "start_times": list(sends),
+        "ttfts": list(ttfts),
+    }
+    path = tmp_path / name
+    path.write_text(json.dumps(result))
+    return fixture, path
+
+
+def test_the_floor_is_the_time_a_queue_at_the_resolutions_overload_takes_to_cross_the_limit():
+    # TTFT grows m s a second at an overload m: the p90 (near 0.9 of the run) reaches the limit after limit / (0.9 m)
+    assert SLO.confirm_floor_seconds == pytest.approx(0.5 / (0.9 * 0.05))
+    assert SloSpec(max_p90_ttft_ms=3000, max_p90_tpot_ms=50, resolution=0.1).confirm_floor_seconds == pytest.approx(
+        3 / 0.09
+    )
+    workload = WorkloadSpec(input_len=1, output_len=1)
+    assert steady.confirm_seconds(workload, SLO) == SLO.confirm_floor_seconds  # none set: the floor
+    assert steady.confirm_seconds(workload.model_copy(update={"confirm_seconds": 40.0}), SLO) == 40.0
+
+
+def test_validate_refuses_a_confirmation_below_the_floor_naming_the_field(spec_file, capsys):
+    from pipeline.cli import main
+    from pipeline.core.errors import SpecError
+
+    short = spec_file(TINY_SPEC, lambda d: d["workload"].update(confirm_seconds=8))
+    with pytest.raises(SpecError) as info:
+        load_spec(short)
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{short}: workload.confirm_seconds: 8 s is below the floor of 11.1 s"), problem
+    assert main(["validate", str(short)]) == 1
+    assert "workload.confirm_seconds" in capsys.readouterr().err
+    assert load_spec(spec_file(TINY_SPEC, lambda d: d["workload"].update(confirm_seconds=12))).spec.workload
+    assert load_spec(TINY_SPEC).spec.workload.confirm_seconds is None  # the shipped spec: the floor
+
+
+def test_the_trend_fails_an_overloaded_probe_that_its_p90_passes_and_passes_a_sustained_one(tmp_path):
+    """Held-out probes recorded from the tiny engine (tests/fixtures/steady/README.md): two runs of the
+    same length, one at a rate the engine sustained and one above it. The p90 passes both, as the
+    verdict before #61 did; the trend carried over the confirmation fails only the overloaded one,
+    and a longer run at that rate (recorded after it) broke the SLO."""
+    over, over_path = recorded("overloaded.json", tmp_path)
+    held, held_path = recorded("sustained.json", tmp_path)
+    assert over["seconds"] == held["seconds"]  # the same length: the trend, not the length, tells them apart
+    failing = benchmark.parse_result(over_path, over["rate"], len(over["requests"]), SLO)
+    passing = benchmark.parse_result(held_path, held["rate"], len(held["requests"]), SLO)
+    # the p90 alone passed both
+    assert failing.p90_ttft_ms <= SLO.max_p90_ttft_ms and passing.p90_ttft_ms <= SLO.max_p90_ttft_ms
+    assert [r.split(":")[0] for r in failing.reasons] == [f"TTFT trend +{failing.ttft_trend_ms_per_s:.1f} ms/s"]
+    assert not failing.passed and failing.projected_p90_ttft_ms > SLO.max_p90_ttft_ms
+    assert passing.passed and passing.projected_p90_ttft_ms <= SLO.max_p90_ttft_ms, passing.reasons
+    assert failing.ttft_trend_ms_per_s > passing.ttft_trend_ms_per_s
+    assert failing.backlog_end > passing.backlog_end
+    assert over["longer_run"]["p90_ttft_ms"] > SLO.max_p90_ttft_ms  # what the trend foretold
+    # the burst (no schedule, every request at once) is not judged on a trend
+    burst = benchmark.parse_result(over_path, math.inf, len(over["requests"]), SLO)
+    assert burst.ttft_trend_ms_per_s is None and burst.projected_p90_ttft_ms is None
+
+
+def test_the_trend_is_the_median_slope_of_the_settled_part():
+    # TTFT rising 50 ms/s after a fill; a few slow requests (the p90's tail) do not move it
+    pairs = [(i / 100, 0.02 + 0.05 * i / 100 + (0.4 if i % 37 == 0 else 0.0)) for i in range(1000)]
+    assert steady.trend(pairs) == pytest.approx(50.0, rel=0.02)
+    flat_after_fill = [(i / 100, min(i / 100, 2.0) * 0.1) for i in range(1000)]  # fills for 2 s of 10, then flat
+    assert steady.trend(flat_after_fill) == pytest.approx(0.0, abs=1e-6)
+    assert steady.trend(pairs[:5]) is None
+    # backlog: sent by the last send and not answered then
+    assert steady.backlog_at_end([(0.0, 0.1), (1.0, 5.0), (2.0, 0.5), (3.0, 0.0001)]) == 2
+    assert steady.projected(100.0, -20.0, 10.0) == 100.0 and steady.projected(100.0, 20.0, 10.0) == 300.0
+
+
+def sustains(mu: float, slo: SloSpec, seen: list[tuple[float, int]], dirty: set[int] = frozenset()):
+    """A stand-in engine that serves `mu` req/s: a run shorter than the confirmation's floor passes at any
+    rate up to 1.2 mu (its queue does not show in time), a longer one only at or below mu."""
+
+    def run(rate: float, n: int, seed: int):
+        seen.append((rate, n))
+        long = n / rate >= slo.confirm_floor_seconds
+        holds = rate <= mu or (not long and rate <= 1.2 * mu)
+        probe = fixed_probe(rate, n, 200.0 if holds else 2000.0, slo, achieved=min(rate, mu))
+        if len(seen) in dirty:
+            probe.interference = Interference(
+                wall_s=1, cores=2, busy=2, engine=1, client=0.1, owner=0, other=0.9, load_avg_1m=2
+            )
+        return probe
+
+    return run
+
+
+def test_a_failed_confirmation_steps_down_until_one_holds():
+    workload = WorkloadSpec(input_len=1, output_len=1, num_prompts=10, repeats=0)
+    seen: list[tuple[float, int]] = []
+    out = confirm.confirm(sustains(90.0, SLO, seen), SearchOutcome(probes=[], max_slo_rate=100.0), workload, SLO)
+    # 100 fails; down to min(100, served 90) x 0.95 = 85.5, which holds
+    assert [round(r, 2) for r, _ in seen] == [100.0, 85.5]
+    assert all(n == math.ceil(r * SLO.confirm_floor_seconds) for r, n in seen)
+    assert out.max_slo_rate == pytest.approx(85.5) and out.confirmed and out.step_downs == 1
+    assert all(p.confirmation for p in out.probes) and out.deciding_p90_ttft_ms == [200.0]
+    assert "stepped down 1x to 85.5" in out.stop_reason
+    assert out.confirm_seconds == round(SLO.confirm_floor_seconds, 2)
+
+
+def test_a_confirmation_that_never_holds_leaves_no_answer_after_the_cap():
+    workload = WorkloadSpec(input_len=1, output_len=1, num_prompts=10, repeats=0)
+    seen: list[float] = []
+
+    def never(rate: float, n: int, seed: int):  # a regression that no step-down reaches
+        seen.append(rate)
+        return fixed_probe(rate, n, 2000.0, SLO)
+
+    out = confirm.confirm(never, SearchOutcome(probes=[], max_slo_rate=100.0), workload, SLO)
+    assert seen == pytest.approx([100 * 0.95**k for k in range(1 + confirm.MAX_STEP_DOWNS)])
+    assert out.max_slo_rate is None and out.confirmed is False and out.step_downs == confirm.MAX_STEP_DOWNS
+    assert "no rate is confirmed" in out.stop_reason
+    nothing = confirm.confirm(never, SearchOutcome(probes=[]), workload, SLO)
+    assert nothing.confirmed is None and len(seen) == 1 + confirm.MAX_STEP_DOWNS  # no answer: nothing to confirm
+
+
+def test_a_disturbed_confirmation_is_run_again_not_stepped_down():
+    workload = WorkloadSpec(input_len=1, output_len=1, num_prompts=10, repeats=0)
+    seen: list[tuple[float, int]] = []
+    out = confirm.confirm(
+        sustains(100.0, SLO, seen, dirty={1}), SearchOutcome(probes=[], max_slo_rate=100.0), workload, SLO
+    )
+    assert [r for r, _ in seen] == [100.0, 100.0] and out.probes[0].superseded and out.max_slo_rate == 100.0
+
+
+def test_the_search_with_its_confirmation_reports_a_rate_the_engine_sustains():
+    """Short probes flatter the stand-in up to 1.2x its rate, so the search alone answers above it;
+    confirmed, the answer is one it sustains, within a step-down's resolution."""
+    workload = WorkloadSpec(input_len=1, output_len=1, num_prompts=10, min_probe_seconds=1, repeats=1)
+    seen: list[tuple[float, int]] = []
+    alone = benchmark.slo_search(sustains(60.0, SLO, []), workload, SLO, prior=50.0)
+    assert alone.max_slo_rate is not None and alone.max_slo_rate > 60.0
+    out = benchmark.confirmed_search(sustains(60.0, SLO, seen), workload, SLO, prior=50.0)
+    assert out.confirmed and 60.0 * (1 - SLO.resolution) ** 2 <= out.max_slo_rate <= 60.0
+    # a queue-free engine (the M/M/1 formula has no trend) confirms the search's own answer
+    plain = benchmark.confirmed_search(mm1_run(60.0, SLO), workload, SLO, prior=50.0)
+    assert plain.confirmed and plain.step_downs == 0 and plain.probes[-1].confirmation
+    assert plain.max_slo_rate == benchmark.slo_search(mm1_run(60.0, SLO), workload, SLO, prior=50.0).max_slo_rate
+
+
+def test_fidelity_reports_an_answer_too_high_as_loudly_as_one_too_low():
+    """benchmarks/fidelity.py's target (#61): under the independent client the answer holds and 1.1x fails;
+    either way it misses is 'NOT met' (the script's exit is non-zero on anything but 'met')."""
+    import importlib.util
+
+    script = Path(__file__).parents[1] / "benchmarks" / "fidelity.py"
+    spec = importlib.util.spec_from_file_location("fidelity_script", script)
+    assert spec and spec.loader
+    fidelity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fidelity)
+
+    def pairs(at_ms: float, above_ms: float):
+        return [
+            ("independent", fixed_probe(80.0, 2400, at_ms, SLO)),
+            ("vllm", fixed_probe(80.0, 2400, 100.0, SLO)),
+            ("independent", fixed_probe(80.0 * fidelity.ABOVE, 2640, above_ms, SLO)),
+        ]
+
+    assert fidelity.lower_bound_verdict(80.0, pairs(200, 2000)).startswith("lower-bound target met")
+    high = fidelity.lower_bound_verdict(80.0, pairs(900, 3000))
+    low = fidelity.lower_bound_verdict(80.0, pairs(200, 300))
+    assert high.startswith("lower-bound target NOT met: the answer is TOO HIGH") and "p90 TTFT 900.0 ms > 500" in high
+    assert low.startswith("lower-bound target NOT met: the answer is TOO LOW, 1.1x it holds")
+    assert "NOT met" in fidelity.lower_bound_verdict(None, [])
+
+
+def test_the_report_shows_the_confirmation_beside_the_searchs_probes():
+    from pipeline.records.benchmark import BenchmarkFile, LayoutResult
+    from pipeline.release import report
+
+    workload = WorkloadSpec(input_len=1, output_len=1, num_prompts=10, min_probe_seconds=1, repeats=0)
+    out = benchmark.confirmed_search(sustains(60.0, SLO, []), workload, SLO, prior=50.0)
+    result = LayoutResult(
+        layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", probes=out.probes,
+        max_slo_rate=out.max_slo_rate, confirm_seconds=out.confirm_seconds, confirmed=out.confirmed,
+        step_downs=out.step_downs,
+    )  # fmt: skip
+    html = report._section_measurement(BenchmarkFile(layouts=[result]))
+    failed, held = [p for p in out.probes if p.confirmation]
+    assert f"11 s runs, held, 1 step-down: {failed.rate:.3g} req/s x {failed.num_prompts}: p90 TTFT 2000 ms" in html
+    assert f"{held.rate:.3g} req/s x {held.num_prompts}: p90 TTFT 200 ms, trend -, pass</td>" in html
+    assert html.count("<td>confirmation: fail</td>") == 1 and html.count("<td>confirmation: pass</td>") == 1
+    assert result.deciding_probe() is held  # the performance row's p90s are the confirmation's
