@@ -341,7 +341,7 @@ def test_the_report_shows_the_planners_error_across_releases(tmp_path):
     assert "Planner error across releases" in html and html.count("<tr><td>") == 3
     assert f"<td>{releases[-1].id} ★</td>" in html and "54.2 (calibrated)" in html
     own, used = calibration.median_abs_errors(
-        calibration.observations((r.id, r.facts.predictions or []) for r in releases).of(key)
+        calibration.observations((r.id, r.data.predictions or []) for r in releases).of(key)
     )
     assert own == pytest.approx(1 - 55.0 / 128) and used == pytest.approx(57.4 / 51.0 - 1)  # medians of 3
     assert f"planner alone {own:.1%}" in html and f"existed) {used:.1%}" in html

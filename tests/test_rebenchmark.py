@@ -255,7 +255,7 @@ def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path
     spec = quick_spec(spec_file, s3)
     rel = live_release(reg, spec, small_artifact, 10.0)
     client = storage.s3_client(load_spec(spec).spec.staging.s3)
-    bucket, prefix = storage.parse_s3_uri(rel.data["s3_uri"])
+    bucket, prefix = storage.parse_s3_uri(rel.data.s3_uri)
     client.delete_object(Bucket=bucket, Key=f"{prefix}/model.safetensors")
     verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "out")
     assert verdict.status == "error" and "model.safetensors" in verdict.reasons[0]
