@@ -23,6 +23,7 @@ from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.cluster import ClusterReady
 from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
+from pipeline.records.events import SloGate
 from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, Predictions
 from pipeline.records.quantize import QuantizedArtifact
 from pipeline.records.rebenchmark import Verdict
@@ -439,17 +440,18 @@ def chosen_figures(best: LayoutResult | None) -> ChosenFigures | None:
 def slo_gate(release: ValidatedRelease, selection: LayoutSelection) -> LayoutSelection:
     fleet = selection.capacity
     if release.release_id is not None:
-        chosen = selection.chosen.model_dump(mode="json") if selection.chosen else {}
-        sizing: dict[str, Any] = {}
+        gate = SloGate(passed=selection.passed, reason=selection.reason)  # what is not set is not shown
+        if selection.chosen:
+            gate.chosen = selection.chosen
         if fleet and fleet.candidate:
-            sizing = {"servers": fleet.candidate.servers, "usd_per_hour": fleet.candidate.usd_per_hour}
+            gate.servers, gate.usd_per_hour = fleet.candidate.servers, fleet.candidate.usd_per_hour
             if fleet.change:
-                sizing["vs_live"] = fleet.change.summary()
+                gate.vs_live = fleet.change.summary()
         registry().record(
             release.release_id,
             "slo_gate",
             "gate",
-            {"passed": selection.passed, "reason": selection.reason, **chosen, **sizing},
+            gate,
             status="candidate" if selection.passed else "gate_failed",
             only_from=("candidate", "gate_failed"),
             data=ReleaseData(

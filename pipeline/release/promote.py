@@ -24,11 +24,12 @@ from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, loa
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
+from pipeline.records.events import GateVerdict
 from pipeline.records.release import StagedRef, Verification
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.release import analysis, controller, local_target, rollout_plan, step_review
-from pipeline.release.registry import Registry, Release, ReleaseData
+from pipeline.release.registry import Event, Registry, Release, ReleaseData
 from pipeline.stages import served_accuracy, serving
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def evaluation_pair(stored: dict[str, Any]) -> tuple[EvalResult, EvalResult]:
     return EvaluationPair.model_validate(stored).pair()
 
 
-def last_event(reg: Registry, release_id: int, *kinds: str) -> Any:
+def last_event(reg: Registry, release_id: int, *kinds: str) -> Event | None:
     events = [e for e in reg.events(release_id) if e.kind in kinds]
     return events[-1] if events else None
 
@@ -81,10 +82,10 @@ def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
     """Every reason this release may not be promoted; empty when it may."""
     problems = []
     acc = last_event(reg, rel.id, "accuracy_gate")
-    if acc is None or not acc.detail.get("passed"):
+    if acc is None or not acc.detail_as(GateVerdict).passed:
         problems.append("accuracy gate: " + ("not run" if acc is None else "failed"))
     slo = last_event(reg, rel.id, "slo_gate")
-    if slo is None or not slo.detail.get("passed"):
+    if slo is None or not slo.detail_as(GateVerdict).passed:
         problems.append("SLO gate: " + ("not run" if slo is None else "failed"))
     promotion = loaded.spec.promotion
     if promotion.requires_approval:

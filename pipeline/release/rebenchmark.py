@@ -23,6 +23,7 @@ from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.evaluate import EvalResult
+from pipeline.records.events import TrendPoint
 from pipeline.records.rebenchmark import Promoted, Remeasure, Verdict
 from pipeline.records.release import StagedRef
 from pipeline.release import alerts, promote, report
@@ -231,7 +232,7 @@ def conclude(
         rel.id,
         "trend_point",
         "rebenchmark",
-        {**measured.model_dump(), **found, "verdict": status, "out_dir": str(out_dir)},
+        TrendPoint.model_validate({**measured.model_dump(), **found, "verdict": status, "out_dir": str(out_dir)}),
         status="degraded" if status == "degraded" else "live",
         only_from=SERVING,
     )

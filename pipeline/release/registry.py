@@ -18,9 +18,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
@@ -228,6 +228,7 @@ class Release(BaseModel):
 # An event's evidence, as the audit trail shows it: free-form per kind (a gate's figures, a rollout
 # step's analysis, an approval's comment), JSON. The one untyped edge: kinds come and go with steps.
 EventDetail = dict[str, Any]
+DetailRecord = TypeVar("DetailRecord", bound=BaseModel)
 
 
 class Event(BaseModel):
@@ -238,6 +239,14 @@ class Event(BaseModel):
     actor: str
     status_after: str | None
     detail: EventDetail
+
+    def detail_as(self, record: type[DetailRecord]) -> DetailRecord:
+        """The detail read as the record its kind writes (records.events), never by string key;
+        one that does not fit is an error naming the event."""
+        try:
+            return record.model_validate(self.detail)
+        except ValidationError as exc:
+            raise ReleaseError(f"release {self.release_id}, event {self.id} ({self.kind}): {exc}") from None
 
 
 class UnknownRelease(ReleaseError):
@@ -337,7 +346,7 @@ class Registry:
         release_id: int,
         kind: str,
         actor: str,
-        detail: EventDetail | None = None,
+        detail: EventDetail | BaseModel | None = None,
         *,
         status: str | None = None,
         data: ReleaseData | None = None,
@@ -379,7 +388,11 @@ class Registry:
                 kind=kind,
                 actor=actor,
                 status_after=status,
-                detail=_json_safe(detail or {}),
+                detail=_json_safe(
+                    detail.model_dump(mode="json", exclude_unset=True)
+                    if isinstance(detail, BaseModel)
+                    else detail or {}
+                ),
             )
             s.add(ev)
             s.flush()

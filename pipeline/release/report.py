@@ -25,6 +25,7 @@ from pipeline.core.spec import LoadedSpec
 from pipeline.planner import calibration
 from pipeline.records import edge
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult
+from pipeline.records.events import GateVerdict, TrendPoint
 from pipeline.records.selection import ChosenFigures
 from pipeline.release.registry import NOTHING_CHOSEN, Registry, Release, ReleaseData
 from pipeline.stages import capacity
@@ -412,17 +413,18 @@ def trend(reg: Registry, release_id: int) -> list[dict[str, Any]]:
         }
     ]
     for ev in reg.events(release_id):
-        if ev.kind == "slo_gate" and ev.detail.get("passed"):
+        if ev.kind == "slo_gate" and ev.detail_as(GateVerdict).passed:
             points[0]["at"] = ev.at.isoformat()
         if ev.kind == "trend_point":
+            point = ev.detail_as(TrendPoint)
             points.append(
                 {
                     "at": ev.at.isoformat(),
-                    "max_slo_rate": ev.detail.get("max_slo_rate"),
-                    "bound_only": bool(ev.detail.get("bound_only")),  # a lower bound: no probe above it failed
-                    "p90_ttft_ms": ev.detail.get("p90_ttft_ms_at_promoted_rate"),
-                    "p90_tpot_ms": ev.detail.get("p90_tpot_ms_at_promoted_rate"),
-                    "verdict": ev.detail["verdict"],
+                    "max_slo_rate": point.max_slo_rate,
+                    "bound_only": point.bound_only,  # a lower bound: no probe above it failed
+                    "p90_ttft_ms": point.p90_ttft_ms_at_promoted_rate,
+                    "p90_tpot_ms": point.p90_tpot_ms_at_promoted_rate,
+                    "verdict": point.verdict,
                 }
             )
     return points
