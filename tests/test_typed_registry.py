@@ -4,6 +4,7 @@ string-key read of them (`rel.data["chosen"]`) where the typed read (`rel.data.c
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -122,3 +123,29 @@ def test_an_events_evidence_reads_back_as_its_record(tmp_path):
     named = rf"release {rel.id}, event {point.id} \(trend_point\): (?s:.*)\nverdict\n  Field required"
     with pytest.raises(ReleaseError, match=named):
         point.detail_as(TrendPoint)
+
+
+def _key_reads_of_event_detail(source: str) -> list[int]:
+    """Lines reading an event's `detail` by string key (`x.detail["k"]`, `x.detail.get("k")`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        target = None
+        if isinstance(node, ast.Subscript):
+            target = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop"):
+            target = node.func.value
+        if isinstance(target, ast.Attribute) and target.attr == "detail":
+            found.append(node.lineno)
+    return found
+
+
+def test_no_event_detail_is_read_by_string_key_in_the_package():
+    """An event's stored evidence is JSON; the package reads it only as its record (`Event.detail_as`)."""
+    sample = 'ev.detail["passed"]\nok = ev.detail.get("step")\nev.detail_as(X).step\n'
+    assert _key_reads_of_event_detail(sample) == [1, 2]  # the scan finds them where they are
+    found = {
+        f"{path.relative_to(PROJECT_ROOT)}:{line}"
+        for path in sorted((PROJECT_ROOT / "pipeline").rglob("*.py"))
+        for line in _key_reads_of_event_detail(path.read_text())
+    }
+    assert not found, sorted(found)
