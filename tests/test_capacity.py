@@ -16,6 +16,7 @@ from pipeline.records.benchmark import LayoutResult
 from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import capacity
 from tests.conftest import PROD_SPEC, TINY_SPEC
+from tests.test_registry import chosen
 
 WORK = WorkloadSpec(input_len=5600, output_len=140)
 
@@ -97,7 +98,11 @@ def _measured_against_live(path, live_rate: float):
     reg = Registry()
     live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
     reg.record(
-        live.id, "promoted", "pipeline", status="live", data=ReleaseData(layout="single", rate_per_server=live_rate)
+        live.id,
+        "promoted",
+        "pipeline",
+        status="live",
+        data=ReleaseData(chosen=chosen("single", rate_per_server=live_rate)),
     )
     rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
     selection = edge.call(

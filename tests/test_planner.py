@@ -23,6 +23,7 @@ from pipeline.records.plan import LayoutPrediction, PredictionCheck
 from pipeline.records.release import Overrides
 from pipeline.release.registry import ReleaseData
 from tests.conftest import PROD_SPEC, TINY_SPEC
+from tests.test_registry import chosen as chosen_figures
 
 PERF = DevicePerformance(
     peak_tflops={"bf16": 100, "fp8": 200},
@@ -401,7 +402,7 @@ def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file,
     reg = flow.registry()
     worst = ranked[-1].layout
     live = reg.open_release("live", load_spec(path).spec.name, str(path), path.read_text(), "local")
-    reg.record(live.id, "promoted", "test", {}, status="live", data=ReleaseData(layout=worst))
+    reg.record(live.id, "promoted", "test", {}, status="live", data=ReleaseData(chosen=chosen_figures(worst)))
     rel = reg.open_release("now", load_spec(path).spec.name, str(path), path.read_text(), "local")
     measured = edge.call(flow.layouts_to_measure, {**release, "release_id": rel.id}, points)
     assert measured == [n for n in names if n in {*two, worst}]

@@ -21,6 +21,7 @@ from testkit.probes import fixed_probe
 from testkit.s3server import free_port
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.load import LoadClient
+from tests.test_registry import chosen
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -113,7 +114,9 @@ def candidate(
     if accuracy is not None:
         reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy}, data=ReleaseData(evaluation=evaluation))
     if slo is not None:
-        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data=ReleaseData(layout=layout, rate_per_server=rate))
+        reg.record(
+            rel.id, "slo_gate", "gate", {"passed": slo}, data=ReleaseData(chosen=chosen(layout, rate_per_server=rate))
+        )
     if approver:
         reg.record(rel.id, "approved", approver, {"comment": "ok"}, status="approved")
     return rel, staged

@@ -19,6 +19,7 @@ from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import benchmark
 from testkit.s3server import free_port
 from tests.conftest import TINY_SPEC
+from tests.test_registry import chosen
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -119,11 +120,9 @@ def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promo
         data=ReleaseData(
             s3_uri=staged.s3_uri,
             manifest_hash=staged.manifest_hash,
-            layout="single",
-            max_slo_rate=max_slo_rate,
-            rate_per_server=max_slo_rate,
-            p90_ttft_ms=100.0,
-            p90_tpot_ms=20.0,
+            chosen=chosen(
+                "single", max_slo_rate=max_slo_rate, rate_per_server=max_slo_rate, p90_ttft_ms=100.0, p90_tpot_ms=20.0
+            ),
             evaluation=evaluation,
         ),
     )
