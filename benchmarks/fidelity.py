@@ -85,7 +85,7 @@ def dag_door(spec: Path, layout: str, port: int) -> tuple[dict, Path]:
         rel = cached().by_run(run_id)
         if state != "awaiting_approval" or rel is None:
             raise SystemExit(f"the release run ended {state} before its approval; see the Airflow logs")
-        model = promote.serving_dir(promote.release_spec(rel), rel.data)
+        model = promote.serving_dir(promote.release_spec(rel), rel.staged())
         return next(r for r in bench["layouts"] if r["layout"] == layout), model
     finally:
         airflow.stop()

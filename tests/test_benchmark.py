@@ -454,9 +454,9 @@ def test_an_answer_that_stays_unsteady_is_marked_in_the_record_verdict_and_repor
     _, body = alerts.text(rel, verdict, "http://airflow")
     assert f"measured {outcome.max_slo_rate:.3g} (unsteady)" in body
     bench = BenchmarkFile(layouts=[result])
-    from pipeline.release.registry import ReleaseData
+    from pipeline.release.registry import NOTHING_CHOSEN
 
-    row = report._section_performance(bench, ReleaseData(), None, loaded, None)
+    row = report._section_performance(bench, NOTHING_CHOSEN, None, loaded, None)
     assert f"{outcome.max_slo_rate:.3g} (unsteady)</td>" in row
     assert f"{outcome.spread:.0%} unsteady</td>" in report._section_measurement(bench)
 

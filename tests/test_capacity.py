@@ -13,10 +13,10 @@ from pipeline.core.spec import CapacitySpec, WorkloadSpec, load_spec
 from pipeline.entry import flow
 from pipeline.records import edge
 from pipeline.records.benchmark import LayoutResult
-from pipeline.records.capacity import CapacityPlan
 from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import capacity
 from tests.conftest import PROD_SPEC, TINY_SPEC
+from tests.test_registry import chosen
 
 WORK = WorkloadSpec(input_len=5600, output_len=140)
 
@@ -98,7 +98,11 @@ def _measured_against_live(path, live_rate: float):
     reg = Registry()
     live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
     reg.record(
-        live.id, "promoted", "pipeline", status="live", data=ReleaseData(layout="single", rate_per_server=live_rate)
+        live.id,
+        "promoted",
+        "pipeline",
+        status="live",
+        data=ReleaseData(chosen=chosen("single", rate_per_server=live_rate)),
     )
     rel = reg.open_release("run-1", loaded.spec.name, str(path), path.read_text(), "local")
     selection = edge.call(
@@ -129,7 +133,7 @@ def test_a_candidate_needing_more_than_max_servers_is_refused_at_the_slo_gate(
     assert "> max servers" in str(exc.value)  # the fleet table comes with the refusal
     after = reg.get(rel.id)
     assert after.status == "gate_failed"
-    plan = CapacityPlan.model_validate(after.data["capacity"])
+    plan = after.data.capacity
     assert plan.live and plan.live.servers == 3 and plan.candidate and plan.candidate.servers == 4
     gate = [e for e in reg.events(rel.id) if e.kind == "slo_gate"][-1]
     assert gate.detail["servers"] == 4 and gate.detail["vs_live"] == "3 -> 4 servers, +33% $/M output tokens"
@@ -145,7 +149,7 @@ def test_the_fleet_reaches_the_report_the_approval_and_releases_show(spec_file, 
     reg, rel, selection = _measured_against_live(path, live_rate=100.0)
     assert selection["passed"]
     edge.call(flow.slo_gate, _release(path, rel.id), selection)
-    data = reg.get(rel.id).facts
+    data = reg.get(rel.id).data
     # 500 req/s with headroom: live 5 servers at 100, candidate 3.33 -> 4 at 150; $/M output -33%
     assert approval.fleet_phrase(data) == "; 5 -> 4 servers, -33% $/M output tokens"
     assert "| candidate (single) | 150 | 4 | $0.200 | $0.00145 | $0.00579 |" in approval.fleet_lines(data)
@@ -292,8 +296,8 @@ def test_an_unsteady_client_bound_answer_is_marked_in_the_registry_and_the_appro
         single = {**_result("single", 150.0), **marks}
         release = _release(path, rel.id)
         edge.call(flow.slo_gate, release, edge.call(flow.select_layout, release, [single], run))
-        data = reg.get(rel.id).data
-        assert (data.get("unsteady"), data.get("client_bound")) == ((True, True) if marks else (False, False))
+        chosen = reg.get(rel.id).chosen()
+        assert (chosen.unsteady, chosen.client_bound) == ((True, True) if marks else (False, False))
         text = approval.body(reg.get(rel.id), None, loaded, "http://airflow")
         if marks:
             assert "Read this rate with care: **unsteady**" in text and "**client-bound**" in text

@@ -131,25 +131,32 @@ def test_a_demo_record_renders_on_the_page_and_in_the_readme(tmp_path: Path) -> 
     from pipeline.core import measurements
     from pipeline.core.spec import load_spec
     from pipeline.embedded import demo
+    from pipeline.records.evaluate import GateDecision, TaskVerdict
     from pipeline.records.plan import LayoutPrediction, PredictionCheck
+    from pipeline.records.selection import ChosenFigures
+    from pipeline.release.registry import ReleaseData
 
-    def checked(layout: str, predicted: float, measured: float | None) -> dict:
+    def checked(layout: str, predicted: float, measured: float | None) -> PredictionCheck:
         prediction = LayoutPrediction(
             layout=layout, predicted_max_slo_rate=predicted, planner_rate=predicted, predicted_per_server=predicted,
             binding_slo="p90 TTFT", bound="compute", calibrated=False, calibration_key="k",
         )  # fmt: skip
-        return PredictionCheck(layout=layout, prediction=prediction, max_slo_rate=measured).model_dump()
+        return PredictionCheck(layout=layout, prediction=prediction, max_slo_rate=measured)
 
     loaded = load_spec(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml")
-    data = {
-        "accuracy": {"tasks": [{"task": "tiny_add", "baseline": 1.0, "candidate": 0.995, "passed": True}]},
-        "predictions": [checked("single", 416.0, 340.6), checked("two-replicas", 226.0, None)],
-        "layout": "single",
-        "rate_per_server": 340.6,
-        "p90_ttft_ms": 212.0,
-        "p90_tpot_ms": 9.5,
-        "load_seconds": [31.0],
-    }
+    verdict = TaskVerdict(
+        task="tiny_add", metric="acc", baseline=1.0, baseline_stderr=None, candidate=0.995, candidate_stderr=None,
+        recovery=0.995, recovery_stderr=None, min_recovery=0.9, floor=0.5, samples_baseline=200,
+        samples_candidate=200, expected_samples=200, passed=True, reason="",
+    )  # fmt: skip
+    data = ReleaseData(
+        accuracy=GateDecision(passed=True, tasks=[verdict], failures=[]),
+        predictions=[checked("single", 416.0, 340.6), checked("two-replicas", 226.0, None)],
+        chosen=ChosenFigures(
+            layout="single", rate_per_server=340.6, per_device=340.6, max_slo_rate=340.6, p90_ttft_ms=212.0,
+            p90_tpot_ms=9.5, load_seconds=[31.0],
+        ),
+    )  # fmt: skip
     figures = demo.figures(data, loaded, "success", {"trigger_to_approval_request": 5.66}, "46")
     path = measurements.record("demo", figures, summary="release 1: live, layout single", root=tmp_path)
     assert path.parent == tmp_path / "demo" and path.name.endswith(f"-{measurements.commit()}.json")

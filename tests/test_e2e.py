@@ -191,9 +191,9 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
         stack, True, "numbers look good", ["single", "two-replicas"], beside=stack["step_reviews"].start
     )
     first = reg.by_run(run_id)
-    best = check_benchmark_outputs(first.data["benchmark_files"], ["single", "two-replicas"], broken={"two-replicas"})
+    best = check_benchmark_outputs(first.data.benchmark_files, ["single", "two-replicas"], broken={"two-replicas"})
     # the layout that held its SLO through a wrong tokenizer failed on its answers: the other one is chosen
-    assert best == "single" and first.data["layout"] == "single"
+    assert best == "single" and first.data.layout == "single"
     assert "Promote" in request["subject"] and best in request["subject"]
     assert "/model-releases/releases/" in request["body"] and "p90 TTFT" in request["body"]
     assert [u["id"] for u in request["assigned_users"]] == ["reviewer"]
@@ -204,22 +204,23 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     )
     # the planner's predictions went on record before any measurement, and stay beside the measured rates
     assert kinds.index(("predicted", "planner")) < kinds.index(("slo_gate", "gate"))
-    firsts = first.facts.predictions or []
+    firsts = first.data.predictions or []
     assert [c.layout for c in firsts] == ["single", "two-replicas"]
     assert all(
         c.prediction and c.prediction.predicted_max_slo_rate > 0 and c.prediction_error is not None for c in firsts
     )
-    assert "published before the measurement" in Path(first.data["report"]).read_text()
+    assert "published before the measurement" in Path(str(first.data.report)).read_text()
     # the registry keeps each layout's serving-path accuracy; the report shows it beside the rate
-    assert [a["layout"] for a in first.data["served_accuracy"]] == ["single", "two-replicas"]
-    assert [a["passed"] for a in first.data["served_accuracy"]] == [True, False]
-    assert all(a["seconds"] > 0 for a in first.data["served_accuracy"])
-    assert "served accuracy" in Path(first.data["report"]).read_text()
+    served = first.data.served_accuracy or []
+    assert [a.layout for a in served] == ["single", "two-replicas"]
+    assert [a.passed for a in served] == [True, False]
+    assert all(a.seconds > 0 for a in served)
+    assert "served accuracy" in Path(str(first.data.report)).read_text()
     assert completion(url)  # the staged FP8 artifact (BF16 copy on this CPU) answers on the spec's port
-    report = Path(first.data["report"])
+    report = Path(str(first.data.report))
     assert report.exists() and "numbers look good" in report.read_text()
 
-    next_spec = next_release(stack, first.data["layout"])
+    next_spec = next_release(stack, first.data.layout)
     run_id2, _ = release_run(stack, False, "not this week", [], next_spec)
     second = reg.by_run(run_id2)
     assert second.status == "rejected"
@@ -230,10 +231,10 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     assert not any(e.kind.startswith("deploy") for e in reg.events(second.id))
     # run 2 ranked its layout and the generated ones and measured the best predicted (top_k 1), the live
     # release's layout; the two ranked below it are on record with their predictions
-    seconds = second.facts.predictions or []
+    seconds = second.data.predictions or []
     measured = [c.layout for c in seconds]
     chosen = next(e.detail for e in reg.events(second.id) if e.kind == "layouts_chosen")
-    assert measured == [first.data["layout"]], (measured, chosen)
+    assert measured == [first.data.layout], (measured, chosen)
     ranked = {layout.name for layout in load_spec(next_spec).spec.layouts}
     assert set(chosen["skipped"]) == ranked - set(measured) and len(ranked) == 3, (ranked, chosen)
     # what run 1 measured calibrated run 2's plan (same hardware, engine, shape), its searches started
@@ -251,13 +252,12 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
         assert before.prediction and before.max_slo_rate
         factor = before.max_slo_rate / before.prediction.planner_rate
         assert again.predicted_max_slo_rate == pytest.approx(again.planner_rate * factor, rel=1e-2)
-    check_benchmark_outputs(second.data["benchmark_files"], measured)  # each first probe at its prediction
+    check_benchmark_outputs(second.data.benchmark_files, measured)  # each first probe at its prediction
     # both releases keep their load time split by the engine log; run 2's report sets it beside the live one's
-    assert first.data["load_split"]["to_healthy_s"] == max(first.data["load_seconds"]), first.data["load_split"]
-    assert second.data["load_split"]["weights_s"] is not None and second.data["weights_source"] == "local path"
-    assert (
-        f"live release {first.id}: {max(first.data['load_seconds']):.3g} s" in Path(second.data["report"]).read_text()
-    )
+    ours, theirs = first.chosen(), second.chosen()
+    assert ours.load_split and ours.load_split.to_healthy_s == first.data.slowest_load(), ours.load_split
+    assert theirs.load_split and theirs.load_split.weights_s is not None and theirs.weights_source == "local path"
+    assert f"live release {first.id}: {first.data.slowest_load():.3g} s" in Path(str(second.data.report)).read_text()
     assert reg.get(first.id).status == "live" and local_target.current(loaded.spec.name).release_id == first.id
     assert completion(url)
     states = stack["airflow"].client("admin").task_states(run_id2)

@@ -719,7 +719,7 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(
     reg, rel = live_prod_release(loaded, {"nfs_path": str(nfs / "gone")})
 
     # the pod side, for real: the staged artifact is gone, so it stores the reason instead of figures
-    staged = StagedRef.model_validate(rel.data)
+    staged = rel.staged()
     stored = pod_steps.remeasure(str(loaded.path), rel.id, "tp4-ep4-x2", staged, 2.2, pods.base_uri(loaded), RUN_ID)
     assert stored.status == "error"
     assert "gone" in (pod_steps.read(Remeasured, stored.result_uri, loaded).error or "")

@@ -412,9 +412,9 @@ def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_r
     assert f"client-bound at {heavy.rate:.3g} req/s (deciding the answer" in outcome.stop_reason
     result = layout_result(outcome)
     bench = BenchmarkFile(layouts=[result])
-    from pipeline.release.registry import ReleaseData
+    from pipeline.release.registry import NOTHING_CHOSEN
 
-    row = report._section_performance(bench, ReleaseData(), None, load_spec(TINY_SPEC), None)
+    row = report._section_performance(bench, NOTHING_CHOSEN, None, load_spec(TINY_SPEC), None)
     assert f"{outcome.max_slo_rate:.3g} (client-bound)</td>" in row
     quality = report._section_measurement(bench)
     assert quality.count("(client-bound)</td>") == 1  # the heavy probe's verdict, not the light one's

@@ -23,6 +23,7 @@ from pipeline.records.plan import LayoutPrediction, PredictionCheck
 from pipeline.records.release import Overrides
 from pipeline.release.registry import ReleaseData
 from tests.conftest import PROD_SPEC, TINY_SPEC
+from tests.test_registry import chosen as chosen_figures
 
 PERF = DevicePerformance(
     peak_tflops={"bf16": 100, "fp8": 200},
@@ -341,7 +342,7 @@ def test_the_report_shows_the_planners_error_across_releases(tmp_path):
     assert "Planner error across releases" in html and html.count("<tr><td>") == 3
     assert f"<td>{releases[-1].id} ★</td>" in html and "54.2 (calibrated)" in html
     own, used = calibration.median_abs_errors(
-        calibration.observations((r.id, r.facts.predictions or []) for r in releases).of(key)
+        calibration.observations((r.id, r.data.predictions or []) for r in releases).of(key)
     )
     assert own == pytest.approx(1 - 55.0 / 128) and used == pytest.approx(57.4 / 51.0 - 1)  # medians of 3
     assert f"planner alone {own:.1%}" in html and f"existed) {used:.1%}" in html
@@ -401,7 +402,7 @@ def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file,
     reg = flow.registry()
     worst = ranked[-1].layout
     live = reg.open_release("live", load_spec(path).spec.name, str(path), path.read_text(), "local")
-    reg.record(live.id, "promoted", "test", {}, status="live", data=ReleaseData(layout=worst))
+    reg.record(live.id, "promoted", "test", {}, status="live", data=ReleaseData(chosen=chosen_figures(worst)))
     rel = reg.open_release("now", load_spec(path).spec.name, str(path), path.read_text(), "local")
     measured = edge.call(flow.layouts_to_measure, {**release, "release_id": rel.id}, points)
     assert measured == [n for n in names if n in {*two, worst}]

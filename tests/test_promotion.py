@@ -21,6 +21,7 @@ from testkit.probes import fixed_probe
 from testkit.s3server import free_port
 from tests.conftest import PROD_SPEC, TINY_SPEC
 from tests.load import LoadClient
+from tests.test_registry import chosen
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -113,7 +114,9 @@ def candidate(
     if accuracy is not None:
         reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy}, data=ReleaseData(evaluation=evaluation))
     if slo is not None:
-        reg.record(rel.id, "slo_gate", "gate", {"passed": slo}, data=ReleaseData(layout=layout, rate_per_server=rate))
+        reg.record(
+            rel.id, "slo_gate", "gate", {"passed": slo}, data=ReleaseData(chosen=chosen(layout, rate_per_server=rate))
+        )
     if approver:
         reg.record(rel.id, "approved", approver, {"comment": "ok"}, status="approved")
     return rel, staged
@@ -324,7 +327,7 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
         first, _ = candidate(reg, spec, artifact, run="first", rate=20.0)
         live = promote.promote(reg, first.id)
         url = local_target.endpoint(load_spec(spec).spec)
-        assert live.status == "live" and live.data["endpoint"] == url
+        assert live.status == "live" and live.data.endpoint == url
         assert completion(url)  # the FP8 model (BF16 copy on this CPU) answers on the spec's port
         assert promote.verify(reg, first.id).text
 
@@ -339,7 +342,7 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
 
         # from here on a client sends half the live release's SLO rate (10 req/s) through the live
         # endpoint, prompts of 96 tokens (16 sums): light for a whole engine, the strict release below
-        rate = reg.get(first.id).facts.rate_per_server / 2
+        rate = reg.get(first.id).chosen().rate_per_server / 2
         with LoadClient(url, rate, prompt_repeats=16) as load:
             # a good second release takes the traffic in the spec's steps, each judged on live p90s
             # after its answers passed

@@ -19,6 +19,7 @@ from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import benchmark
 from testkit.s3server import free_port
 from tests.conftest import TINY_SPEC
+from tests.test_registry import chosen
 
 pytestmark = pytest.mark.usefixtures("release_env")
 
@@ -119,11 +120,9 @@ def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promo
         data=ReleaseData(
             s3_uri=staged.s3_uri,
             manifest_hash=staged.manifest_hash,
-            layout="single",
-            max_slo_rate=max_slo_rate,
-            rate_per_server=max_slo_rate,
-            p90_ttft_ms=100.0,
-            p90_tpot_ms=20.0,
+            chosen=chosen(
+                "single", max_slo_rate=max_slo_rate, rate_per_server=max_slo_rate, p90_ttft_ms=100.0, p90_tpot_ms=20.0
+            ),
             evaluation=evaluation,
         ),
     )
@@ -255,7 +254,7 @@ def test_artifact_gone_alerts_and_does_not_mark_degraded(spec_file, s3, tmp_path
     spec = quick_spec(spec_file, s3)
     rel = live_release(reg, spec, small_artifact, 10.0)
     client = storage.s3_client(load_spec(spec).spec.staging.s3)
-    bucket, prefix = storage.parse_s3_uri(rel.data["s3_uri"])
+    bucket, prefix = storage.parse_s3_uri(rel.data.s3_uri)
     client.delete_object(Bucket=bucket, Key=f"{prefix}/model.safetensors")
     verdict = rebenchmark.rebenchmark(reg, rel.id, tmp_path / "out")
     assert verdict.status == "error" and "model.safetensors" in verdict.reasons[0]

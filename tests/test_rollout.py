@@ -14,6 +14,7 @@ from pipeline.release import analysis, local_prometheus, local_target
 from pipeline.release.registry import ReleaseData
 from testkit import http_stub
 from tests.conftest import TINY_SPEC
+from tests.test_registry import chosen
 
 BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -333,7 +334,10 @@ def test_rollout_plan_of_a_registered_release_on_the_local_target(tmp_path, monk
     for run, rate, load in (("a", 40.0, [30.0]), ("b", 55.0, [28.0])):
         rel = reg.open_release(run, loaded.spec.name, str(TINY_SPEC), TINY_SPEC.read_text(), "local")
         reg.record(
-            rel.id, "slo_gate", "gate", data=ReleaseData(layout="single", rate_per_server=rate, load_seconds=load)
+            rel.id,
+            "slo_gate",
+            "gate",
+            data=ReleaseData(chosen=chosen("single", rate_per_server=rate, load_seconds=load)),
         )
         ids.append(rel.id)
     reg.record(ids[0], "deploy_finished", "pipeline", status="live")

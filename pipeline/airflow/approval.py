@@ -20,7 +20,8 @@ from pipeline.core import platform
 from pipeline.core.spec import LoadedSpec, duration_seconds
 from pipeline.records import edge
 from pipeline.records.release import ReleaseRef
-from pipeline.release.registry import Release, ReleaseData
+from pipeline.records.selection import ChosenFigures
+from pipeline.release.registry import NOTHING_CHOSEN, Release, ReleaseData
 from pipeline.stages import capacity
 
 log = logging.getLogger(__name__)
@@ -63,14 +64,14 @@ def fleet_lines(facts: ReleaseData) -> str:
     )
 
 
-def read_with_care(facts: ReleaseData) -> str:
+def read_with_care(chosen: ChosenFigures) -> str:
     """What the chosen rate must be read with, as the report marks it: runs that disagreed (unsteady),
     a load client that sent late (client-bound); empty for neither."""
     notes = [
         text
         for flagged, text in (
-            (facts.unsteady, "**unsteady**: its runs disagreed beyond workload.max_spread even at the longer probes"),
-            (facts.client_bound, "**client-bound**: the load client sent requests late in the runs that decided it"),
+            (chosen.unsteady, "**unsteady**: its runs disagreed beyond workload.max_spread even at the longer probes"),
+            (chosen.client_bound, "**client-bound**: the load client sent requests late in the runs that decided it"),
         )
         if flagged
     ]
@@ -79,17 +80,17 @@ def read_with_care(facts: ReleaseData) -> str:
 
 def body(rel: Release, live: Release | None, loaded: LoadedSpec, base_url: str) -> str:
     """The evidence in markdown: short enough to decide from, with a link to the full report."""
-    facts, slo = rel.facts, loaded.spec.slo
-    acc = facts.accuracy
+    facts, slo = rel.data, loaded.spec.slo
+    acc, chosen = facts.accuracy, facts.chosen or NOTHING_CHOSEN
     rows = "\n".join(
         f"| {t.task} | {t.baseline:.3f} | {t.candidate:.3f} | "
         f"{_fmt(t.recovery, '.3f')} | {t.min_recovery:.2f} | {'pass' if t.passed else 'FAIL'} |"
         for t in (acc.tasks if acc else [])
     )
-    theirs = live.facts.rate_per_server if live is not None else None
+    theirs = live.data.chosen.rate_per_server if live is not None and live.data.chosen else None
     if live is not None and theirs:
-        ratio = f"**{facts.rate_per_server / theirs:.2f}x**" if facts.rate_per_server else "—"
-        vs_live = f"live release {live.id} ({live.facts.layout}): {_fmt(theirs)} req/s per server → {ratio}"
+        ratio = f"**{chosen.rate_per_server / theirs:.2f}x**" if chosen.rate_per_server else "—"
+        vs_live = f"live release {live.id} ({live.data.layout}): {_fmt(theirs)} req/s per server → {ratio}"
     else:
         vs_live = "no live release yet"
     link = f"{base_url.rstrip('/')}{PLUGIN_PATH}/releases/{rel.id}"
@@ -97,12 +98,12 @@ def body(rel: Release, live: Release | None, loaded: LoadedSpec, base_url: str) 
         f"**Release {rel.id}: {loaded.spec.model.name} → {loaded.spec.promotion.target}**\n\n"
         f"Accuracy gate: **{'passed' if acc and acc.passed else 'FAILED'}** (lm-eval, great-expectations)\n\n"
         f"| task | baseline | FP8 | recovery | min | result |\n|---|---|---|---|---|---|\n{rows}\n\n"
-        f"Chosen layout **{facts.layout}**: **{'at least ' if facts.bound_only else ''}"
-        f"{_fmt(facts.rate_per_server)} req/s per server** "
-        f"({_fmt(facts.per_device)} per {loaded.hardware.kind.upper()}) within the SLO; {vs_live}.\n\n"
-        f"{read_with_care(facts)}"
-        f"At that rate: p90 TTFT {_fmt(facts.p90_ttft_ms, '.0f')} ms (limit {slo.max_p90_ttft_ms:g}), "
-        f"p90 TPOT {_fmt(facts.p90_tpot_ms, '.1f')} ms (limit {slo.max_p90_tpot_ms:g}).\n\n"
+        f"Chosen layout **{chosen.layout}**: **{'at least ' if chosen.bound_only else ''}"
+        f"{_fmt(chosen.rate_per_server)} req/s per server** "
+        f"({_fmt(chosen.per_device)} per {loaded.hardware.kind.upper()}) within the SLO; {vs_live}.\n\n"
+        f"{read_with_care(chosen)}"
+        f"At that rate: p90 TTFT {_fmt(chosen.p90_ttft_ms, '.0f')} ms (limit {slo.max_p90_ttft_ms:g}), "
+        f"p90 TPOT {_fmt(chosen.p90_tpot_ms, '.1f')} ms (limit {slo.max_p90_tpot_ms:g}).\n\n"
         f"{fleet_lines(facts)}"
         f"Artifact `{facts.s3_uri or facts.nfs_path}` (manifest {str(facts.manifest_hash)[:16]}…)\n\n"
         f"[Full report and audit trail]({link})"
@@ -162,8 +163,9 @@ class ReleaseApproval(ApprovalOperator):
         live = reg.live(rel.name, rel.target)
         self.assigned_users = [{"id": name, "name": name} for name in promotion.reviewers]
         self.subject = (
-            f"Promote {loaded.spec.model.name} FP8 as layout {rel.data.get('layout')} at "
-            f"{_fmt(rel.data.get('rate_per_server'))} req/s per server{fleet_phrase(rel.facts)}?"
+            f"Promote {loaded.spec.model.name} FP8 as layout {rel.data.layout} at "
+            f"{_fmt(rel.data.chosen.rate_per_server if rel.data.chosen else None)} req/s per server"
+            f"{fleet_phrase(rel.data)}?"
         )
         self.body = body(rel, live, loaded, platform.current().base_url())
         from datetime import timedelta

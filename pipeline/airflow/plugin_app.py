@@ -43,12 +43,12 @@ def releases_page(reg: Registry) -> str:
     rows = []
     for rel in reg.releases():
         decision = next((e for e in reversed(reg.events(rel.id)) if e.kind in ("approved", "rejected")), None)
-        d = rel.data
-        rate = f"{d['rate_per_server']:.3g}" if isinstance(d.get("rate_per_server"), (int, float)) else "—"
-        report = f"<a href='releases/{rel.id}'>report</a>" if d.get("report") else "—"
+        chosen = rel.data.chosen
+        rate = f"{chosen.rate_per_server:.3g}" if chosen and chosen.rate_per_server is not None else "—"
+        report = f"<a href='releases/{rel.id}'>report</a>" if rel.data.report else "—"
         rows.append(
             f"<tr><td>{rel.id}</td><td>{_e(rel.name)}</td><td class='{_e(rel.status)}'>{_e(rel.status)}</td>"
-            f"<td>{_e(rel.target)}</td><td>{_e(d.get('layout') or '—')}</td><td>{rate}</td>"
+            f"<td>{_e(rel.target)}</td><td>{_e(rel.data.layout or '—')}</td><td>{rate}</td>"
             f"<td>{_e(f'{decision.kind} by {decision.actor}' if decision else '—')}</td>"
             f"<td>{rel.created_at:%Y-%m-%d %H:%M}</td><td>{report} · <a href='releases/{rel.id}/audit'>audit trail</a>"
             f"</td></tr>"
@@ -83,14 +83,15 @@ def create_app() -> FastAPI:
     @app.get("/api/releases")
     async def releases_json() -> JSONResponse:
         rels = await asyncio.to_thread(lambda: registry().releases())
-        return JSONResponse([r.model_dump(mode="json", exclude={"spec_yaml"}) for r in rels])
+        # the facts as recorded: those no step set are left out, not listed as null
+        return JSONResponse([r.model_dump(mode="json", exclude={"spec_yaml"}, exclude_unset=True) for r in rels])
 
     @app.get("/releases/{release_id}", response_class=HTMLResponse)
     async def report(release_id: int) -> str:
         def load() -> str:
             reg = registry()
             rel = reg.get(release_id)
-            path = rel.data.get("report")
+            path = rel.data.report
             if path and Path(path).exists():
                 return Path(path).read_text()
             return _audit_html(reg, release_id)

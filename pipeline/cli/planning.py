@@ -42,7 +42,7 @@ def _capacity(args: argparse.Namespace) -> int:
         raise ReleaseError(f"{loaded.path}: capacity: missing; give peak_rps and mean_rps (see configs/releases/)")
     reg = registry.Registry()
     live = reg.live(spec.name, spec.promotion.target)
-    versus = capacity.versus_live(live.id, live.data, loaded.hardware) if live else None
+    versus = capacity.versus_live(live.id, live.data.chosen, live.data.capacity, loaded.hardware) if live else None
     if args.rate_per_server:
         rates = _given_rates(args.rate_per_server, [layout.name for layout in spec.layouts], args.layout)
         best = max(rates, key=lambda name: rates[name])  # what the SLO selection would choose
@@ -51,15 +51,15 @@ def _capacity(args: argparse.Namespace) -> int:
         given = ", ".join(f"{name} {rate:g}" for name, rate in rates.items())
         origin = f"rates per server given on the command line ({given} req/s); candidate: {best}"
     else:
-        measured = next((r for r in reg.releases(name=spec.name) if capacity.recorded_rate(r.data)), None)
+        measured = next((r for r in reg.releases(name=spec.name) if capacity.recorded_rate(r.data.chosen)), None)
         if measured is None:
             raise ReleaseError(
                 f"{spec.name}: no release in {reg.safe_url} has a measured rate per server; give --rate-per-server R"
             )
-        layout = measured.data.get("layout") or "?"
-        rate = capacity.recorded_rate(measured.data) or 0.0
+        layout = measured.data.layout or "?"
+        rate = capacity.recorded_rate(measured.data.chosen) or 0.0
         same = live is not None and measured.id == live.id
-        recorded_load = max(measured.data.get("load_seconds") or [], default=None)
+        recorded_load = measured.data.slowest_load()
         load = args.load_seconds or recorded_load
         plan = capacity.plan(
             loaded,

@@ -33,15 +33,15 @@ def _releases(args: argparse.Namespace) -> int:
         if known is None:
             raise ReleaseError(f"releases rollback: no releases named {name!r} in {reg.safe_url}")
         rel = promote.rollback(reg, name, known.target, getattr(args, "as"), args.reason, to=args.to)
-        emit(f"release {rel.id} is {rel.status} again ({rel.data.get('endpoint')})")
+        emit(f"release {rel.id} is {rel.status} again ({rel.data.endpoint})")
         return 0
     rows = reg.releases(name=args.name, status=args.status)
     emit(f"{'id':>4}  {'release':28} {'status':12} {'target':10} {'layout':14} {'req/s/server':>12}  created (UTC)")
     for rel in rows:
-        rate = rel.data.get("rate_per_server")
+        rate = rel.data.chosen.rate_per_server if rel.data.chosen else None
         emit(
-            f"{rel.id:>4}  {rel.name:28} {rel.status:12} {rel.target:10} {str(rel.data.get('layout') or '-'):14} "
-            f"{(f'{rate:.3g}' if isinstance(rate, (int, float)) else '-'):>12}  {rel.created_at:%Y-%m-%d %H:%M}"
+            f"{rel.id:>4}  {rel.name:28} {rel.status:12} {rel.target:10} {rel.data.layout or '-':14} "
+            f"{(f'{rate:.3g}' if rate is not None else '-'):>12}  {rel.created_at:%Y-%m-%d %H:%M}"
         )
     return 0
 

@@ -22,10 +22,9 @@ from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
-from pipeline.records.capacity import CapacityPlan
 from pipeline.records.plan import PredictionCheck
 from pipeline.release import local_target
-from pipeline.release.registry import cached
+from pipeline.release.registry import ReleaseData, cached
 from pipeline.stages import capacity, tiny_model
 
 log = logging.getLogger("demo")
@@ -120,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def figures(
-    data: dict[str, Any], loaded: LoadedSpec, state: str, minutes: dict[str, float], completion: str | None
+    data: ReleaseData, loaded: LoadedSpec, state: str, minutes: dict[str, float], completion: str | None
 ) -> dict[str, Any]:
     """What the demo measured, as its results record keeps it (`benchmarks/results/demo/`): the run's
     timings (command to trigger and to live: the newcomer's clock, from the shell command with its setup;
     trigger to end includes a reviewer's wait unless approved unattended), the accuracy gate's
     table, each layout's predicted and measured max SLO rate, the chosen one."""
-    gate = data.get("accuracy") or {}
+    chosen = data.chosen
     return {
         "spec": str(loaded.path.relative_to(PROJECT_ROOT) if loaded.path.is_relative_to(PROJECT_ROOT) else loaded.path),
         "state": state,
@@ -134,16 +133,16 @@ def figures(
         "slo": {"max_p90_ttft_ms": loaded.spec.slo.max_p90_ttft_ms, "max_p90_tpot_ms": loaded.spec.slo.max_p90_tpot_ms},
         "workload": {"input_len": loaded.spec.workload.input_len, "output_len": loaded.spec.workload.output_len},
         "accuracy": {
-            t["task"]: {"baseline": t["baseline"], "candidate": t["candidate"], "passed": t["passed"]}
-            for t in gate.get("tasks", [])
+            t.task: {"baseline": t.baseline, "candidate": t.candidate, "passed": t.passed}
+            for t in (data.accuracy.tasks if data.accuracy else [])
         },
-        "layouts": [layout_figures(PredictionCheck.model_validate(p)) for p in data.get("predictions") or []],
+        "layouts": [layout_figures(p) for p in data.predictions or []],
         "chosen": {
-            "layout": data.get("layout"),
-            "rate_per_server": data.get("rate_per_server"),
-            "p90_ttft_ms": data.get("p90_ttft_ms"),
-            "p90_tpot_ms": data.get("p90_tpot_ms"),
-            "load_seconds": data.get("load_seconds"),
+            "layout": chosen.layout if chosen else None,
+            "rate_per_server": chosen.rate_per_server if chosen else None,
+            "p90_ttft_ms": chosen.p90_ttft_ms if chosen else None,
+            "p90_tpot_ms": chosen.p90_tpot_ms if chosen else None,
+            "load_seconds": chosen.load_seconds if chosen else None,
         },
         "completion": completion,
     }
@@ -161,10 +160,9 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool, typed: f
         minutes["trigger_to_approval_request"] = waited / 60
         rel = cached().by_run(run_id)
         log.info("run %s is waiting for approval after %.1f min (trigger -> approval request)", run_id, waited / 60)
-        log.info("  report:  %s", rel.data.get("report") if rel else "?")
-        if rel and rel.data.get("capacity"):
-            plan = CapacityPlan.model_validate(rel.data["capacity"])
-            log.info("  fleet and cost (spec capacity:):\n%s", capacity.table(plan))
+        log.info("  report:  %s", rel.data.report if rel else "?")
+        if rel and rel.data.capacity:
+            log.info("  fleet and cost (spec capacity:):\n%s", capacity.table(rel.data.capacity))
         log.info(
             "  UI:      %s  (Browse > Required actions, or Model releases) login %s, password in %s",
             airflow.url,
@@ -193,7 +191,7 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool, typed: f
         rel.status if rel else "?",
     )
     if rel:
-        log.info("  report:  %s", rel.data.get("report"))
+        log.info("  report:  %s", rel.data.report)
         log.info("  audit:   .venv/bin/model-release releases show %d", rel.id)
         live_at = live_since(rel.id)
         if live_at is not None:
@@ -206,7 +204,7 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool, typed: f
         path = measurements.record(
             "demo",
             {**figures(rel.data, loaded, state, minutes, completion), "approved_unattended": auto_approve},
-            summary=f"release {rel.id}: {rel.status}, layout {rel.data.get('layout')}",
+            summary=f"release {rel.id}: {rel.status}, layout {rel.data.layout}",
             command="make demo" + (" ARGS=--yes" if auto_approve else ""),
         )
         log.info("  figures: %s", path.relative_to(PROJECT_ROOT))

@@ -23,6 +23,7 @@ from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.cluster import ClusterReady
 from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
+from pipeline.records.events import SloGate
 from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, Predictions
 from pipeline.records.quantize import QuantizedArtifact
 from pipeline.records.rebenchmark import Verdict
@@ -319,7 +320,7 @@ def layouts_to_measure(release: ValidatedRelease, predictions: Predictions) -> l
         chosen = MeasuredLayouts(measure=names, reason=f"top_k {top_k}, but not every layout has a prediction")
     else:
         live = registry().live(spec.name, spec.promotion.target)
-        live_layout = live.data.get("layout") if live else None
+        live_layout = live.data.layout if live else None
         choice = uncertainty.choose(ranked, top_k, lambda p: p.layout)
         best = choice.measure
         keep = set(best) | ({live_layout} if live_layout in names else set())
@@ -410,7 +411,7 @@ def capacity_plan(loaded: LoadedSpec, layouts: list[LayoutResult], best: str | N
         return None
     rates = {r.layout: r.per_server for r in layouts if r.status == "ok" and r.per_server}
     live = registry().live(loaded.spec.name, loaded.spec.promotion.target)
-    versus = capacity.versus_live(live.id, live.data, loaded.hardware) if live else None
+    versus = capacity.versus_live(live.id, live.data.chosen, live.data.capacity, loaded.hardware) if live else None
     loads = {r.layout: max(r.load_seconds) for r in layouts if r.status == "ok" and r.load_seconds}
     return capacity.plan(loaded, rates, best, versus, load_seconds=loads, load_source="measured by this run")
 
@@ -439,21 +440,22 @@ def chosen_figures(best: LayoutResult | None) -> ChosenFigures | None:
 def slo_gate(release: ValidatedRelease, selection: LayoutSelection) -> LayoutSelection:
     fleet = selection.capacity
     if release.release_id is not None:
-        chosen = selection.chosen.model_dump(mode="json") if selection.chosen else {}
-        sizing: dict[str, Any] = {}
+        gate = SloGate(passed=selection.passed, reason=selection.reason)  # what is not set is not shown
+        if selection.chosen:
+            gate.chosen = selection.chosen
         if fleet and fleet.candidate:
-            sizing = {"servers": fleet.candidate.servers, "usd_per_hour": fleet.candidate.usd_per_hour}
+            gate.servers, gate.usd_per_hour = fleet.candidate.servers, fleet.candidate.usd_per_hour
             if fleet.change:
-                sizing["vs_live"] = fleet.change.summary()
+                gate.vs_live = fleet.change.summary()
         registry().record(
             release.release_id,
             "slo_gate",
             "gate",
-            {"passed": selection.passed, "reason": selection.reason, **chosen, **sizing},
+            gate,
             status="candidate" if selection.passed else "gate_failed",
             only_from=("candidate", "gate_failed"),
             data=ReleaseData(
-                **chosen,
+                chosen=selection.chosen,
                 benchmark_files=selection.files,
                 capacity=fleet,
                 predictions=[r.prediction_check() for r in selection.layouts],
@@ -474,7 +476,7 @@ def report(release: ReleaseRef | int, run_id: str) -> ReportPage:
     reg = registry()
     rel = reg.get(release_id)
     path = report_page.write(reg, rel, release_spec(rel), run_dir(run_id))
-    if rel.data.get("report") != str(path):
+    if rel.data.report != str(path):
         reg.record(release_id, "report", "pipeline", {"path": str(path)}, data=ReleaseData(report=str(path)))
     log.info("reviewer report: %s", path)
     return ReportPage(release_id=release_id, path=str(path))
@@ -495,8 +497,8 @@ def promote(
         rel = promotion.promote(reg, release_id, step_reviews=step_reviews, first_try=first_try)
     finally:
         report(release_id, run_id)  # the audit trail in the report includes the outcome
-    log.info("release %d is %s at %s", rel.id, rel.status, rel.data.get("endpoint"))
-    return PromotionOutcome(release_id=rel.id, name=rel.name, status=rel.status, endpoint=rel.data.get("endpoint"))
+    log.info("release %d is %s at %s", rel.id, rel.status, rel.data.endpoint)
+    return PromotionOutcome(release_id=rel.id, name=rel.name, status=rel.status, endpoint=rel.data.endpoint)
 
 
 def review_steps(release: ReleaseRef | int) -> list[int]:
@@ -554,7 +556,7 @@ def rollback(name: str, release_id: int | None, reason: str, actor: str) -> Prom
         raise ReleaseError(f"param name: no releases named {name!r} in the registry")
     target = reg.get(release_id).target if release_id else candidates[0].target
     rel = promotion.rollback(reg, name, target, actor, reason, to=release_id)
-    return PromotionOutcome(release_id=rel.id, name=rel.name, status=rel.status, endpoint=rel.data.get("endpoint"))
+    return PromotionOutcome(release_id=rel.id, name=rel.name, status=rel.status, endpoint=rel.data.endpoint)
 
 
 def cluster_preflight(release: ValidatedRelease) -> ClusterReady:

@@ -168,7 +168,7 @@ def remeasure(
             log.warning("release %d: no accuracy gate results: the served answers are not checked", release_id)
         result = rebenchmark.measure(
             loaded,
-            staged.model_dump(),
+            staged,
             layout,
             promoted_rate,
             flow.run_dir(run_id) / "rebenchmark" / f"release-{release_id}",
@@ -194,7 +194,7 @@ def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
     for release_id in release_ids:
         rel = reg.get(release_id)
         loaded = promote.release_spec(rel)
-        facts = rel.facts
+        facts = rel.data
         uri = evaluation_uri(pods.base_uri(loaded), run_id, release_id)
         # the pair promote.gate_results reads, as stored: the pod reads it alike
         evaluation = write(uri, facts.evaluation, loaded) if facts.evaluation else None
@@ -208,7 +208,7 @@ def remeasure_arguments(release_ids: list[int], run_id: str) -> list[list[str]]:
                     s3_uri=facts.s3_uri,
                     nfs_path=facts.nfs_path,
                     manifest_hash=facts.manifest_hash,
-                    promoted_rate=facts.max_slo_rate,
+                    promoted_rate=rel.chosen().max_slo_rate,
                     run_id=run_id,
                     evaluation=evaluation,
                 )

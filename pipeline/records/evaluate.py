@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 
 __all__ = [
     "Endpoint",
@@ -52,7 +52,7 @@ class EvalResult(BaseModel):
     model_manifest_hash: str = Field(description="its manifest's content hash: what the cache keys on")
     backend: str = Field(description="lm-eval's backend: hf, vllm or local-completions")
     scores: list[TaskScore] = Field(description="one per task of the spec, in its order")
-    settings: dict[str, Any] = Field(
+    settings: dict[str, JsonValue] = Field(
         description="tasks, limit, seed, backend, lm-eval version: the cache key's settings"
     )
     seconds: float = Field(description="lm-eval's wall time over all tasks, s (a cached result keeps its run's)")

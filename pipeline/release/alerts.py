@@ -37,7 +37,7 @@ def _rate(figures: Promoted | Remeasure | None) -> str:
 def text(rel: Release, verdict: Verdict, base_url: str) -> tuple[str, str]:
     """(subject, body) of the alert: what happened and the figures, readable in a pager."""
     what = "DEGRADED" if verdict.status == "degraded" else "re-benchmark FAILED"
-    subject = f"[model-release] {rel.name} release {rel.id} ({rel.data.get('layout')}): {what}"
+    subject = f"[model-release] {rel.name} release {rel.id} ({rel.data.layout}): {what}"
     m, e = verdict.measured, verdict.expected
     lines = [subject, ""] + [f"- {r}" for r in verdict.reasons] + [""]
     if m is not None:

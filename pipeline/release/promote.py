@@ -24,11 +24,12 @@ from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, loa
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
-from pipeline.records.release import Verification
+from pipeline.records.events import GateVerdict
+from pipeline.records.release import StagedRef, Verification
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.release import analysis, controller, local_target, rollout_plan, step_review
-from pipeline.release.registry import Registry, Release, ReleaseData
+from pipeline.release.registry import Event, Registry, Release, ReleaseData
 from pipeline.stages import served_accuracy, serving
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def release_spec(rel: Release) -> LoadedSpec:
 
 def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:
     """The in-process (baseline, candidate) results the accuracy gate recorded for this release."""
-    recorded = rel.facts.evaluation
+    recorded = rel.data.evaluation
     if recorded is None:
         return None  # released before the registry kept them: the served answers are not checked
     return recorded.pair()
@@ -72,7 +73,7 @@ def evaluation_pair(stored: dict[str, Any]) -> tuple[EvalResult, EvalResult]:
     return EvaluationPair.model_validate(stored).pair()
 
 
-def last_event(reg: Registry, release_id: int, *kinds: str) -> Any:
+def last_event(reg: Registry, release_id: int, *kinds: str) -> Event | None:
     events = [e for e in reg.events(release_id) if e.kind in kinds]
     return events[-1] if events else None
 
@@ -81,10 +82,10 @@ def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
     """Every reason this release may not be promoted; empty when it may."""
     problems = []
     acc = last_event(reg, rel.id, "accuracy_gate")
-    if acc is None or not acc.detail.get("passed"):
+    if acc is None or not acc.detail_as(GateVerdict).passed:
         problems.append("accuracy gate: " + ("not run" if acc is None else "failed"))
     slo = last_event(reg, rel.id, "slo_gate")
-    if slo is None or not slo.detail.get("passed"):
+    if slo is None or not slo.detail_as(GateVerdict).passed:
         problems.append("SLO gate: " + ("not run" if slo is None else "failed"))
     promotion = loaded.spec.promotion
     if promotion.requires_approval:
@@ -99,13 +100,11 @@ def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
                 f"(spec promotion.reviewers: {', '.join(promotion.reviewers)})"
             )
     data = rel.data
-    if not data.get("manifest_hash"):
+    if not data.manifest_hash:
         problems.append("artifact: no staged artifact recorded")
     else:
         try:
-            storage.verify_staged(
-                data["manifest_hash"], data.get("s3_uri"), data.get("nfs_path"), loaded.spec.staging.s3
-            )
+            storage.verify_staged(data.manifest_hash, data.s3_uri, data.nfs_path, loaded.spec.staging.s3)
         except ReleaseError as exc:
             problems.append(f"artifact: {exc}")
     if rel.status not in ("approved", "candidate", "failed", "rolled_back"):
@@ -151,7 +150,7 @@ def promote(
         rel.id,
         "deploy_started",
         actor,
-        {"target": rel.target, "layout": rel.data["layout"], "replacing": previous.id if previous else None},
+        {"target": rel.target, "layout": rel.data.layout, "replacing": previous.id if previous else None},
         status="deploying",
     )
     review = reviewer(reg, rel, loaded) if step_reviews else None
@@ -217,9 +216,9 @@ def reviewer(reg: Registry, rel: Release, loaded: LoadedSpec) -> step_review.Rev
     return step_review.registry_reviewer(reg, rel.id, duration_seconds(timeout)) if timeout else None
 
 
-def serving_dir(loaded: LoadedSpec, data: dict[str, Any]):
+def serving_dir(loaded: LoadedSpec, staged: StagedRef):
     """What the local engines load: the staged artifact, fetched and verified (BF16 copy on CPU)."""
-    return serving.serving_copy(loaded, data["manifest_hash"], data.get("s3_uri"), data.get("nfs_path"))
+    return serving.serving_copy(loaded, staged.manifest_hash, staged.s3_uri, staged.nfs_path)
 
 
 def _rollout_check(rel: Release, loaded: LoadedSpec) -> tuple[tuple[EvalResult, EvalResult], EvaluationSpec] | None:
@@ -331,12 +330,12 @@ def _opened_local(
     with local_target.switching(rel.name):
         if purpose in ("promote", "rollback"):
             local_target.recover(spec)  # another rollout whose controller died: undone before this one
-            model_dir = serving_dir(loaded, rel.data)
+            model_dir = serving_dir(loaded, rel.staged())
             target = local_target.LocalRelease(
                 spec,
                 rel.id,
                 loaded.hardware,
-                loaded.layout(rel.data["layout"]),
+                loaded.layout(rel.chosen().layout),
                 model_dir,
                 step_answers(rel, loaded, model_dir),
             )
@@ -380,7 +379,7 @@ def _opened_kubernetes(
     spec = loaded.spec
     namespace = spec.promotion.namespace
     plan = feasible_plan(loaded, rel, live) if purpose == "promote" else None  # refused before anything renders
-    objs = _rendered(reg, rel, loaded, actor, plan.new_servers) if plan else rel.data.get("manifests") or []
+    objs = _rendered(reg, rel, loaded, actor, plan.new_servers) if plan else rel.data.manifests or []
     client = client or k8s_deploy.api_client(spec.promotion.kubernetes_conn_id)
     cluster = k8s_deploy.KubernetesTarget(client)
     endpoint = f"service/{objs_service(objs)}.{namespace}"
@@ -441,16 +440,15 @@ def _opened(
 
 def _rendered(reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, servers: int) -> list[dict]:
     """The release's Kubernetes objects for `servers` servers, schema-validated and kept on record."""
-    artifact = manifests.Artifact(
-        s3_uri=rel.data.get("s3_uri"), nfs_path=rel.data.get("nfs_path"), manifest_hash=rel.data["manifest_hash"]
-    )
+    staged = rel.staged()
+    artifact = manifests.Artifact(s3_uri=staged.s3_uri, nfs_path=staged.nfs_path, manifest_hash=staged.manifest_hash)
     # with capacity.autoscale, the release's KEDA scalers too, sized from its measured rate per server
     capacity = loaded.spec.capacity
-    rate = rel.facts.rate_per_server if capacity and capacity.autoscale else None
+    rate = rel.chosen().rate_per_server if capacity and capacity.autoscale else None
     # the startup probe and progress deadline from the release's own load time, measured on this hardware
-    load = max(rel.facts.load_seconds or [], default=None)
+    load = rel.data.slowest_load()
     options = manifests.RenderOptions(servers=servers, autoscale_rate=rate, load_seconds=load)
-    objs = manifests.render(loaded, rel.data["layout"], str(rel.id), artifact, options)
+    objs = manifests.render(loaded, rel.chosen().layout, str(rel.id), artifact, options)
     problems = manifests.validate(objs)
     if problems:
         reg.record(

@@ -23,7 +23,9 @@ from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.evaluate import EvalResult
+from pipeline.records.events import TrendPoint
 from pipeline.records.rebenchmark import Promoted, Remeasure, Verdict
+from pipeline.records.release import StagedRef
 from pipeline.release import alerts, promote, report
 from pipeline.release.registry import SERVING, Registry, Release
 from pipeline.stages import benchmark
@@ -54,9 +56,17 @@ def versions(loaded: LoadedSpec) -> dict[str, str]:
     return out
 
 
+def _promoted_rate(rel: Release) -> float:
+    """The max SLO rate the release was promoted at: what a re-benchmark starts from and is held to."""
+    rate = rel.chosen().max_slo_rate
+    if rate is None:
+        raise ReleaseError(f"release {rel.id}: promoted without a max SLO rate; nothing to re-benchmark against")
+    return rate
+
+
 def judge(rel: Release, result: LayoutResult, loaded: LoadedSpec) -> tuple[str, list[str], Remeasure]:
     """Compare with the figures recorded at promotion; returns (status, reasons, measured)."""
-    promoted_rate = rel.data["max_slo_rate"]
+    promoted_rate = _promoted_rate(rel)
     check = result.last_run_at(promoted_rate)
     bound = result.bound_only and result.max_slo_rate is not None  # a lower bound (LayoutResult.bound_only)
     measured = Remeasure(
@@ -77,7 +87,7 @@ def judge(rel: Release, result: LayoutResult, loaded: LoadedSpec) -> tuple[str, 
     # the search knows the boundary only to within its resolution: a drop smaller than that is noise
     allowed = loaded.spec.rebenchmark.tolerance + loaded.spec.slo.resolution
     new_rate = result.max_slo_rate or 0.0
-    promoted = benchmark.rate_text(promoted_rate, rel.data.get("bound_only"))
+    promoted = benchmark.rate_text(promoted_rate, rel.chosen().bound_only)
     # a lower bound shows a drop only where the SLO failed: at the lowest rate that failed above it
     failed_above = [p.rate for p in result.probes if not p.superseded and not p.passed and new_rate < p.rate < math.inf]
     top = min(failed_above, default=None) if bound else new_rate
@@ -107,7 +117,7 @@ def judge(rel: Release, result: LayoutResult, loaded: LoadedSpec) -> tuple[str, 
 
 def measure(
     loaded: LoadedSpec,
-    staged: dict[str, Any],
+    staged: StagedRef,
     layout_name: str,
     promoted_rate: float,
     out_dir: Path,
@@ -120,7 +130,7 @@ def measure(
     cannot measure; answers that got worse are a measurement, judged as degradation. This is what
     runs beside Airflow (local) or in a pod on the GPU node (`model-release remeasure`)."""
     layout = loaded.layout(layout_name)
-    storage.verify_staged(staged["manifest_hash"], staged.get("s3_uri"), staged.get("nfs_path"), loaded.spec.staging.s3)
+    storage.verify_staged(staged.manifest_hash, staged.s3_uri, staged.nfs_path, loaded.spec.staging.s3)
     model = promote.serving_dir(loaded, staged)
     # the search starts at the promoted rate (its first probe is the check) and steps by 1.25x, so a
     # short search still ends bisected rather than as a bound
@@ -157,7 +167,7 @@ def rebenchmark(
     loaded = loaded or promote.release_spec(rel)
     try:
         result = measure(
-            loaded, rel.data, rel.data["layout"], rel.data["max_slo_rate"], out_dir, promote.gate_results(rel)
+            loaded, rel.staged(), rel.chosen().layout, _promoted_rate(rel), out_dir, promote.gate_results(rel)
         )
         error = None
     except MeasurementCancelled as exc:
@@ -198,7 +208,8 @@ def conclude(
     """Judge a measurement (or its failure), record the trend point or the failure, alert, and
     roll back when the spec says so. A failure to measure alerts but is never evidence of
     degradation."""
-    expected = Promoted.model_validate(rel.facts.model_dump(include=set(Promoted.model_fields)))
+    chosen = rel.data.chosen
+    expected = Promoted.model_validate(chosen.model_dump(include=set(Promoted.model_fields)) if chosen else {})
     if result is None:
         verdict = Verdict(
             release_id=rel.id,
@@ -222,7 +233,7 @@ def conclude(
         rel.id,
         "trend_point",
         "rebenchmark",
-        {**measured.model_dump(), **found, "verdict": status, "out_dir": str(out_dir)},
+        TrendPoint.model_validate({**measured.model_dump(), **found, "verdict": status, "out_dir": str(out_dir)}),
         status="degraded" if status == "degraded" else "live",
         only_from=SERVING,
     )
@@ -253,9 +264,9 @@ def conclude(
 def refresh_report(reg: Registry, release_id: int) -> Path | None:
     """Re-render the release's report so it carries the new trend point."""
     rel = reg.get(release_id)
-    if not rel.data.get("report"):
+    if not rel.data.report:
         return None
-    run_dir = Path(rel.data["report"]).parent
+    run_dir = Path(rel.data.report).parent
     return report.write(reg, rel, promote.release_spec(rel), run_dir)
 
 

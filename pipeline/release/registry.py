@@ -18,9 +18,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
@@ -32,11 +32,11 @@ from pipeline.core.rollout import Deployment
 from pipeline.core.spec import LoadedSpec, hardware_path, resolved_source
 from pipeline.planner.calibration import Measurements, observations
 from pipeline.planner.profile import Profile
-from pipeline.records.benchmark import LoadSplit
 from pipeline.records.capacity import CapacityPlan
 from pipeline.records.evaluate import EvaluationPair, GateDecision
 from pipeline.records.plan import PredictionCheck
-from pipeline.records.release import ReleaseInputs
+from pipeline.records.release import ReleaseInputs, StagedRef
+from pipeline.records.selection import ChosenFigures
 from pipeline.records.served_accuracy import ServedSummary
 from pipeline.release import migrations
 from pipeline.stages import capacity
@@ -116,11 +116,17 @@ class ProfileRow(Base):
     data: Mapped[dict] = mapped_column(JSON, doc="the Profile")
 
 
+# A Kubernetes object as the API takes it (Kubernetes' own schema, not ours): JSON, typed as JSON.
+KubeObject = dict[str, JsonValue]
+
+
 class ReleaseData(BaseModel):
-    """What the registry keeps about a release (its `data`): one name per fact, each written by one step.
+    """What the registry keeps about a release (its `data`): one name per fact, each written by one step,
+    a step's record nested whole (the chosen layout's figures are a `ChosenFigures`, not copies of its fields).
 
     `Registry.record` checks every write against this (an unknown or misspelt key, or a wrong type,
-    is refused naming it); `Release.facts` reads it typed.
+    is refused naming it); `Release.data` reads it typed. Releases stored before the figures were
+    nested keep them flat at the top level: `_nest_flat_figures` reads them into `chosen`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -128,29 +134,18 @@ class ReleaseData(BaseModel):
     # stage: where the weights are, by manifest hash (what promotion re-verifies and deploys)
     s3_uri: str | None = Field(None, description="the staged FP8 artifact on S3 / Spaces")
     nfs_path: str | None = Field(None, description="the staged FP8 artifact on the NFS share")
-    manifest_hash: str | None = None
+    manifest_hash: str | None = Field(None, description="the staged artifact's manifest hash")
     quantized_path: str | None = Field(None, description="the local FP8 output that was staged")
     # accuracy gate
     accuracy: GateDecision | None = Field(None, description="the gate's decision (tasks, recovery, failures)")
-    source_hash: str | None = None
-    source_path: str | None = None
+    source_hash: str | None = Field(None, description="the source model's manifest hash")
+    source_path: str | None = Field(None, description="the source model's directory")
     evaluation: EvaluationPair | None = Field(
         None, description="the gate's in-process results, per item: what served answers are held to"
     )
-    # SLO gate: the chosen layout's figures (records.selection.ChosenFigures) and the fleet
-    layout: str | None = None
-    rate_per_server: float | None = None
-    per_device: float | None = None
-    max_slo_rate: float | None = None
-    bound_only: bool | None = Field(None, description="max_slo_rate is a lower bound (the search's bound_only)")
-    unsteady: bool | None = Field(None, description="its runs disagreed beyond workload.max_spread")
-    client_bound: bool | None = Field(None, description="the load client sent late in the runs deciding it")
-    p90_ttft_ms: float | None = None
-    p90_tpot_ms: float | None = None
-    load_seconds: list[float] | None = Field(None, description="the chosen layout's replicas, process start to healthy")
-    load_split: LoadSplit | None = Field(None, description="its slowest replica's start, split by the engine log")
-    weights_source: str | None = Field(None, description="where the measured engines read the weights from")
-    benchmark_files: dict[str, str] | None = None
+    # SLO gate: the chosen layout's figures and the fleet
+    chosen: ChosenFigures | None = Field(None, description="the chosen layout's figures (the SLO gate's)")
+    benchmark_files: dict[str, str] | None = Field(None, description="kind (json, csv, plot, ...) -> file")
     capacity: CapacityPlan | None = Field(None, description="the fleet and its cost at the spec's peak")
     predictions: list[PredictionCheck] | None = Field(
         None, description="per benchmarked layout: the planner's prediction beside the measured max SLO rate"
@@ -159,17 +154,41 @@ class ReleaseData(BaseModel):
         None, description="per benchmarked layout: serving-path accuracy passed, seconds, per task served/in-process"
     )
     # report and promotion
-    report: str | None = None
-    endpoint: str | None = None
+    report: str | None = Field(None, description="the reviewer report's path")
+    endpoint: str | None = Field(None, description="where the release serves, once live")
     deployment: Deployment | None = Field(None, description="local target: the running instance")
-    manifests: list[dict[str, Any]] | None = Field(
+    manifests: list[KubeObject] | None = Field(
         None, description="kubernetes target: the applied objects, as the API takes them (Kubernetes' own schema)"
     )
-    manifests_file: str | None = None
+    manifests_file: str | None = Field(None, description="where those objects were written, as YAML")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat_figures(cls, data: Any) -> Any:
+        """A release stored before `chosen` (up to 1b3a689) keeps the figures flat beside the other facts."""
+        if not isinstance(data, dict) or "layout" not in data:
+            return data
+        flat = {k: data[k] for k in ChosenFigures.model_fields if k in data}
+        rest = {k: v for k, v in data.items() if k not in flat}
+        if rest.get("chosen") is None:  # a nested record, where one was written since, wins
+            rest["chosen"] = {k: None for k, f in ChosenFigures.model_fields.items() if f.is_required()} | flat
+        return rest
+
+    @property
+    def layout(self) -> str | None:
+        """The chosen layout's name; None before the SLO gate chose one."""
+        return self.chosen.layout if self.chosen else None
 
     def slowest_load(self) -> float | None:
         """What a scale-out or a rollback waits for: the chosen layout's slowest replica, start to healthy."""
-        return max(self.load_seconds or [], default=None)
+        return max(self.chosen.load_seconds or [] if self.chosen else [], default=None)
+
+
+# what a page reads where no SLO gate chose a layout yet: every figure None (a layout named "None")
+NOTHING_CHOSEN = ChosenFigures(
+    layout="None", rate_per_server=None, per_device=None, max_slo_rate=None, p90_ttft_ms=None, p90_tpot_ms=None,
+    load_seconds=None,
+)  # fmt: skip
 
 
 def _utc(at: datetime) -> datetime:
@@ -188,20 +207,28 @@ class Release(BaseModel):
     spec_yaml: str
     target: str
     status: str
-    data: dict[str, Any]
+    data: ReleaseData = Field(description="its facts, as the steps recorded them")
     created_at: UtcTime
     updated_at: UtcTime
     inputs: ReleaseInputs | None = Field(None, description="None: opened before releases kept their inputs")
 
-    @property
-    def facts(self) -> ReleaseData:
-        """The data, typed (keys this version does not know are left out)."""
-        return ReleaseData.model_validate({k: v for k, v in self.data.items() if k in ReleaseData.model_fields})
+    def staged(self) -> StagedRef:
+        """Where its weights are staged, by manifest hash: what promotion and a re-benchmark serve."""
+        if self.data.manifest_hash is None:
+            raise ReleaseError(f"release {self.id}: no staged artifact on record (its stage step never ran)")
+        return StagedRef(manifest_hash=self.data.manifest_hash, s3_uri=self.data.s3_uri, nfs_path=self.data.nfs_path)
+
+    def chosen(self) -> ChosenFigures:
+        """The chosen layout's figures; a release without them (its SLO gate never chose) is an error here."""
+        if self.data.chosen is None:
+            raise ReleaseError(f"release {self.id}: no chosen layout on record (its SLO gate never chose one)")
+        return self.data.chosen
 
 
 # An event's evidence, as the audit trail shows it: free-form per kind (a gate's figures, a rollout
 # step's analysis, an approval's comment), JSON. The one untyped edge: kinds come and go with steps.
 EventDetail = dict[str, Any]
+DetailRecord = TypeVar("DetailRecord", bound=BaseModel)
 
 
 class Event(BaseModel):
@@ -212,6 +239,14 @@ class Event(BaseModel):
     actor: str
     status_after: str | None
     detail: EventDetail
+
+    def detail_as(self, record: type[DetailRecord]) -> DetailRecord:
+        """The detail read as the record its kind writes (records.events), never by string key;
+        one that does not fit is an error naming the event."""
+        try:
+            return record.model_validate(self.detail)
+        except ValidationError as exc:
+            raise ReleaseError(f"release {self.release_id}, event {self.id} ({self.kind}): {exc}") from None
 
 
 class UnknownRelease(ReleaseError):
@@ -311,7 +346,7 @@ class Registry:
         release_id: int,
         kind: str,
         actor: str,
-        detail: EventDetail | None = None,
+        detail: EventDetail | BaseModel | None = None,
         *,
         status: str | None = None,
         data: ReleaseData | None = None,
@@ -343,8 +378,9 @@ class Registry:
             row = s.get(ReleaseRow, release_id, with_for_update=True, populate_existing=True)
             if row is None:
                 raise UnknownRelease(f"release {release_id}: no such release in {self.safe_url}")
-            if data is not None:
-                row.data = {**row.data, **_json_safe(data.model_dump(mode="json", exclude_unset=True))}
+            if data is not None:  # the stored facts read typed first: a flat old shape is written back nested
+                kept = ReleaseData.model_validate(row.data).model_dump(mode="json", exclude_unset=True)
+                row.data = {**kept, **_json_safe(data.model_dump(mode="json", exclude_unset=True))}
             row.updated_at = now
             ev = EventRow(
                 release_id=release_id,
@@ -352,7 +388,11 @@ class Registry:
                 kind=kind,
                 actor=actor,
                 status_after=status,
-                detail=_json_safe(detail or {}),
+                detail=_json_safe(
+                    detail.model_dump(mode="json", exclude_unset=True)
+                    if isinstance(detail, BaseModel)
+                    else detail or {}
+                ),
             )
             s.add(ev)
             s.flush()
@@ -382,7 +422,7 @@ class Registry:
     def measured_predictions(self) -> Measurements:
         """Every release's benchmarked layouts against the planner, per calibration key, oldest first:
         what the next plan calibrates on and the report's planner table shows."""
-        return observations((r.id, r.facts.predictions or []) for r in self.releases())
+        return observations((r.id, r.data.predictions or []) for r in self.releases())
 
     def keep_profile(self, profile: Profile) -> Profile:
         """Keep a profiling run; the planner uses the newest for its hardware and engine image."""
@@ -464,40 +504,40 @@ def cached(url: str | None = None) -> Registry:
     return _REGISTRIES[url]
 
 
-def _load_text(facts: ReleaseData) -> str:
+def _load_text(chosen: ChosenFigures) -> str:
     """The slowest replica's load time, its phases and source: '29.1 s (to load start 20 s, ...) from local path'."""
-    phases = facts.load_split.phases() if facts.load_split else ""
+    phases = chosen.load_split.phases() if chosen.load_split else ""
     return (
-        f"{facts.slowest_load():g} s"
+        f"{max(chosen.load_seconds or [0.0]):g} s"
         + (f" ({phases})" if phases else "")
-        + (f" from {facts.weights_source}" if facts.weights_source else "")
+        + (f" from {chosen.weights_source}" if chosen.weights_source else "")
     )
 
 
 def audit_trail(reg: Registry, release_id: int) -> str:
     """A release and its events as plain text: what `model-release releases show` prints."""
     rel = reg.get(release_id)
-    facts = rel.facts
+    facts, chosen = rel.data, rel.data.chosen
     lines = [
         f"release {rel.id}: {rel.name}  status={rel.status}  target={rel.target}",
         f"  run:       {rel.run_key}",
         f"  spec:      {rel.spec_path}",
         f"  created:   {rel.created_at:%Y-%m-%d %H:%M:%S}  updated: {rel.updated_at:%Y-%m-%d %H:%M:%S}",
     ]
-    for key in (
-        "s3_uri",
-        "nfs_path",
-        "manifest_hash",
-        "layout",
-        "rate_per_server",
-        "endpoint",
-        "report",
-    ):
-        value = getattr(facts, key)
+    shown: list[tuple[str, object]] = [
+        ("s3_uri", facts.s3_uri),
+        ("nfs_path", facts.nfs_path),
+        ("manifest_hash", facts.manifest_hash),
+        ("layout", chosen.layout if chosen else None),
+        ("rate_per_server", chosen.rate_per_server if chosen else None),
+        ("endpoint", facts.endpoint),
+        ("report", facts.report),
+    ]
+    for key, value in shown:
         if value not in (None, ""):
             lines.append(f"  {key + ':':<17}{value}")
-        if key == "rate_per_server" and facts.load_seconds:
-            lines.append(f"  {'load time:':<17}{_load_text(facts)}")
+        if key == "rate_per_server" and chosen and chosen.load_seconds:
+            lines.append(f"  {'load time:':<17}{_load_text(chosen)}")
     if facts.capacity:
         lines.append("fleet and cost:")
         table = capacity.table(facts.capacity)

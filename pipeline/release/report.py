@@ -25,7 +25,9 @@ from pipeline.core.spec import LoadedSpec
 from pipeline.planner import calibration
 from pipeline.records import edge
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult
-from pipeline.release.registry import Registry, Release, ReleaseData
+from pipeline.records.events import GateVerdict, TrendPoint
+from pipeline.records.selection import ChosenFigures
+from pipeline.release.registry import NOTHING_CHOSEN, Registry, Release, ReleaseData
 from pipeline.stages import capacity
 
 CSS = """
@@ -119,13 +121,13 @@ def _section_accuracy(gate: dict[str, Any] | None) -> str:
     return _macro("accuracy_section", gate)
 
 
-def _load_view(facts: ReleaseData, live_id: int | None, theirs: ReleaseData | None) -> dict[str, Any] | None:
+def _load_view(facts: ChosenFigures, live_id: int | None, theirs: ChosenFigures | None) -> dict[str, Any] | None:
     """The slowest replica's load time, split by its engine log, beside the live release's: what a
     scale-out or a rollback waits for (#48)."""
-    load = facts.slowest_load()
+    load = max(facts.load_seconds or [], default=None)
     if load is None:
         return None
-    live_load = theirs.slowest_load() if theirs else None
+    live_load = max(theirs.load_seconds or [], default=None) if theirs else None
     return {
         "seconds": load,
         "source": facts.weights_source,
@@ -148,13 +150,13 @@ def interval(lay: LayoutResult) -> tuple[float, float] | None:
 
 
 def _performance_view(
-    bench: BenchmarkFile | None, facts: ReleaseData, live: Release | None, loaded: LoadedSpec, png: Path | None
+    bench: BenchmarkFile | None, facts: ChosenFigures, live: Release | None, loaded: LoadedSpec, png: Path | None
 ) -> dict[str, Any] | None:
     if not bench:
         return None
     best = bench.selection.best if bench.selection else None
     compare = None
-    theirs = live.facts if live else None
+    theirs = live.data.chosen if live else None
     if live and theirs and theirs.rate_per_server is not None and facts.rate_per_server is not None:
         base = theirs.rate_per_server
         compare = {
@@ -209,7 +211,7 @@ def _performance_view(
 
 
 def _section_performance(
-    bench: BenchmarkFile | None, facts: ReleaseData, live: Release | None, loaded: LoadedSpec, png: Path | None
+    bench: BenchmarkFile | None, facts: ChosenFigures, live: Release | None, loaded: LoadedSpec, png: Path | None
 ) -> str:
     return _macro("performance_section", _performance_view(bench, facts, live, loaded, png))
 
@@ -329,7 +331,7 @@ def _planner_view(reg: Registry, rel: Release) -> dict[str, Any] | None:
     """How far the planner has been from the measurements for this release's layout shapes, on this
     hardware and engine, release after release: its own rate, and the calibrated rate each search
     started at (the calibration's worth shows as the second error shrinking)."""
-    keys = [c.prediction.calibration_key for c in rel.facts.predictions or [] if c.prediction]
+    keys = [c.prediction.calibration_key for c in rel.data.predictions or [] if c.prediction]
     if not keys:
         return None
     found = reg.measured_predictions()
@@ -353,7 +355,18 @@ def _section_planner(reg: Registry, rel: Release) -> str:
     return _macro("planner_section", _planner_view(reg, rel))
 
 
-ARTIFACT_KEYS = ("source_path", "source_hash", "quantized_path", "manifest_hash", "s3_uri", "nfs_path", "endpoint")
+def _artifacts(facts: ReleaseData) -> list[tuple[str, str]]:
+    """Where the release's bytes are, by name, as the report lists them (those recorded)."""
+    named = [
+        ("source_path", facts.source_path),
+        ("source_hash", facts.source_hash),
+        ("quantized_path", facts.quantized_path),
+        ("manifest_hash", facts.manifest_hash),
+        ("s3_uri", facts.s3_uri),
+        ("nfs_path", facts.nfs_path),
+        ("endpoint", facts.endpoint),
+    ]
+    return [(name, value) for name, value in named if value]
 
 
 def _audit_events(reg: Registry, release_id: int) -> list[dict[str, Any]]:
@@ -372,7 +385,8 @@ def _audit_events(reg: Registry, release_id: int) -> list[dict[str, Any]]:
 
 
 def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: BenchmarkFile | None, png: Path | None) -> str:
-    facts = rel.facts
+    facts = rel.data
+    chosen = facts.chosen or NOTHING_CHOSEN
     live = reg.live(rel.name, rel.target)
     live = live if live and live.id != rel.id else None
     page = ENV.get_template("report.html.j2").render(
@@ -380,16 +394,16 @@ def render(reg: Registry, rel: Release, loaded: LoadedSpec, bench: BenchmarkFile
         rel=rel,
         model_name=loaded.spec.model.name,
         layout=facts.layout,
-        rate_per_server=facts.rate_per_server,
-        bound_only=facts.bound_only,
+        rate_per_server=chosen.rate_per_server,
+        bound_only=chosen.bound_only,
         spec_rows=_spec_rows(loaded),
         gate=facts.accuracy,
-        performance=_performance_view(bench, facts, live, loaded, png),
+        performance=_performance_view(bench, chosen, live, loaded, png),
         capacity=_capacity_view(facts),
         measurement=_measurement_view(bench),
         planner=_planner_view(reg, rel),
         trend=_trend_view(reg, rel.id),
-        artifacts=[(k, getattr(facts, k)) for k in ARTIFACT_KEYS if getattr(facts, k)],
+        artifacts=_artifacts(facts),
         events=_audit_events(reg, rel.id),
     )
     return page.strip()
@@ -406,7 +420,7 @@ def write(reg: Registry, rel: Release, loaded: LoadedSpec, run_dir: Path) -> Pat
 def trend(reg: Registry, release_id: int) -> list[dict[str, Any]]:
     """The trend points of a release, oldest first, with the promotion figures as the first point."""
     rel = reg.get(release_id)
-    facts = rel.facts
+    facts = rel.data.chosen or NOTHING_CHOSEN
     points = [
         {
             "at": rel.updated_at.isoformat(),
@@ -418,17 +432,18 @@ def trend(reg: Registry, release_id: int) -> list[dict[str, Any]]:
         }
     ]
     for ev in reg.events(release_id):
-        if ev.kind == "slo_gate" and ev.detail.get("passed"):
+        if ev.kind == "slo_gate" and ev.detail_as(GateVerdict).passed:
             points[0]["at"] = ev.at.isoformat()
         if ev.kind == "trend_point":
+            point = ev.detail_as(TrendPoint)
             points.append(
                 {
                     "at": ev.at.isoformat(),
-                    "max_slo_rate": ev.detail.get("max_slo_rate"),
-                    "bound_only": bool(ev.detail.get("bound_only")),  # a lower bound: no probe above it failed
-                    "p90_ttft_ms": ev.detail.get("p90_ttft_ms_at_promoted_rate"),
-                    "p90_tpot_ms": ev.detail.get("p90_tpot_ms_at_promoted_rate"),
-                    "verdict": ev.detail["verdict"],
+                    "max_slo_rate": point.max_slo_rate,
+                    "bound_only": point.bound_only,  # a lower bound: no probe above it failed
+                    "p90_ttft_ms": point.p90_ttft_ms_at_promoted_rate,
+                    "p90_tpot_ms": point.p90_tpot_ms_at_promoted_rate,
+                    "verdict": point.verdict,
                 }
             )
     return points

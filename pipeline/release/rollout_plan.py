@@ -21,7 +21,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import ServerStep
 from pipeline.core.spec import LoadedSpec, duration_seconds
 from pipeline.release import controller
-from pipeline.release.registry import Release
+from pipeline.release.registry import NOTHING_CHOSEN, Release
 
 
 class StepPlan(BaseModel):
@@ -87,12 +87,12 @@ class Side(BaseModel):
 
     @classmethod
     def of(cls, rel: Release) -> Side:
-        f = rel.facts
+        f = rel.data.chosen or NOTHING_CHOSEN
         return cls(
             id=rel.id,
-            layout=f.layout,
+            layout=rel.data.layout,
             rate_per_server=f.rate_per_server if f.rate_per_server and f.rate_per_server > 0 else None,
-            load_seconds=max(f.load_seconds or [], default=None),
+            load_seconds=rel.data.slowest_load(),
         )
 
 

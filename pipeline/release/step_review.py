@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from pipeline.records.events import JudgedStep
 from pipeline.records.rollout import PendingStep, StepAnalysis, StepReview
 from pipeline.release.registry import Registry
 
@@ -43,7 +44,9 @@ def registry_reviewer(
     the review's timeout and `grace_s`, the analysis verdict stands."""
 
     def review(verdict: StepAnalysis) -> StepReview:
-        judged = reg.record(release_id, JUDGED, "pipeline", {**verdict.model_dump(), "review_timeout_s": timeout_s})
+        judged = reg.record(
+            release_id, JUDGED, "pipeline", JudgedStep(**verdict.model_dump(), review_timeout_s=timeout_s)
+        )
         log.info(
             "release %d, step %d: analysis %s; waiting up to %.0f s for a reviewer's Continue / Abort",
             release_id,
@@ -57,12 +60,12 @@ def registry_reviewer(
                 (
                     e
                     for e in reversed(reg.events(release_id))
-                    if e.id > judged.id and e.kind == REVIEWED and e.detail.get("step") == verdict.step
+                    if e.id > judged.id and e.kind == REVIEWED and e.detail_as(StepReview).step == verdict.step
                 ),
                 None,
             )
             if answer is not None:
-                decided = StepReview.model_validate(answer.detail)
+                decided = answer.detail_as(StepReview)
                 log.info(
                     "release %d, step %d: %s (%s)",
                     release_id,
@@ -91,10 +94,9 @@ def pending(reg: Registry, release_id: int, step: int) -> PendingStep | None | b
     Only this rollout counts: the newest events back to its start (or to the approval, before it
     starts), so an earlier attempt's steps or failure are never taken for this one's."""
     for e in reversed(reg.events(release_id)):
-        if e.kind == JUDGED and e.detail.get("step") == step:
-            detail = dict(e.detail)
-            timeout_s = float(detail.pop("review_timeout_s"))
-            return PendingStep(analysis=StepAnalysis.model_validate(detail), timeout_s=timeout_s)
+        if e.kind == JUDGED and (judged := e.detail_as(JudgedStep)).step == step:
+            analysis = StepAnalysis.model_validate(judged.model_dump(exclude={"review_timeout_s"}))
+            return PendingStep(analysis=analysis, timeout_s=judged.review_timeout_s)
         if e.kind in ENDED:
             return None
         if e.kind in STARTED:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pipeline.core.spec import CapacitySpec, HardwareProfile, LoadedSpec, WorkloadSpec, duration_seconds
 from pipeline.records.capacity import CapacityPlan, CostChange, FleetCost, LeadTime, Scaling, Source
+from pipeline.records.selection import ChosenFigures
 
 HPA_SYNC_S = 15  # the horizontal pod autoscaler's default sync period: how often it asks KEDA's metrics
 # the HPA's default tolerance: where the scaler's zero tolerance is not honoured (Kubernetes before
@@ -285,22 +286,23 @@ def chart(p: CapacityPlan, path: Path) -> Path | None:
     return path
 
 
-def versus_live(release_id: int, data: dict, hw: HardwareProfile) -> tuple[str, str | None, float, float | None] | None:
-    """What `plan` compares with: the live release's label, layout, recorded rate and price; None
-    when it has no measured rate."""
-    rate = recorded_rate(data)
-    if rate is None:
+def versus_live(
+    release_id: int, chosen: ChosenFigures | None, plan: CapacityPlan | None, hw: HardwareProfile
+) -> tuple[str, str | None, float, float | None] | None:
+    """What `plan` compares with: the live release's label, layout, recorded rate and price (from its
+    chosen figures and recorded plan); None when it has no measured rate."""
+    rate = recorded_rate(chosen)
+    if rate is None or chosen is None:
         return None
-    return f"live release {release_id}", data.get("layout"), rate, recorded_price(data, hw)
+    return f"live release {release_id}", chosen.layout, rate, recorded_price(plan, hw)
 
 
-def recorded_rate(data: dict) -> float | None:
-    """A release's measured max SLO rate per server from its registry data, if it has one."""
-    rate = data.get("rate_per_server")
-    return float(rate) if isinstance(rate, int | float) and rate > 0 else None
+def recorded_rate(chosen: ChosenFigures | None) -> float | None:
+    """A release's measured max SLO rate per server from its chosen figures, if it has one."""
+    rate = chosen.rate_per_server if chosen else None
+    return float(rate) if rate is not None and rate > 0 else None
 
 
-def recorded_price(data: dict, hw: HardwareProfile) -> float | None:
+def recorded_price(plan: CapacityPlan | None, hw: HardwareProfile) -> float | None:
     """The price a release was sized with (its recorded plan), else the profile's today."""
-    cap = data.get("capacity") or {}
-    return cap.get("price_per_server_hour") or hw.price_per_server_hour
+    return (plan.price_per_server_hour if plan else None) or hw.price_per_server_hour
