@@ -188,7 +188,9 @@ class StepModel:
         self.peak_bf16 = perf.peak_tflops["bf16"] * 1e12 * eff.compute
         self.bandwidth = perf.memory_gb_s * 1e9 * eff.memory
         self.link = perf.link_gb_s * 1e9 * eff.link
-        self.latency = perf.link_latency_us * 1e-6  # one phase of an exchange (the dp dispatch)
+        # the dp dispatch's all-gather and reduce-scatter are collectives over the dp ranks (RCCL's, like a
+        # large all-reduce): each pays the fixed cost of a collective at that world size, else one phase
+        self.latency = perf.all_reduce_latency_us.get(layout.dp, perf.link_latency_us) * 1e-6
         self.all_reduce_latency = perf.all_reduce_latency_us.get(tp, 2 * perf.link_latency_us) * 1e-6
         self.half_rows, self.half_cols = eff.gemm_half_rows, eff.gemm_half_cols
         # the per-device output columns of the tensor-parallel slices: attention's qkv, an expert's gate+up
