@@ -538,8 +538,9 @@ class Efficiency(Strict):
         float,
         Field(
             ge=0,
-            description="per-device output columns of a tensor-parallel slice at which a matmul reaches half its"
-            " wide efficiency (a thin slice cannot fill the device either); 0: the slice's width costs nothing",
+            description="per-device output columns of a tensor-parallel slice below which a matmul needs"
+            " proportionally more rows to fill the device (gemm_half_rows x gemm_half_cols / columns): a thin"
+            " slice has fewer output tiles; 0: the slice's width costs nothing",
         ),
     ] = 0.0
 

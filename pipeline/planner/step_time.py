@@ -71,11 +71,13 @@ class StepCost(BaseModel):
 
 
 def gemm_efficiency(rows: float, half_rows: float, cols: float = 0.0, half_cols: float = 0.0) -> float:
-    """A matmul with few rows (tokens) cannot fill the device: rows / (rows + half_rows); nor can a thin
-    tensor-parallel slice of its output columns: cols / (cols + half_cols) (0: not counted)."""
-    by_rows = rows / (rows + half_rows) if rows > 0 else 1.0
-    by_cols = cols / (cols + half_cols) if cols > 0 and half_cols > 0 else 1.0
-    return by_rows * by_cols
+    """A matmul with few rows (tokens) cannot fill the device: rows / (rows + half_rows). A thin
+    tensor-parallel slice has fewer output tiles per row, so below `half_cols` columns it needs
+    proportionally more rows to fill it: half_rows x half_cols / cols (0: not counted)."""
+    if rows <= 0:
+        return 1.0
+    thin = half_cols / cols if cols > 0 and half_cols > cols else 1.0
+    return rows / (rows + half_rows * thin)
 
 
 def roofline(name: str, flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float) -> Part:
