@@ -154,11 +154,14 @@ def test_the_rate_search_finds_the_knee_of_a_known_queue():
 
 def test_the_plan_tells_expert_parallelism_from_tensor_slicing_and_prints_imbalance_and_link_shares():
     loaded = load_spec(PROD_SPEC)
-    chat = planner.plan(loaded, every_layout=False, intervals=False)
-    assert {p.layout.name for p in chat.predictions} == {"tp4-ep4-x2", "tp8-ep8"}
+    # a toy pair whose answer is known: two replicas of a layout hold exactly twice one replica per server
+    one = Layout(name="tp4-ep4", tp=4, ep=4)
+    pair = loaded.spec.model_copy(update={"layouts": [*loaded.spec.layouts, one]})
+    chat = planner.plan(loaded.model_copy(update={"spec": pair}), 1000, 50, every_layout=False, intervals=False)
+    assert {p.layout.name for p in chat.predictions} == {"tp4-ep4-x2", "tp8-ep8", "tp4-ep4"}
     assert all(p.bound and "link" in p.time_shares for p in chat.predictions)
-    margin = planner.margin(chat, chat.predictions[0].layout.name, chat.predictions[1].layout.name)
-    assert margin is not None and margin > 0
+    assert planner.margin(chat, "tp4-ep4-x2", "tp4-ep4") == pytest.approx(1.0, abs=1e-3)
+    assert planner.margin(chat, "tp4-ep4", "tp4-ep4-x2") == pytest.approx(-0.5, abs=1e-3)
     spec, hw = loaded.spec, loaded.hardware
     sliced = planner.predict(spec, hw, Layout(name="tp8", tp=8), 5600, 140)
     placed = planner.predict(spec, hw, Layout(name="tp8-ep8", tp=8, ep=8), 5600, 140)
