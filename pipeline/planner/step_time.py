@@ -23,6 +23,7 @@ reduce-scatters their outputs after.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -403,7 +404,7 @@ class Engine(Limits):
     infeasible: str = ""  # why vLLM would refuse to start this replica ("": it starts)
 
 
-def full_graphs(engine_args: dict[str, object]) -> bool:
+def full_graphs(engine_args: Mapping[str, object]) -> bool:
     """Whether a layout's engine runs full graphs for decode steps: vLLM V1's default (FULL_AND_PIECEWISE)
     unless its args turn them off (`compilation-config: {full_cuda_graph: false}`, a piecewise or none
     `cudagraph_mode`, `enforce-eager`)."""
