@@ -179,8 +179,8 @@ def test_a_margin_over_rates_known_in_closed_form_has_its_sign_swings_and_interv
 
 def test_the_production_margin_moves_with_each_figure_the_way_its_physics_says():
     """tp8-ep8 alone pays the 8-rank all-reduce latency and 7 workers' broadcast, tp4-ep4-x2 3: each figure's
-    high end favours the two replicas, at the search's full resolution (a 2% grid showed these as 0). The
-    API server's time does not bind at these rates, and the same arrivals serve every rate: exactly 0."""
+    high end favours the two replicas. The API server's time does not bind at these rates, and the same
+    arrivals serve every rate: exactly 0."""
     ranges = {"all_reduce_latency_us.8": (8.0, 400.0), "step_overhead_per_rank_ms": (0.0, 0.5),
               "host_ms_per_request": (1.0, 2.0)}  # fmt: skip
     perf = PERF.model_copy(update={"ranges": ranges})
