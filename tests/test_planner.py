@@ -155,11 +155,14 @@ def test_the_rate_search_finds_the_knee_of_a_known_queue():
 
 def test_the_plan_tells_expert_parallelism_from_tensor_slicing_and_prints_imbalance_and_link_shares():
     loaded = load_spec(PROD_SPEC)
-    chat = planner.plan(loaded, every_layout=False, intervals=False)
-    assert {p.layout.name for p in chat.predictions} == {"tp4-ep4-x2", "tp8-ep8"}
+    # a toy pair whose answer is known: two replicas of a layout hold exactly twice one replica per server
+    one = Layout(name="tp4-ep4", tp=4, ep=4)
+    pair = loaded.spec.model_copy(update={"layouts": [*loaded.spec.layouts, one]})
+    chat = planner.plan(loaded.model_copy(update={"spec": pair}), 1000, 50, every_layout=False, intervals=False)
+    assert {p.layout.name for p in chat.predictions} == {"tp4-ep4-x2", "tp8-ep8", "tp4-ep4"}
     assert all(p.bound and "link" in p.time_shares for p in chat.predictions)
-    margin = planner.margin(chat, chat.predictions[0].layout.name, chat.predictions[1].layout.name)
-    assert margin is not None and margin > 0
+    assert planner.margin(chat, "tp4-ep4-x2", "tp4-ep4") == pytest.approx(1.0, abs=1e-3)
+    assert planner.margin(chat, "tp4-ep4", "tp4-ep4-x2") == pytest.approx(-0.5, abs=1e-3)
     spec, hw = loaded.spec, loaded.hardware
     sliced = planner.predict(spec, hw, Layout(name="tp8", tp=8), 5600, 140)
     placed = planner.predict(spec, hw, Layout(name="tp8-ep8", tp=8, ep=8), 5600, 140)
@@ -551,8 +554,9 @@ def test_a_profiling_run_times_each_shape_with_vllms_client(tiny_model_dir, tmp_
 
 def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
     """A request's CPU outside the engine (API server, client) costs a layout with a free core nothing
-    until that core saturates; where the engines take every core, their steps lose its share; a GPU
-    server's host is not a bound. The plan carries it into each layout's rate and names it."""
+    until that core saturates; where the engines take every core, their steps lose its share; on a GPU
+    server each replica's API server process is a bound at one core. The plan carries it into each
+    layout's rate and names it."""
     from pipeline.planner import host
 
     loaded = load_spec(TINY_SPEC)
@@ -567,8 +571,12 @@ def test_host_work_slows_the_engines_only_where_it_shares_their_cores():
     # two replicas at 10 req/s each: 0.4 cores of host work over the engines' 2 cores, a fifth of each
     assert shared.slowdown(10) == pytest.approx(1 / (1 - 0.2))
     assert math.isinf(shared.slowdown(50))
+    # a GPU server: each replica's API server is one process, 4 ms a request (mi325x-8): 0.9 of its core at
+    # 225 req/s a replica, however many cores the host has; two replicas have a core each
     gpu = load_spec(PROD_SPEC)
-    assert host.share(gpu.hardware, gpu.spec.layouts[0]).slowdown(1e6) == 1.0
+    api = host.share(gpu.hardware, gpu.spec.layouts[0])
+    assert api.spare_cores is None and api.slowdown(224) == 1.0 and math.isinf(api.slowdown(226))
+    assert api.binds(221) and not api.binds(200) and "one API server process a replica" in api.describe(221)
 
     free = {name: planner.predict(spec, hw, loaded.layout(name), 64, 16) for name in ("single", "two-replicas")}
     taxed = {name: planner.predict(spec, busy, loaded.layout(name), 64, 16) for name in ("single", "two-replicas")}

@@ -556,6 +556,15 @@ class Efficiency(Strict):
     gemm_half_rows: Annotated[
         float, Field(ge=0, description="rows (tokens) at which a matmul reaches half its large-size efficiency")
     ] = 32.0
+    gemm_half_cols: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="per-device output columns of a tensor-parallel slice below which a matmul needs"
+            " proportionally more rows to fill the device (gemm_half_rows x gemm_half_cols / columns): a thin"
+            " slice has fewer output tiles; 0: the slice's width costs nothing",
+        ),
+    ] = 0.0
 
 
 RANGED_FIGURES = (
@@ -567,7 +576,18 @@ RANGED_FIGURES = (
     "efficiency.memory",
     "efficiency.link",
     "efficiency.gemm_half_rows",
+    "efficiency.gemm_half_cols",
+    "step_overhead_per_rank_ms",
+    "piecewise_layer_us",
+    "host_ms_per_request",
 )
+PER_WORLD_SIZE = ("all_reduce_latency_us",)  # ranged per layout class: all_reduce_latency_us.8
+
+
+def ranged_figure(name: str) -> bool:
+    """A name `ranges:` may carry: a ranged figure, or a per-world-size one with its size (`.8`)."""
+    head, _, size = name.rpartition(".")
+    return name in RANGED_FIGURES or (head in PER_WORLD_SIZE and size.isdigit())
 
 
 class DevicePerformance(Strict):
@@ -578,6 +598,27 @@ class DevicePerformance(Strict):
     link_gb_s: Annotated[float, Field(ge=0, description="one direction of the link between two devices; 0: none")]
     link_latency_us: Annotated[float, Field(ge=0)] = 5.0
     step_overhead_ms: Annotated[float, Field(ge=0, description="fixed cost of one engine step (scheduling, launch)")]
+    step_overhead_per_rank_ms: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="engine core time a step adds per tensor-parallel worker beyond the first (the scheduler"
+            " output broadcast to each worker and the wait for each one's result)",
+        ),
+    ] = 0.0
+    all_reduce_latency_us: dict[int, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="fixed cost of one all-reduce by world size (2, 4, 8): the latency term that grows with the"
+        " ranks; a size not given falls back to 2 x link_latency_us",
+    )
+    piecewise_layer_us: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="launch time a step pays per layer when it runs piecewise graphs (attention launched"
+            " outside the graph): mixed prefill steps, and every step where full graphs are off",
+        ),
+    ] = 0.0
     sequence_overhead_us: Annotated[
         float, Field(ge=0, description="per sequence a step samples: sampling, detokenizing and streaming its token")
     ] = 0.0
@@ -627,9 +668,9 @@ class DevicePerformance(Strict):
     @field_validator("ranges")
     @classmethod
     def _ranges(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
-        known = {*RANGED_FIGURES}
+        known = [*RANGED_FIGURES, *(f"{name}.<world size>" for name in PER_WORLD_SIZE)]
         for name, (low, high) in value.items():
-            if name not in known:
+            if not ranged_figure(name):
                 raise ValueError(f"ranges: {name!r} is not a ranged figure (known: {', '.join(sorted(known))})")
             if not 0 <= low <= high:
                 raise ValueError(f"ranges.{name}: give [low, high] with 0 <= low <= high, got [{low}, {high}]")
@@ -1008,6 +1049,15 @@ def feasibility_problems(spec: ReleaseSpec, hw: HardwareProfile) -> list[tuple[s
                     f"weights {weights_per_device_gb(spec, layout):.1f} GB + KV reserve"
                     f" {kv_reserve_gb(spec, layout):.1f} GB per device exceed {budget:.1f} GB"
                     f" ({util:.2f} of {hw.device_memory_gb:g} GB on {hw.name!r}); raise tp or pp",
+                )
+            )
+        latency = hw.performance.all_reduce_latency_us if hw.performance else {}
+        if latency and layout.tp > 1 and layout.tp not in latency:
+            problems.append(
+                (
+                    f"hardware {hw.name}: performance.all_reduce_latency_us.{layout.tp}",
+                    f"layout {layout.name!r} runs tp={layout.tp}, but the profile gives all-reduce latencies for"
+                    f" world sizes {sorted(latency)} only",
                 )
             )
         max_len = arg_number(args, "max-model-len")

@@ -14,8 +14,10 @@ on the engine at hand (the profile's steady loads: the API server's and the clie
 and the median TPOT with that work moved onto the engine's core against the same load beside it).
 A host on cores of its own is no bound up to a rate a load showed it carrying (the profile's host
 check): a polling API server and client read near a full core long before they fall behind, so
-their CPU line alone caps the rate too low. On a GPU server the host's many cores are not modeled
-as a bound: the figures are kept, the engines are not slowed.
+their CPU line alone caps the rate too low. On a GPU server the host has cores to spare, but each
+replica's API server is one process (vLLM's default `--api-server-count 1`): its requests' CPU time
+is a bound of that replica at one core, however many cores the host has; two replicas have two.
+The engine core's own CPU time per step and per sequence is in the step time (step_time.py).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class HostShare(BaseModel):
     carried_rate: float = 0.0  # per replica: a rate a load showed one replica's host carrying on its own cores
     replicas: int
     engine_cores: int
-    spare_cores: float | None  # cores no engine uses; None: a GPU server, the host is not a bound
+    spare_cores: float | None  # cores no engine uses; None: a GPU server, one core per replica's API server
 
     @property
     def carried(self) -> float:
@@ -55,8 +57,10 @@ class HostShare(BaseModel):
         a replica's host carrying there (one replica: what the profile measures). Without, the engines'
         cores lose its share of their time, inf once it saturates them."""
         load = self.load(rate_per_replica)
-        if self.spare_cores is None or load <= 0:
+        if load <= 0:
             return 1.0
+        if self.spare_cores is None:  # a GPU server: each replica's API server process, one core
+            return 1.0 if load / self.replicas < SATURATED else math.inf
         if self.spare_cores:
             carried = 0 < self.carried and rate_per_replica <= self.carried
             return 1.0 if carried or load < self.spare_cores * SATURATED else math.inf
@@ -66,12 +70,18 @@ class HostShare(BaseModel):
     def binds(self, rate_per_replica: float) -> bool:
         """Whether the host work is what holds the rate there: the spare cores within 2% of saturating
         (the rate search's resolution is 1%), or the engines' steps slowed by more than 10%."""
-        if self.spare_cores:
+        if self.spare_cores or self.spare_cores is None:
             return math.isinf(self.slowdown(rate_per_replica * 1.02))
         return self.slowdown(rate_per_replica) > 1.1
 
     def describe(self, rate_per_replica: float) -> str:
-        where = "their own cores" if self.spare_cores else f"the engines' cores, x{self.colocated_cost:.3g} there"
+        where = (
+            "one API server process a replica"
+            if self.spare_cores is None
+            else "their own cores"
+            if self.spare_cores
+            else f"the engines' cores, x{self.colocated_cost:.3g} there"
+        )
         busy = f" + {self.busy_cores:.2g} cores a replica" if self.busy_cores else ""
         carried = f"; carried {self.carried:.3g} req/s there" if self.carried else ""
         return (

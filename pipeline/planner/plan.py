@@ -105,16 +105,20 @@ def predict(
         )  # fmt: skip
     model = step_time.step_model(spec, layout, hw)
     limits = step_time.engine_limits(spec, layout, hw, model)
+    if limits.infeasible:
+        return Estimate(
+            layout=layout, in_spec=in_spec, devices=layout.devices, rate_per_replica=0.0, rate_per_server=0.0,
+            rate_per_device=0.0, p90_ttft_ms=None, p90_tpot_ms=None, binding_slo="-", bound=limits.infeasible,
+            time_shares={}, mean_step_ms=None, tokens_per_step=None, fixed_step_ms=0.0, engine_notes=limits.notes,
+            simulations=0,
+        )  # fmt: skip
     slo = sim.Slo(p90_ttft_s=spec.slo.max_p90_ttft_ms / 1e3, p90_tpot_s=spec.slo.max_p90_tpot_ms / 1e3)
     hosted = host.share(hw, layout)
-    dp = layout.dp  # each dp rank schedules its own share of the replica's requests: one is simulated
+    dp = layout.dp  # dp > 1: the replica's dp ranks are simulated together, stepping in lockstep
 
-    def slowdown(rate: float) -> float:
-        return hosted.slowdown(rate * dp)
-
-    run = sim.workload(model, limits, slo, input_len, output_len, spec.workload.seed, slowdown)
+    run = sim.workload(model, limits, slo, input_len, output_len, spec.workload.seed, hosted.slowdown, ranks=dp)
     search = (
-        sim.max_slo_rate(run, slo, start=start / (layout.replicas * dp), resolution=resolution, factor=factor)
+        sim.max_slo_rate(run, slo, start=start / layout.replicas, resolution=resolution, factor=factor)
         if start
         else sim.max_slo_rate(run, slo, resolution=resolution)
     )
@@ -130,12 +134,12 @@ def predict(
         shares = {k: round(v / total, 3) for k, v in sorted(at.seconds_by_bound.items(), key=lambda kv: -kv[1])}
         ttft, tpot = at.p("ttft_s", 90) * 1e3, at.p("tpot_s", 90) * 1e3
         step_ms = round(at.busy_s / at.steps * 1e3, 2) if at.steps else None
-        per_step = round(at.tokens / at.steps, 1) if at.steps else None
+        per_step = round(at.tokens / at.steps, 1) if at.steps else None  # every dp rank's together
         if per_step and spec.model.architecture.is_moe and layout.ep > 1:
-            imbalance = round(model.expert_load(max(1, round(per_step))).imbalance, 3)
+            imbalance = round(model.expert_load(max(1, round(per_step / dp))).imbalance, 3)
         binding = "p90 TTFT" if ttft / spec.slo.max_p90_ttft_ms >= tpot / spec.slo.max_p90_tpot_ms else "p90 TPOT"
-        if hosted.binds(search.rate * dp):
-            bound = hosted.describe(search.rate * dp)
+        if hosted.binds(search.rate):
+            bound = hosted.describe(search.rate)
         elif at.blocked_by_seqs > 0.2:
             bound = f"batch limit (max-num-seqs {limits.max_num_seqs})"
         elif at.blocked_by_kv > 0.2:
@@ -144,12 +148,12 @@ def predict(
             bound = {"compute": "compute", "memory": "HBM", "link": "interconnect", "overhead": "step overhead"}[
                 next(iter(shares))
             ]
-    per_server = search.rate * dp * layout.replicas
+    per_server = search.rate * layout.replicas
     return Estimate(
         layout=layout,
         in_spec=in_spec,
         devices=layout.devices,
-        rate_per_replica=round(search.rate * dp, 4),
+        rate_per_replica=round(search.rate, 4),
         rate_per_server=round(per_server, 4),
         rate_per_device=round(per_server / layout.devices, 4),
         p90_ttft_ms=None if ttft is None else round(ttft, 1),

@@ -73,112 +73,148 @@ def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
     return out
 
 
+class _Rank:
+    """One scheduler's state: a replica's, or one dp rank's of a replica that steps in lockstep."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[int] = deque()
+        self.prefilling: list[list[int]] = []  # [request index, prompt tokens done]
+        self.finishing: list[tuple[int, int]] = []  # (step that emits its last token, request index)
+        self.decoding = self.decode_context = self.kv_used = 0
+        self.chunks: list[tuple[int, int, int]] = []  # this step's (request, chunk tokens, earlier prompt tokens)
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.prefilling) + self.decoding
+
+    def busy(self) -> bool:
+        return bool(self.decoding or self.prefilling or self.waiting)
+
+    def schedule(self, requests: list[Request], limits: Limits, budget_cap: int) -> tuple[Batch, int, int, int]:
+        """This step's batch, as vLLM's V1 scheduler builds it -> (batch, admitted, blocked by seqs, by KV)."""
+        budget = budget_cap - self.decoding
+        chunks: list[tuple[int, int, int]] = []
+        for index, did in self.prefilling:
+            if budget <= 0:
+                break
+            chunk = min(requests[index].input_len - did, budget)
+            chunks.append((index, chunk, did))
+            budget -= chunk
+        running = self.decoding + len(self.prefilling)
+        blocked_seqs = blocked_kv = 0
+        while self.waiting and budget > 0:
+            req = requests[self.waiting[0]]
+            if running >= limits.max_num_seqs:
+                blocked_seqs = 1
+                break
+            if self.kv_used + req.input_len + req.output_len > limits.kv_capacity_tokens and running:
+                blocked_kv = 1
+                break
+            index = self.waiting.popleft()
+            self.prefilling.append([index, 0])
+            self.kv_used += req.input_len + req.output_len
+            running += 1
+            chunk = min(req.input_len, budget)
+            chunks.append((index, chunk, 0))
+            budget -= chunk
+        self.chunks = chunks
+        completing = sum(1 for i, c, did in chunks if did + c == requests[i].input_len)
+        batch = Batch(
+            tokens=self.decoding + sum(c for _, c, _ in chunks),
+            pairs=self.decode_context + self.decoding + sum(c * did + c * (c + 1) / 2 for _, c, did in chunks),
+            context=self.decode_context + sum(did for _, _, did in chunks),
+            sampled=self.decoding + completing,
+        )
+        return batch, sum(1 for _, _, did in chunks if did == 0), blocked_seqs, blocked_kv
+
+
 def simulate(
     timer: StepTimer,
     limits: Limits,
     requests: list[Request],
     breakdown: Callable[[Batch], list[tuple[str, float]]] | None = None,
     measure_from: float = 0.0,
+    ranks: int = 1,
 ) -> SimResult:
     """Run the requests through one replica and record those arriving from `measure_from` on (the
-    rest warm the replica up); `breakdown` (the step model's `bounds`) adds time by bound."""
+    rest warm the replica up); `breakdown` (the step model's `bounds`) adds time by bound. `ranks` > 1:
+    a data-parallel replica whose ranks each schedule their own requests (each arrival to the least
+    loaded rank, as vLLM's DP coordinator balances) and step together while any has work; the step is
+    the timer's `lockstep_seconds` of every rank's batch (the slowest rank's, prefills included)."""
     seqs_cap = limits.max_num_seqs
     budget_cap = max(limits.max_num_batched_tokens, seqs_cap)  # vLLM requires tokens >= seqs
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
     arrivals = deque(order)
-    waiting: deque[int] = deque()
-    prefilling: list[list[int]] = []  # [request index, prompt tokens done]
-    finishing: list[tuple[int, int]] = []  # (step that emits its last token, request index)
+    group = [_Rank() for _ in range(ranks)]
     first_token = [0.0] * len(requests)
     ttft: list[float] = []
     tpot: list[float] = []
     latency: list[float] = []
-    decoding = decode_context = kv_used = 0
     by_bound: dict[str, float] = {}
     now, busy, step, tokens, blocked_seqs, blocked_kv, done = 0.0, 0.0, 0, 0, 0, 0, 0
     while done < len(requests):
         while arrivals and requests[arrivals[0]].arrival <= now:
-            waiting.append(arrivals.popleft())
-        if not (decoding or prefilling or waiting):
+            min(group, key=lambda r: r.load).waiting.append(arrivals.popleft())
+        if not any(rank.busy() for rank in group):
             now = requests[arrivals[0]].arrival
             continue
-        budget = budget_cap - decoding
-        chunks: list[tuple[int, int, int]] = []  # (request, chunk tokens, earlier prompt tokens)
-        for entry in prefilling:
-            if budget <= 0:
-                break
-            index, did = entry
-            chunk = min(requests[index].input_len - did, budget)
-            chunks.append((index, chunk, did))
-            budget -= chunk
-        running = decoding + len(prefilling)
-        while waiting and budget > 0:
-            req = requests[waiting[0]]
-            if running >= seqs_cap:
-                blocked_seqs += 1
-                break
-            if kv_used + req.input_len + req.output_len > limits.kv_capacity_tokens and running:
-                blocked_kv += 1
-                break
-            index = waiting.popleft()
-            prefilling.append([index, 0])
-            kv_used += req.input_len + req.output_len
-            running += 1
-            chunk = min(req.input_len, budget)
-            chunks.append((index, chunk, 0))
-            budget -= chunk
-        admitted = sum(1 for _, _, did in chunks if did == 0)
-        prompt_tokens = sum(c for _, c, _ in chunks)
-        completing = [i for i, c, did in chunks if did + c == requests[i].input_len]
-        batch = Batch(
-            tokens=decoding + prompt_tokens,
-            pairs=decode_context + decoding + sum(c * did + c * (c + 1) / 2 for _, c, did in chunks),
-            context=decode_context + sum(did for _, _, did in chunks),
-            sampled=decoding + len(completing),
-        )
-        seconds = timer.seconds(batch) + admitted * timer.admission_s
-        tokens += batch.tokens
+        batches, admitted = [], 0
+        for rank in group:
+            batch, admits, by_seqs, by_kv = rank.schedule(requests, limits, budget_cap)
+            batches.append(batch)
+            admitted += admits
+            blocked_seqs += by_seqs
+            blocked_kv += by_kv
+        if ranks == 1:
+            seconds = timer.seconds(batches[0])
+        else:  # a step model of a dp replica (step_time.StepModel.lockstep_seconds)
+            seconds = timer.lockstep_seconds(batches)  # type: ignore[attr-defined]
+        seconds += admitted * timer.admission_s
+        tokens += sum(b.tokens for b in batches)
         if breakdown is not None:
-            for bound, part_seconds in breakdown(batch):
+            busiest = max(batches, key=lambda b: b.tokens)
+            for bound, part_seconds in breakdown(busiest):
                 by_bound[bound] = by_bound.get(bound, 0.0) + part_seconds
         now += seconds
         busy += seconds
         step += 1
-        decode_context += decoding
-        while finishing and finishing[0][0] == step:
-            _, index = heapq.heappop(finishing)
-            req = requests[index]
-            decoding -= 1
-            decode_context -= req.input_len + req.output_len
-            kv_used -= req.input_len + req.output_len
-            if req.arrival >= measure_from:
-                tpot.append((now - first_token[index]) / (req.output_len - 1))
-                latency.append(now - req.arrival + timer.request_overhead_s)
-            done += 1
-        progress = {i: did + c for i, c, did in chunks}
-        still = []
-        for entry in prefilling:
-            index = entry[0]
-            entry[1] = progress.get(index, entry[1])
-            req = requests[index]
-            if entry[1] < req.input_len:
-                still.append(entry)
-                continue
-            first_token[index] = now
-            measured = req.arrival >= measure_from
-            if measured:
-                ttft.append(now - req.arrival + timer.request_overhead_s)
-            if req.output_len <= 1:
-                kv_used -= req.input_len + req.output_len
-                if measured:
+        for rank in group:
+            rank.decode_context += rank.decoding
+            while rank.finishing and rank.finishing[0][0] == step:
+                _, index = heapq.heappop(rank.finishing)
+                req = requests[index]
+                rank.decoding -= 1
+                rank.decode_context -= req.input_len + req.output_len
+                rank.kv_used -= req.input_len + req.output_len
+                if req.arrival >= measure_from:
+                    tpot.append((now - first_token[index]) / (req.output_len - 1))
                     latency.append(now - req.arrival + timer.request_overhead_s)
                 done += 1
-            else:
-                decoding += 1
-                decode_context += req.input_len + 1
-                heapq.heappush(finishing, (step + req.output_len - 1, index))
-        prefilling = still
+            progress = {i: did + c for i, c, did in rank.chunks}
+            still = []
+            for entry in rank.prefilling:
+                index = entry[0]
+                entry[1] = progress.get(index, entry[1])
+                req = requests[index]
+                if entry[1] < req.input_len:
+                    still.append(entry)
+                    continue
+                first_token[index] = now
+                measured = req.arrival >= measure_from
+                if measured:
+                    ttft.append(now - req.arrival + timer.request_overhead_s)
+                if req.output_len <= 1:
+                    rank.kv_used -= req.input_len + req.output_len
+                    if measured:
+                        latency.append(now - req.arrival + timer.request_overhead_s)
+                    done += 1
+                else:
+                    rank.decoding += 1
+                    rank.decode_context += req.input_len + 1
+                    heapq.heappush(rank.finishing, (step + req.output_len - 1, index))
+            rank.prefilling = still
     first = min(r.arrival for r in requests)
+    steps = step * ranks
     return SimResult(
         rate=len(requests) / max(r.arrival for r in requests) if requests else 0.0,
         requests=sum(r.arrival >= measure_from for r in requests),
@@ -189,8 +225,8 @@ def simulate(
         steps=step,
         busy_s=busy,
         tokens=tokens,
-        blocked_by_seqs=blocked_seqs / step if step else 0.0,
-        blocked_by_kv=blocked_kv / step if step else 0.0,
+        blocked_by_seqs=blocked_seqs / steps if steps else 0.0,
+        blocked_by_kv=blocked_kv / steps if steps else 0.0,
         seconds_by_bound=by_bound,
     )
 
@@ -208,15 +244,16 @@ def within(result: SimResult, slo: Slo) -> bool:
     return result.p("ttft_s", 90) <= slo.p90_ttft_s and result.p("tpot_s", 90) <= slo.p90_tpot_s
 
 
-MAX_SIMULATED_REQUESTS = 20000
+SIMULATED_REQUESTS = 600  # at every rate: the same unit gaps scaled by the rate (common random numbers)
 
 
 def steady_requests(
-    rate: float, input_len: int, output_len: int, lifetime: float, seed: int
+    rate: float, input_len: int, output_len: int, lifetime: float, seed: int, n: int = SIMULATED_REQUESTS
 ) -> tuple[list[Request], float]:
-    """Enough Poisson arrivals for a steady state: one request lifetime to warm up, three measured.
+    """The same `n` Poisson arrivals at every rate (one sample path, its time scaled by 1/rate): a rate
+    search over them sees no new draws as it moves, so a higher rate never meets the SLO by luck; the
+    first quarter of them, or one request lifetime if shorter, warms the replica up.
     -> (requests, when measuring starts)."""
-    n = min(MAX_SIMULATED_REQUESTS, max(200, math.ceil(rate * 4 * lifetime)))
     arrivals = poisson_arrivals(rate, n, seed)
     return [Request(arrival=a, input_len=input_len, output_len=output_len) for a in arrivals], min(
         lifetime, arrivals[-1] / 4
@@ -234,6 +271,9 @@ class Slowed:
     def seconds(self, batch: Batch) -> float:
         return self.timer.seconds(batch) * self.factor
 
+    def lockstep_seconds(self, batches: list[Batch]) -> float:
+        return float(self.timer.lockstep_seconds(batches)) * self.factor  # type: ignore[attr-defined]
+
 
 def workload(
     timer: StepTimer,
@@ -243,6 +283,7 @@ def workload(
     output_len: int,
     seed: int,
     slowdown: Callable[[float], float] | None = None,
+    ranks: int = 1,
 ) -> Callable[..., SimResult]:
     """One replica under Poisson arrivals of one workload, as a function of the rate (and an optional
     `breakdown`), measured in the steady state: what a rate search and a prediction's details run.
@@ -261,7 +302,7 @@ def workload(
                 seconds_by_bound={},
             )  # fmt: skip
         slowed = timer if factor == 1.0 else Slowed(timer, factor)
-        return simulate(slowed, limits, requests, breakdown=breakdown, measure_from=warmup)
+        return simulate(slowed, limits, requests, breakdown=breakdown, measure_from=warmup, ranks=ranks)
 
     return run
 

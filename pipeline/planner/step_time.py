@@ -3,8 +3,13 @@
 Each part of a layer (attention projections and router, the experts or dense MLP, attention over
 the KV cache) takes the longer of its matmul time and its memory time on one device; every
 collective is priced by one algorithm, a direct two-phase exchange over a fully connected node
-(latency + bandwidth terms of the same algorithm); a fixed overhead covers scheduling and launches.
-Every device of a replica works in lockstep, so the busiest device's time is the step's time.
+(a latency by world size: what one all-reduce costs however small, growing with the ranks, plus the
+algorithm's bandwidth term); a fixed overhead covers the engine core's scheduling, per tensor-parallel
+worker and per sampled sequence, and the layers' launches where a step runs piecewise graphs. A
+matmul that is thin, in rows (tokens) or in the columns of a device's tensor-parallel slice, cannot
+fill the device. Every device of a replica works in lockstep, so the busiest device's time is the
+step's time; with dp > 1 every dp rank steps together too (vLLM runs dummy batches on idle ranks),
+so the step is the slowest rank's, prefills included, and the experts carry every rank's tokens.
 
 Experts are placed as vLLM places them (`fused_moe/layer.py`, `determine_expert_map`): without
 expert parallelism every rank holds a 1/tp slice of every expert and does 1/tp of every routed
@@ -18,6 +23,7 @@ reduce-scatters their outputs after.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -65,9 +71,14 @@ class StepCost(BaseModel):
         return sum(p.seconds for p in self.parts)
 
 
-def gemm_efficiency(rows: float, half_rows: float) -> float:
-    """A matmul with few rows (tokens) cannot fill the device: rows / (rows + half_rows)."""
-    return rows / (rows + half_rows) if rows > 0 else 1.0
+def gemm_efficiency(rows: float, half_rows: float, cols: float = 0.0, half_cols: float = 0.0) -> float:
+    """A matmul with few rows (tokens) cannot fill the device: rows / (rows + half_rows). A thin
+    tensor-parallel slice has fewer output tiles per row, so below `half_cols` columns it needs
+    proportionally more rows to fill it: half_rows x half_cols / cols (0: not counted)."""
+    if rows <= 0:
+        return 1.0
+    thin = half_cols / cols if cols > 0 and half_cols > cols else 1.0
+    return rows / (rows + half_rows * thin)
 
 
 def roofline(name: str, flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float) -> Part:
@@ -83,13 +94,13 @@ def roofline(name: str, flops: float, nbytes: float, flops_per_s: float, bytes_p
 
 def all_reduce_seconds(nbytes: float, devices: int, link_bytes_per_s: float, latency_s: float) -> float:
     """Two-phase all-reduce over a fully connected node: a reduce-scatter then an all-gather, each rank
-    exchanging its 1/n share with its n-1 peers over n-1 links at once. Per phase one latency and
-    (n-1)/n x bytes over (n-1) links: 2 latency + 2 bytes / (n link). vLLM's custom all-reduce
+    exchanging its 1/n share with its n-1 peers over n-1 links at once: `latency_s` (the whole
+    all-reduce's fixed cost at this world size) + 2 bytes / (n link). vLLM's custom all-reduce
     (2-stage kernel, `csrc/custom_all_reduce.cuh`) runs this on xGMI for decode-sized tensors;
     RCCL's rings over all seven links of an 8-GPU node move the same bytes for the large ones."""
     if devices <= 1:
         return 0.0
-    return 2 * latency_s + 2 * nbytes / (devices * link_bytes_per_s)
+    return latency_s + 2 * nbytes / (devices * link_bytes_per_s)
 
 
 def all_gather_seconds(nbytes_per_rank: float, devices: int, link_bytes_per_s: float, latency_s: float) -> float:
@@ -180,8 +191,18 @@ class StepModel:
         self.peak_bf16 = perf.peak_tflops["bf16"] * 1e12 * eff.compute
         self.bandwidth = perf.memory_gb_s * 1e9 * eff.memory
         self.link = perf.link_gb_s * 1e9 * eff.link
-        self.latency = perf.link_latency_us * 1e-6
-        self.half_rows = eff.gemm_half_rows
+        # the dp dispatch's all-gather and reduce-scatter are collectives over the dp ranks (RCCL's, like a
+        # large all-reduce): each pays the fixed cost of a collective at that world size, else one phase
+        self.latency = perf.all_reduce_latency_us.get(layout.dp, perf.link_latency_us) * 1e-6
+        self.all_reduce_latency = perf.all_reduce_latency_us.get(tp, 2 * perf.link_latency_us) * 1e-6
+        self.half_rows, self.half_cols = eff.gemm_half_rows, eff.gemm_half_cols
+        # the per-device output columns of the tensor-parallel slices: attention's qkv, an expert's gate+up
+        self.attn_cols = (self.heads + 2 * self.kv_heads) * hd
+        inter = arch.moe_intermediate_size if arch.is_moe else arch.intermediate_size
+        self.expert_cols = 2 * inter / (1 if layout.ep > 1 else tp)
+        self.step_overhead_s = (perf.step_overhead_ms + perf.step_overhead_per_rank_ms * (tp - 1)) / 1e3
+        self.piecewise_s = perf.piecewise_layer_us * 1e-6 * arch.num_layers
+        self.full_graphs = full_graphs(layout.engine_args)
         self.kv_bytes_per_token = arch.num_layers * 2 * self.kv_heads * hd * kv_bytes  # on each device
         self.sequence_s = perf.sequence_overhead_us * 1e-6
         self.request_overhead_s = perf.request_overhead_ms / 1e3  # added to every TTFT by the simulation
@@ -195,19 +216,21 @@ class StepModel:
             return 1.0
         return experts_touched(arch.num_experts, arch.num_experts_per_tok, tokens)
 
-    def expert_load(self, tokens: int) -> ExpertLoad:
-        """The busiest rank's expert work for a step of `tokens` on each dp rank."""
-        return expert_load(self.arch, tokens * self.layout.dp, self.layout.tp, self.layout.ep)
+    def expert_load(self, tokens: int, expert_tokens: int | None = None) -> ExpertLoad:
+        """The busiest rank's expert work for a step of `tokens` on each dp rank (`expert_tokens`: every dp
+        rank's together, when they differ)."""
+        total = tokens * self.layout.dp if expert_tokens is None else expert_tokens
+        return expert_load(self.arch, total, self.layout.tp, self.layout.ep)
 
-    def _terms(self, batch: Batch) -> list[tuple[str, float, float, float, float]]:
+    def _terms(self, batch: Batch, expert_tokens: int | None = None) -> list[tuple[str, float, float, float, float]]:
         """(part, flops, bytes, flop/s, byte/s) of one step on one device, every layer counted."""
-        return self._token_terms(batch.tokens) + self._batch_terms(batch)
+        return self._token_terms(batch.tokens, expert_tokens) + self._batch_terms(batch)
 
-    def _token_terms(self, t: int) -> list[tuple[str, float, float, float, float]]:
+    def _token_terms(self, t: int, expert_tokens: int | None = None) -> list[tuple[str, float, float, float, float]]:
         """The parts that depend on the step's new tokens alone (the projections and the experts)."""
         arch, n = self.arch, self.arch.num_layers
         if arch.is_moe:
-            load = self.expert_load(t)
+            load = self.expert_load(t, expert_tokens)
             rows = load.rows  # tokens per *active* expert: what one expert's GEMM carries
             mlp_flops = 2 * load.routed * self.expert_params * load.weight_fraction
             mlp_bytes = load.experts_read * self.expert_params * load.weight_fraction * self.weight_bytes
@@ -220,14 +243,14 @@ class StepModel:
                 "attention projections + router",
                 n * 2 * t * (self.attn_params + self.router_params),
                 n * (self.attn_params * self.weight_bytes + self.router_params * UNQUANTIZED_BYTES),
-                self.peak * gemm_efficiency(t, self.half_rows),
+                self.peak * gemm_efficiency(t, self.half_rows, self.attn_cols, self.half_cols),
                 self.bandwidth,
             ),
             (
                 "experts" if arch.is_moe else "mlp",
                 n * mlp_flops,
                 n * mlp_bytes,
-                self.peak * gemm_efficiency(rows, self.half_rows),
+                self.peak * gemm_efficiency(rows, self.half_rows, self.expert_cols, self.half_cols),
                 self.bandwidth,
             ),
         ]
@@ -256,10 +279,11 @@ class StepModel:
     def all_reduce_seconds(self, tokens: int) -> float:
         """Two tensor-parallel all-reduces of the hidden states per layer (after attention, after the MLP)."""
         nbytes = tokens * self.arch.hidden_size * ACTIVATION_BYTES
-        return self.arch.num_layers * 2 * all_reduce_seconds(nbytes, self.layout.tp, self.link, self.latency)
+        return self.arch.num_layers * 2 * all_reduce_seconds(nbytes, self.layout.tp, self.link, self.all_reduce_latency)
 
     def dispatch_seconds(self, tokens: int) -> float:
-        """dp > 1: the experts' all-gather of every dp rank's tokens and the reduce-scatter back, per layer."""
+        """dp > 1: the experts' all-gather of every dp rank's tokens and the reduce-scatter back, per layer
+        (`tokens`: the most any rank holds; the gather waits for it)."""
         dp = self.layout.dp
         if dp <= 1:
             return 0.0
@@ -268,6 +292,36 @@ class StepModel:
 
     def link_seconds(self, tokens: int) -> float:
         return self.all_reduce_seconds(tokens) + self.dispatch_seconds(tokens)
+
+    def overhead_seconds(self, batch: Batch) -> float:
+        """The engine core's time per step, per worker and per sampled sequence, and the layers' launches
+        on a step that runs piecewise graphs: one with a prefill in it, or any where full graphs are off."""
+        piecewise = not self.full_graphs or batch.sampled < batch.tokens
+        return self.step_overhead_s + self.sequence_s * batch.sampled + (self.piecewise_s if piecewise else 0.0)
+
+    def lockstep_seconds(self, batches: list[Batch]) -> float:
+        """dp > 1: one step of every dp rank together (an idle rank's batch has no tokens: it runs a dummy
+        pass). Each rank's own parts (projections, attention, lm_head, its overhead) on its batch; the
+        experts on every rank's tokens; the step waits for the slowest rank at every layer."""
+        total = sum(b.tokens for b in batches)
+        busiest = max(b.tokens for b in batches)
+        own = max(self._own_seconds(b) for b in batches)
+        experts = 0.0
+        if self.arch.is_moe:
+            _, f, b, fps, bps = self._token_terms(max(1, busiest), max(1, total))[1]
+            experts = max(f / fps, b / bps)
+        return own + experts + self.link_seconds(busiest)
+
+    def _own_seconds(self, batch: Batch) -> float:
+        """A rank's parts outside the experts and the links."""
+        total = self.overhead_seconds(batch) if batch.tokens else self.step_overhead_s
+        if not batch.tokens:
+            return total
+        _, f, b, fps, bps = self._token_terms(batch.tokens, batch.tokens)[0]
+        total += max(f / fps, b / bps)
+        for _, flops, nbytes, flops_per_s, bytes_per_s in self._batch_terms(batch):
+            total += max(flops / flops_per_s, nbytes / bytes_per_s)
+        return total
 
     def seconds(self, batch: Batch) -> float:
         """The step's time; the simulation calls this once per step (millions of times in a plan with
@@ -280,24 +334,24 @@ class StepModel:
                 [max(f / fps, b / bps) for _, f, b, fps, bps in self._token_terms(batch.tokens)],
             )
         link, token_parts = by_tokens
-        total = self.perf.step_overhead_ms / 1e3 + self.sequence_s * batch.sampled + link
+        total = self.overhead_seconds(batch) + link
         for part in token_parts:
             total += part
         for _, flops, nbytes, flops_per_s, bytes_per_s in self._batch_terms(batch):
             total += max(flops / flops_per_s, nbytes / bytes_per_s)
         return total
 
-    def bounds(self, batch: Batch) -> list[tuple[str, float]]:
+    def bounds(self, batch: Batch, expert_tokens: int | None = None) -> list[tuple[str, float]]:
         """cost()'s (bound, seconds) per part, in its order and with its arithmetic, without its records:
         a prediction's time-by-bound sums this over every step of a simulation (~10^4 steps each)."""
         out = []
-        for _, flops, nbytes, flops_per_s, bytes_per_s in self._terms(batch):
+        for _, flops, nbytes, flops_per_s, bytes_per_s in self._terms(batch, expert_tokens):
             compute, memory = flops / flops_per_s, nbytes / bytes_per_s
             out.append(("compute" if compute >= memory else "memory", max(compute, memory)))
         out.append(("link", self.all_reduce_seconds(batch.tokens)))
         if self.layout.dp > 1:
             out.append(("link", self.dispatch_seconds(batch.tokens)))
-        out.append(("overhead", self.perf.step_overhead_ms / 1e3 + self.sequence_s * batch.sampled))
+        out.append(("overhead", self.overhead_seconds(batch)))
         return out
 
     def cost(self, batch: Batch) -> StepCost:
@@ -328,7 +382,7 @@ class StepModel:
                 name="step overhead",
                 flops=0.0,
                 bytes=0.0,
-                seconds=self.perf.step_overhead_ms / 1e3 + self.sequence_s * batch.sampled,
+                seconds=self.overhead_seconds(batch),
                 bound="overhead",
             )
         )
@@ -347,6 +401,23 @@ class Engine(Limits):
     """A replica's limits from vLLM's engine args or their defaults for the hardware, and which were defaults."""
 
     notes: list[str]
+    infeasible: str = ""  # why vLLM would refuse to start this replica ("": it starts)
+
+
+def full_graphs(engine_args: Mapping[str, object]) -> bool:
+    """Whether a layout's engine runs full graphs for decode steps: vLLM V1's default (FULL_AND_PIECEWISE)
+    unless its args turn them off (`compilation-config: {full_cuda_graph: false}`, a piecewise or none
+    `cudagraph_mode`, `enforce-eager`)."""
+    if engine_args.get("enforce-eager") in (True, "true", "True"):
+        return False
+    config = engine_args.get("compilation-config")
+    if isinstance(config, dict):
+        if config.get("full_cuda_graph") is False:
+            return False
+        mode = str(config.get("cudagraph_mode", "")).upper()
+        if mode in ("PIECEWISE", "NONE"):
+            return False
+    return True
 
 
 def weight_bytes_per_param(spec: ReleaseSpec) -> float:
@@ -368,14 +439,19 @@ def engine_limits(spec: ReleaseSpec, layout: Layout, hw: HardwareProfile, model:
     util = arg_number(args, "gpu-memory-utilization", 0.9) or 0.9
     free_gb = hw.device_memory_gb * util - weights_per_device_gb(spec, layout)
     kv_tokens = int(max(0.0, free_gb) * 1e9 / model.kv_bytes_per_token)
-    max_len = arg_number(args, "max-model-len")
-    if max_len is not None:
-        kv_tokens = max(kv_tokens, int(max_len))
+    max_len = int(arg_number(args, "max-model-len") or spec.workload.input_len + spec.workload.output_len)
+    infeasible = ""
+    if kv_tokens < max_len:  # vLLM refuses to start: its KV cache cannot hold one max-length sequence
+        infeasible = (
+            f"infeasible: KV cache {kv_tokens} tokens per device cannot hold one {max_len}-token sequence"
+            f" (max-model-len); vLLM refuses to start"
+        )
     return Engine(
         max_num_seqs=int(seqs or (1024 if big else 256)),
         max_num_batched_tokens=int(tokens or (8192 if big else 2048)),
         kv_capacity_tokens=kv_tokens,
         notes=notes,
+        infeasible=infeasible,
     )
 
 
@@ -384,4 +460,6 @@ def step_model(spec: ReleaseSpec, layout: Layout, hw: HardwareProfile) -> StepMo
         raise ReleaseError(f"hardware {hw.name!r}: no performance: section (peak_tflops, memory_gb_s, ...)")
     args = {**spec.serving.engine_args, **layout.engine_args}
     kv_bytes = 1.0 if str(args.get("kv-cache-dtype", "auto")).startswith("fp8") else 2.0
-    return StepModel(spec.model.architecture, layout, hw.performance, weight_bytes_per_param(spec), kv_bytes)
+    model = StepModel(spec.model.architecture, layout, hw.performance, weight_bytes_per_param(spec), kv_bytes)
+    model.full_graphs = full_graphs(args)
+    return model

@@ -5,8 +5,13 @@ A datasheet plan's interval comes from the assumed figures' ranges (the hardware
 the rate, then every figure at the end that raises it. Each figure moves a rate one way only, so
 those two runs bound the rate over the ranges' box. A profiled plan's interval comes from the
 fit's largest residual on the step times. A margin between two layouts is read one figure at a
-time (the others central): the figures whose ends swing it most, and those that flip its sign,
-are what the ranking depends on.
+time (the others central), each rate searched to a fine resolution over the same simulated arrivals
+(common random numbers: one sample path, its time scaled by the rate, for every rate, layout and
+figure), so a figure that moves the margin by a fraction of a percent shows that; the simulation's own
+noise (the margin under other seeds) is one more swing. The figures whose ends swing it most, and
+those that flip its sign, are what the ranking depends on. The swings are independent figures, so
+the interval adds them in quadrature (the linear sum, a bound, is kept beside it); an interval wider
+than MAX_WIDTH is reported as too wide to rank on: a check that passes inside it proves nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +38,27 @@ class EstimateLike(Protocol):
 
 
 # figures whose higher value lowers every rate (the rest raise it)
-COSTS = {"link_latency_us", "step_overhead_ms", "sequence_overhead_us", "efficiency.gemm_half_rows", "expert_imbalance"}
+COSTS = {
+    "link_latency_us",
+    "step_overhead_ms",
+    "step_overhead_per_rank_ms",
+    "sequence_overhead_us",
+    "piecewise_layer_us",
+    "host_ms_per_request",
+    "efficiency.gemm_half_rows",
+    "efficiency.gemm_half_cols",
+    "expert_imbalance",
+}
+MAX_WIDTH = 1.0  # a margin interval wider than this (high - low, as a fraction) is too wide to rank on
+MARGIN_RESOLUTION = 0.002  # the rate search's relative step for a margin's swings
+NOISE_SEEDS = (1, 2)  # other seeds the margin is simulated with: the simulation's noise
+
+
+def is_cost(name: str) -> bool:
+    """Whether a higher value of the figure lowers every rate."""
+    return name in COSTS or name.startswith("all_reduce_latency_us.")
+
+
 OVERLAP_BOUND = 4  # top_k measures at most this many more layouts whose intervals overlap the best one's
 
 Predict = Callable[..., EstimateLike]
@@ -65,10 +90,20 @@ class Margin(BaseModel):
     low: float
     high: float
     swings: list[Swing] = Field(description="largest first")
+    bound_low: float | None = Field(None, description="the swings' linear sum, low end: a bound")
+    bound_high: float | None = Field(None, description="the swings' linear sum, high end: a bound")
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
 
     @property
     def determined(self) -> bool:
         return self.low > 0 or self.high < 0
+
+    @property
+    def too_wide(self) -> bool:
+        return self.width > MAX_WIDTH
 
     def describe(self) -> str:
         turns = ", ".join(
@@ -76,9 +111,16 @@ class Margin(BaseModel):
             for s in self.swings[:4]
         )
         verdict = "" if self.determined else "; the ranking is undetermined within the figures' ranges"
+        if self.too_wide:
+            verdict += f"; wider than {MAX_WIDTH:.0%}: too wide to rank on, measure both"
+        bound = (
+            f" (linear sum, a bound: {self.bound_low:+.0%} to {self.bound_high:+.0%})"
+            if self.bound_low is not None and self.bound_high is not None
+            else ""
+        )
         return (
             f"{self.better} over {self.worse}: {self.central:+.0%} req/s per server, interval {self.low:+.0%} to"
-            f" {self.high:+.0%}{verdict}. "
+            f" {self.high:+.0%}, width {self.width:.0%}{bound}{verdict}. "
             + (
                 f"It turns on (margin at each figure's low..high end): {turns}"
                 if turns
@@ -94,6 +136,9 @@ def _get(spec: ReleaseSpec, hw: HardwareProfile, name: str) -> float:
     assert perf is not None
     if name.startswith("efficiency."):
         return float(getattr(perf.efficiency, name.removeprefix("efficiency.")))
+    if name.startswith("all_reduce_latency_us."):
+        size = int(name.rpartition(".")[2])
+        return float(perf.all_reduce_latency_us.get(size, 2 * perf.link_latency_us))
     return float(getattr(perf, name))
 
 
@@ -102,7 +147,10 @@ def at(spec: ReleaseSpec, hw: HardwareProfile, values: dict[str, float]) -> tupl
     arch, perf = spec.model.architecture, hw.performance
     assert perf is not None
     eff = {k.removeprefix("efficiency."): v for k, v in values.items() if k.startswith("efficiency.")}
-    own = {k: v for k, v in values.items() if not k.startswith("efficiency.") and k != "expert_imbalance"}
+    sized = {int(k.rpartition(".")[2]): v for k, v in values.items() if k.startswith("all_reduce_latency_us.")}
+    own = {k: v for k, v in values.items() if "." not in k and k != "expert_imbalance"}
+    if sized:
+        own["all_reduce_latency_us"] = {**perf.all_reduce_latency_us, **sized}  # type: ignore[assignment]
     perf = perf.model_copy(update={**own, "efficiency": perf.efficiency.model_copy(update=eff)})
     if "expert_imbalance" in values:
         arch = arch.model_copy(update={"expert_imbalance": values["expert_imbalance"]})
@@ -138,7 +186,7 @@ def figures(spec: ReleaseSpec, hw: HardwareProfile) -> list[Figure]:
 
 
 def corner(found: list[Figure], pessimistic: bool) -> dict[str, float]:
-    return {f.name: (f.high if (f.name in COSTS) == pessimistic else f.low) for f in found}
+    return {f.name: (f.high if is_cost(f.name) == pessimistic else f.low) for f in found}
 
 
 def fit_residual(profile: Profile) -> float:
@@ -198,29 +246,45 @@ def margin(
     found: list[Figure],
     predict: Predict,
 ) -> Margin:
-    """`better`'s margin over `worse`, one figure at a time at each end of its range; the interval adds up
-    each figure's worst and best swing (a bound when the figures act independently)."""
-    central = better.rate_per_server / worse.rate_per_server - 1
+    """`better`'s margin over `worse`, one figure at a time at each end of its range, every rate searched
+    to MARGIN_RESOLUTION from the central one; the simulation's noise is the margin under NOISE_SEEDS.
+    The interval adds the swings in quadrature (independent figures); their linear sum is the bound."""
 
-    def at_value(name: str, value: float) -> float:
-        s, h = at(spec, hw, {name: value})
+    def rates(s: ReleaseSpec, h: HardwareProfile) -> float:
         a, b = (
-            predict(s, h, p.layout, input_len, output_len, start=p.rate_per_server, resolution=0.02, factor=1.3)
+            predict(s, h, p.layout, input_len, output_len, start=p.rate_per_server, resolution=MARGIN_RESOLUTION,
+                    factor=1.3)
             for p in (better, worse)
-        )
+        )  # fmt: skip
         return a.rate_per_server / b.rate_per_server - 1 if b.rate_per_server > 0 else float("inf")
 
+    central = rates(spec, hw)
     swings = []
     for f in found:
-        lo, hi = at_value(f.name, f.low), at_value(f.name, f.high)
+        lo, hi = rates(*at(spec, hw, {f.name: f.low})), rates(*at(spec, hw, {f.name: f.high}))
         swings.append(
             Swing(figure=f.name, at_low=lo, at_high=hi, flips=(lo > 0) != (central > 0) or (hi > 0) != (central > 0))
         )
+    noise = [rates(spec.model_copy(update={"workload": spec.workload.model_copy(update={"seed": seed})}), hw)
+             for seed in NOISE_SEEDS]  # fmt: skip
+    swings.append(
+        Swing(
+            figure="simulation noise (other seeds)", at_low=min(noise), at_high=max(noise),
+            flips=any((n > 0) != (central > 0) for n in noise),
+        )
+    )  # fmt: skip
     swings.sort(key=lambda s: -abs(s.at_high - s.at_low))
-    low = central + sum(min(0.0, s.at_low - central, s.at_high - central) for s in swings)
-    high = central + sum(max(0.0, s.at_low - central, s.at_high - central) for s in swings)
+    downs = [min(0.0, s.at_low - central, s.at_high - central) for s in swings]
+    ups = [max(0.0, s.at_low - central, s.at_high - central) for s in swings]
     return Margin(
-        better=better.layout.name, worse=worse.layout.name, central=central, low=low, high=high, swings=swings
+        better=better.layout.name,
+        worse=worse.layout.name,
+        central=central,
+        low=central - sum(d * d for d in downs) ** 0.5,
+        high=central + sum(u * u for u in ups) ** 0.5,
+        swings=swings,
+        bound_low=central + sum(downs),
+        bound_high=central + sum(ups),
     )
 
 
