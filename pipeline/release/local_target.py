@@ -359,9 +359,14 @@ def drain(dep: Deployment, timeout: float = drain_engine.REQUEST_TIMEOUT_S) -> d
     over the replicas (`drain.wait_idle`)."""
     deadline = time.monotonic() + timeout
     seen = [drain_engine.wait_idle(f"http://127.0.0.1:{p}", max(0.0, deadline - time.monotonic())) for p in dep.ports]
+
+    def total(key: str) -> float | None:  # None where any replica's /metrics did not answer
+        values = [s[key] for s in seen]
+        return None if any(v is None for v in values) else sum(v or 0 for v in values)
+
     out: dict[str, float | None] = {
-        "in_flight": sum(s["in_flight"] or 0 for s in seen),
-        "left": sum(s["left"] or 0 for s in seen),
+        "in_flight": total("in_flight"),
+        "left": total("left"),
         "seconds": max((s["seconds"] or 0 for s in seen), default=0.0),
         "bound_s": timeout,
     }

@@ -44,19 +44,29 @@ def in_flight(url: str, timeout: float = 5) -> float | None:
     return sum(s.value for f in text_string_to_metric_families(text) if f.name in GAUGES for s in f.samples)
 
 
-def wait_idle(url: str, bound_s: float, lag_s: float = 0.0, poll_s: float = 0.5) -> dict[str, float | None]:
-    """Wait, at most `bound_s` after `lag_s`, until the engine runs and queues no request (or its
-    /metrics is gone: nothing left to wait for). Returns what it saw: requests in flight when it
-    began, seconds waited, requests left when it stopped waiting (0: drained)."""
+def wait_idle(
+    url: str, bound_s: float, lag_s: float = 0.0, poll_s: float = 0.5, unreadable_s: float = 10.0
+) -> dict[str, float | None]:
+    """Wait, at most `bound_s` after `lag_s`, until the engine runs and queues no request, or its
+    /metrics has not answered for `unreadable_s` (a busy engine may miss a read; one that stays
+    silent is gone: nothing left to wait for). Returns what it saw: requests in flight when it
+    began (None: unreadable), seconds waited, requests left when it stopped waiting (0: drained)."""
     started = time.monotonic()
     first = in_flight(url)
     if lag_s > 0:
         time.sleep(lag_s)
     deadline = time.monotonic() + bound_s
     left = in_flight(url)
-    while left and time.monotonic() < deadline:
+    silent_since = None if left is not None else time.monotonic()
+    while left != 0 and time.monotonic() < deadline:
+        if silent_since is not None and time.monotonic() - silent_since >= unreadable_s:
+            break
         time.sleep(poll_s)
         left = in_flight(url)
+        if left is None:
+            silent_since = silent_since or time.monotonic()
+        else:
+            silent_since = None
     return {"in_flight": first, "seconds": round(time.monotonic() - started, 1), "left": left}
 
 
