@@ -183,7 +183,13 @@ CASES = [
         "rollout-plan {prod} --rate-per-server 18 --layout tp4-ep4-x2 --load-seconds 600"
         " --live-rate-per-server 12.5 --live-layout tp8-ep8 --live-load-seconds 540 --json",
         0,
-        r"3 reloads \(27\.0 min\)",
+        r"3 reloads \(18\.0 min\)",  # the controller's undo: 2 waves, the widest the budget leaves
+    ),
+    Case(
+        "rollout-plan-keda-grown",
+        "rollout-plan {prod} --rate-per-server 18 --layout tp4-ep4-x2 --live-rate-per-server 12.5 --live-servers 12",
+        0,
+        r"live fleet 12 servers \(12 running now\), the new one 12",  # never fewer than the live fleet runs
     ),
     Case(
         "rollout-plan-bad-rate", "rollout-plan {prod} --rate-per-server -5", 2, r"--rate-per-server: must be positive"

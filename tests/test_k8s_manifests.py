@@ -4,6 +4,10 @@ carrying the layout, placement, weights and identity the release needs."""
 from __future__ import annotations
 
 import copy
+import http.server
+import subprocess
+import sys
+import threading
 
 import pytest
 import yaml
@@ -12,6 +16,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import load_spec
 from pipeline.k8s import crds, manifests, pods
 from pipeline.k8s.manifests import Artifact, RenderOptions
+from pipeline.stages import drain
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
 HASH = "3f" * 32
@@ -355,3 +360,86 @@ def test_the_readme_command_renders_a_preview_from_the_spec_alone(tmp_path):
     kinds = sorted({o["kind"] for o in objs})
     assert "Deployment" in kinds and "Service" in kinds
     assert "/mnt/models/ARTIFACT" in out.stdout  # the spec's NFS share, where the staged weights would be
+
+
+class _Draining(http.server.BaseHTTPRequestHandler):
+    """An engine's /metrics whose running gauge shows `busy` requests for the first scrapes, then none."""
+
+    scrapes: list[int] = []
+    busy = 3
+
+    def do_GET(self):
+        self.scrapes.append(1)
+        running = self.busy if len(self.scrapes) <= self.busy else 0
+        body = f'vllm:num_requests_running{{engine="0"}} {running}.0\nvllm:num_requests_waiting 0.0\n'.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_pod_drains_before_sigterm_within_a_grace_period_above_the_routes_timeout(prod, spec_file):
+    """The production image's vLLM (0.11.2) aborts what it runs on SIGTERM and has no
+    --shutdown-timeout: its pods wait in preStop until the engine's own /metrics shows nothing
+    running, bounded by the route's request timeout, and the kubelet waits longer than that."""
+    objs = manifests.render(prod, "tp8-ep8", RELEASE, NFS_ARTIFACT)
+    c = container(of_kind(objs, "Deployment")[0])
+    hook = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["python3", "-c"]  # the engine image's interpreter; no curl in it to count on
+    port, bound, lag = hook[3:]
+    assert port == "8000" and float(bound) == drain.REQUEST_TIMEOUT_S
+    route = of_kind(objs, "HTTPRoute")[0]
+    assert {r["timeouts"]["request"] for r in route["spec"]["rules"]} == {f"{drain.REQUEST_TIMEOUT_S}s"}
+    grace = pod(of_kind(objs, "Deployment")[0])["terminationGracePeriodSeconds"]
+    assert grace > float(lag) + float(bound) + drain.SHUTDOWN_TIMEOUT_S
+    assert "--shutdown-timeout" not in c["command"]  # vLLM 0.11.2 would refuse it
+    assert manifests.validate(objs, "1.31") == []
+
+    # the hook itself, run as the kubelet runs it (this venv's python: prometheus-client, as vLLM's
+    # image has), against an engine busy for its first scrapes: it returns once the engine is idle
+    _Draining.scrapes = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Draining)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = [sys.executable, "-c", hook[2], str(server.server_address[1]), "60", "0"]
+        done = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert "'in_flight': 3.0" in done.stdout and "'left': 0.0" in done.stdout, done.stdout
+    assert len(_Draining.scrapes) == _Draining.busy + 1  # it kept asking until the engine was idle
+
+    # an image whose vLLM drains on SIGTERM itself gets the flag too; a spec that sets it keeps its own
+    newer = load_spec(spec_file(PROD_SPEC, lambda d: d["serving"].update(engine_image="vllm/vllm-openai:v0.18.0")))
+    argv = container(of_kind(manifests.render(newer, "tp8-ep8", RELEASE, NFS_ARTIFACT), "Deployment")[0])["command"]
+    assert argv[argv.index("--shutdown-timeout") + 1] == str(drain.SHUTDOWN_TIMEOUT_S)
+
+    def own(d):
+        d["serving"].update(engine_image="vllm/vllm-openai:v0.18.0")
+        d["serving"]["engine_args"]["shutdown-timeout"] = 5
+
+    argv = container(
+        of_kind(manifests.render(load_spec(spec_file(PROD_SPEC, own)), "tp8-ep8", RELEASE, NFS_ARTIFACT), "Deployment")[
+            0
+        ]
+    )["command"]
+    assert argv.count("--shutdown-timeout") == 1 and argv[argv.index("--shutdown-timeout") + 1] == "5"
+
+
+@pytest.mark.parametrize(
+    "image, version",
+    [
+        ("rocm/vllm:rocm7.0.0_vllm_0.11.2_20251210", (0, 11)),  # the production spec's
+        ("model-release/vllm-cpu:0.32.0", (0, 32)),  # the tiny spec's (the test engine, .venv-serve)
+        ("vllm/vllm-openai:v0.18.0", (0, 18)),
+        ("registry.example:5000/vllm:0.19.1", (0, 19)),
+        ("registry.digitalocean.com/model-release/vllm@sha256:" + "0" * 64, None),  # pinned by digest: unknown
+        ("nginx:1.27", None),
+    ],
+)
+def test_the_engine_images_vllm_version_is_read_from_its_reference(image, version):
+    assert drain.image_vllm_version(image) == version
+    assert bool(drain.shutdown_flags(image, {})) == (version is not None and version >= (0, 18))

@@ -277,7 +277,14 @@ def test_rollout_plan_keeps_the_peak_held_at_every_step_within_the_spare_budget(
     # (the spare budget) at 9 min each; after it all 12 do
     assert (p.keep_window_s, p.rollback_reloads_in_window, p.rollback_reloads_after) == (1800, 7, 12)
     assert (p.rollback_in_window_s, p.rollback_after_s) == (7 * 540, 12 * 540)
-    assert "3 reloads (27.0 min)" in rollout_plan.table(p)  # an abort at 50%: 3 waves of one server
+    # an abort at 50% reloads 3 old servers in the widest waves the 12 + 1 budget leaves as the new
+    # release gives back what its share no longer needs (controller.reload_wave): 2 waves of 9 min
+    assert [s.abort_waves for s in p.steps] == [0, 2, 4] and "3 reloads (18.0 min)" in rollout_plan.table(p)
+    # old servers scaled away drain first and hold their GPUs until gone: counted against the budget,
+    # so each wave that needs their room waits (3 at 50%, 4 at 100%; all 12 stop, the last 5 after the
+    # keep window)
+    assert [(s.terminating, s.drain_waits) for s in p.steps] == [(0, 0), (3, 3), (9, 4)]
+    assert p.drain_bound_s == 615 and "'waits': waves whose new servers wait for such a drain" in rollout_plan.table(p)
     instant = loaded.model_copy(deep=True)
     instant.spec.rollout.instant_abort = True  # refused: it needs 8 spare servers at the last step
     held = rollout_plan.plan(instant, new, old)
@@ -482,3 +489,54 @@ def test_kubernetes_rollout_of_a_3_server_fleet_judged_by_the_real_prometheus(pr
             assert all(h["2"] >= 2 for h in cluster.history)  # release 2 never below the step's share
         finally:
             fleet.stop()
+
+
+def test_one_sizing_rule_for_the_new_fleet_never_below_what_keda_grew_the_live_one_to(spec_file, capsys):
+    """`capacity`, `rollout-plan` and the ScaledObjects size the new fleet by one rule
+    (capacity.fleet_servers: the peak with the spec's headroom at the measured rate, min_servers, and
+    never fewer than the live fleet runs now), and the plan is checked against live + spare first."""
+    from pipeline import cli
+    from pipeline.k8s import autoscaler
+    from pipeline.release import rollout_plan
+    from pipeline.stages import capacity
+    from tests.conftest import PROD_SPEC
+
+    loaded = load_spec(PROD_SPEC)
+    new = rollout_plan.Side(layout="tp4-ep4-x2", rate_per_server=18.1, load_seconds=600)
+    old = rollout_plan.Side(layout="tp8-ep8", rate_per_server=12.5, load_seconds=540)
+    cap = loaded.spec.capacity
+    rule = capacity.fleet_servers(cap, 18.1)
+    fleet = capacity.fleet("candidate", 18.1, cap, loaded.spec.workload, None)
+    assert rule == fleet.servers == rollout_plan.plan(loaded, new, old).new_servers == 8
+    auto = load_spec(
+        spec_file(
+            PROD_SPEC,
+            lambda d: d["capacity"].update(max_servers=20, autoscale={"utilisation": 0.7}),
+            name="auto.yaml",
+        )
+    )
+    scaling = capacity.scaling(auto, 18.1, 600, "measured")
+    assert scaling is not None and scaling.fallback_servers >= capacity.fleet_servers(auto.spec.capacity, 18.1)
+    deployment = {"kind": "Deployment", "metadata": {"name": "qwen3-235b-a22b-fp8-r2-0", "namespace": "llm-serving"}}
+    scaled = autoscaler.scaled_objects(auto, [deployment], 18.1)
+    assert scaled[0]["spec"]["fallback"]["replicas"] == scaling.fallback_servers
+
+    # KEDA grew the live fleet to 14 (the plan's 12 hold the peak): the new release gets 14, each step
+    # holds its share of the 14 on both sides, and the budget is 14 + spare; with one spare server the
+    # controller's own waves cannot get from 2 to 7 new ones, so it is refused before anything starts
+    grown = rollout_plan.plan(loaded, new, old, live_running=14)
+    assert (grown.live_servers, grown.new_servers, grown.live_running) == (14, 14, 14)
+    assert [(s.old_servers, s.new_servers) for s in grown.steps] == [(13, 2), (7, 7), (0, 14)]
+    assert not grown.feasible and "leaves no room to start another" in grown.steps[1].problem
+    assert any("KEDA grew it above the 12 the peak needs" in n for n in grown.notes)
+    roomy = loaded.model_copy(deep=True)
+    roomy.spec.rollout.spare_servers = 2
+    held = rollout_plan.plan(roomy, new, old, live_running=14)
+    assert held.feasible and max(s.at_once for s in held.steps) <= 14 + 2
+    assert sum(s.terminating for s in held.steps) == 14  # every old server drains out, counted until gone
+    assert rollout_plan.plan(loaded, new, old, live_running=3).new_servers == 8  # a smaller one: the rule
+
+    args = ["rollout-plan", str(PROD_SPEC), "--layout", "tp4-ep4-x2", "--rate-per-server", "18.1"]
+    assert cli.main([*args, "--live-rate-per-server", "12.5", "--live-servers", "14"]) == 1
+    out = capsys.readouterr().out
+    assert "live fleet 14 servers (14 running now), the new one 14" in out and "NOT FEASIBLE" in out

@@ -123,7 +123,8 @@ def _rollout_plan(args: argparse.Namespace) -> int:
     spec = loaded.spec
     if args.release is not None:
         reg = registry.Registry()
-        plan = rollout_plan.for_release(loaded, reg.get(args.release), reg.live(spec.name, spec.promotion.target))
+        live = reg.live(spec.name, spec.promotion.target)
+        plan = rollout_plan.for_release(loaded, reg.get(args.release), live, args.live_servers)
     else:
         if args.rate_per_server is None:
             raise ReleaseError("give --release ID (a release in the registry) or --rate-per-server R")
@@ -137,7 +138,7 @@ def _rollout_plan(args: argparse.Namespace) -> int:
             if args.live_rate_per_server
             else None
         )
-        plan = rollout_plan.plan(loaded, new, old)
+        plan = rollout_plan.plan(loaded, new, old, args.live_servers)
     emit(rollout_plan.table(plan))
     if args.json:
         emit(plan.model_dump_json(indent=2))
@@ -201,6 +202,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--live-layout", help="the live release's layout")
     p.add_argument(
         "--live-load-seconds", type=positive_float, help="the live release's load time: what an abort reloads"
+    )
+    p.add_argument(
+        "--live-servers",
+        type=positive_int,
+        help="servers the live fleet runs now (KEDA may have grown it): the new fleet gets at least as many",
     )
     p.add_argument("--json", action="store_true", help="also print the plan as JSON")
     p.set_defaults(func=_rollout_plan)

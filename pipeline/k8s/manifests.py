@@ -16,7 +16,10 @@ they take traffic, and only the rollout controller, once they answered its check
 Service a weight. Once a release is live the route names only its Service, so a pod that dies is
 replaced by its ReplicaSet and takes traffic when Ready with no controller running. Each
 Deployment runs one pod per server (`RenderOptions.servers`); the rollout scales them. The release
-id and the artifact's manifest hash travel as labels and annotations.
+id and the artifact's manifest hash travel as labels and annotations. A pod scaled away drains
+first (a preStop that waits until the engine's own /metrics shows nothing running, bounded by the
+route's request timeout, within a grace period above that bound): no wave, undo or rollback cuts a
+stream its pods hold.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import hashlib
 import math
 import os
 import re
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 import yaml
@@ -37,7 +40,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import WEIGHT_TOTAL
 from pipeline.core.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
 from pipeline.k8s import autoscaler, crds
-from pipeline.stages import serving
+from pipeline.stages import drain, serving
 
 MODELS_MOUNT = "/models"
 FIELD_PREFIX = "model-release"
@@ -45,7 +48,11 @@ RELEASE_LABEL = f"{FIELD_PREFIX}/release-id"
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 # a streamed answer of a long context may run for minutes; Gateway implementations' own default
 # request timeouts (Envoy's is 15 s) would cut it
-ROUTE_REQUEST_TIMEOUT = "600s"
+ROUTE_REQUEST_TIMEOUT = f"{drain.REQUEST_TIMEOUT_S}s"
+# a pod scaled away first drains (its preStop: the engine's own /metrics until nothing runs, bounded
+# by the route's request timeout), then gets SIGTERM; the kubelet SIGKILLs it this long after the
+# deletion: above the preStop's bound and vLLM's own drain, where the image has one
+TERMINATION_GRACE_S = drain.ENDPOINT_LAG_S + drain.REQUEST_TIMEOUT_S + drain.SHUTDOWN_TIMEOUT_S + 15
 # a request naming a release's Service in this header reaches that release only, through the model's
 # HTTPRoute on the Gateway, and its answer carries the header back, set by the Gateway's rule
 RELEASE_HEADER = "x-model-release"
@@ -463,7 +470,9 @@ def _engine(
     rollout's accuracy check through the Service uses the engine's own tokenizer (lm-eval's remote
     tokenizer) where no model files are."""
     command = serving.build_commands(spec, hw, layout, model_path, spec.serving.port)[0]
-    argv = [*command.argv, TOKENIZER_INFO_FLAG]
+    engine_args = serving.engine_args(spec, layout)
+    # and, where the image's vLLM has it, its own drain on SIGTERM (drain.shutdown_flags)
+    argv = [*command.argv, TOKENIZER_INFO_FLAG, *drain.shutdown_flags(spec.serving.engine_image, engine_args)]
     argv[argv.index("--served-model-name") + 1] = spec.name
     env = {k: v for k, v in command.env.items() if k != hw.visible_devices_env}
     return argv, env
@@ -531,6 +540,7 @@ def _pod_spec(
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
         **_probes(spec, load_seconds),
+        "lifecycle": {"preStop": _drain_hook(spec)},
     }
     if weights.engine_env_from:
         container["envFrom"] = weights.engine_env_from
@@ -539,7 +549,7 @@ def _pod_spec(
         "volumes": [weights.volume, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}],
         "nodeSelector": dict(hw.node_labels),
         "tolerations": [dict(taint) for taint in hw.taints],
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
     }
     if weights.init_containers:
         pod["initContainers"] = weights.init_containers
@@ -547,6 +557,14 @@ def _pod_spec(
     if affinity:
         pod["affinity"] = affinity
     return pod
+
+
+def _drain_hook(spec: ReleaseSpec) -> dict:
+    """Before SIGTERM: wait until the engine runs no request (pipeline/stages/drain.py, run by the
+    engine image's python3: the production image's vLLM 0.11.2 aborts whatever runs on SIGTERM)."""
+    source = Path(drain.__file__).read_text()
+    args = [str(spec.serving.port), str(drain.REQUEST_TIMEOUT_S), str(drain.ENDPOINT_LAG_S)]
+    return {"exec": {"command": ["python3", "-c", source, *args]}}
 
 
 def _probes(spec: ReleaseSpec, load_seconds: float | None = None) -> dict[str, dict]:

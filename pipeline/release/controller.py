@@ -14,8 +14,10 @@ Every decision is made here, the same way for both:
   than the live fleet plus the spare budget run at once;
 - each step is judged (its analysis, a reviewer) while the old release keeps every server the
   budget leaves it (a first release is judged too, against the SLO alone); a failed step or check
-  moves the route back (at once where the old release still holds the traffic) and the old
-  release's servers come back in waves;
+  moves the route back (at once where the old release still holds the traffic, or where the new
+  one answers wrong: the record says what overload that puts on the old servers) and the old
+  release's servers come back in the widest waves the budget leaves, servers still terminating
+  counted against it until they are gone;
 - a release that failed gives back its servers (to zero, its objects kept for the post-mortem) and
   leaves the route, so none of its pods, Pending ones included, holds or buys a GPU node;
 - after the last step's analysis the route names only the new release, and the old one keeps its
@@ -35,8 +37,13 @@ from typing import Any, Protocol
 
 from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutAborted, RolloutFailed, SmokeFailed
 from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
+from pipeline.stages import drain
 
 log = logging.getLogger(__name__)
+
+# how long an undo waits for servers it scaled away to give back their devices: their drain's bound
+TERMINATING_WAIT_S = drain.ENDPOINT_LAG_S + drain.REQUEST_TIMEOUT_S + drain.SHUTDOWN_TIMEOUT_S
+TERMINATING_POLL_S = 5.0
 
 
 class StepJudgement(Protocol):
@@ -286,9 +293,10 @@ def _undo(
     """Traffic and servers back to the old release, within the spare budget, then the new one to zero.
 
     The route moves back at once where the old release still runs all its servers, or where the
-    new one answers wrong; otherwise the old release's servers come back in waves of the spare
-    budget, each taking back the share it holds while the new release gives back the servers its
-    remaining share no longer needs."""
+    new one answers wrong; otherwise the old release's servers come back in the widest waves the
+    budget leaves (`reload_wave`), each taking back the share it holds while the new release gives
+    back the servers its remaining share no longer needs. Where wrong answers sent everything back
+    at once to fewer old servers than the live fleet, the record says how far over they run."""
     events = target.events
     if not isinstance(exc, ReleaseError):
         log.error("rollout failed on an unexpected error", exc_info=exc)
@@ -309,11 +317,17 @@ def _undo(
         return RolloutOutcome(status="failed", events=events, error=error)
     live, have, new, full, spare = servers.live, servers.old, servers.new, servers.full, servers.spare
     log.warning("rollout failed (%s); release %s back to %d servers", error, old_release, live)
-    events.append(("rollback_started", {"to_release": old_release, "reason": error}))
+    wrong = isinstance(exc, AnswersWorse)
+    started_detail: dict[str, Any] = {"to_release": old_release, "reason": error}
+    if wrong and traffic.exposed and have < live:
+        # wrong answers leave the new release at once: the old servers still running take what the
+        # whole live fleet held until the reloads come (the record says how far over they run)
+        started_detail["overload"] = {"servers": have, "load_of_servers": live, "factor": round(live / max(have, 1), 2)}
+    events.append(("rollback_started", started_detail))
     aborted = time.monotonic()
     try:
         if traffic.exposed:
-            traffic.back(0.0 if isinstance(exc, AnswersWorse) else 1 - have / live, aborted)
+            traffic.back(0.0 if wrong else 1 - have / live, aborted)
         while True:
             # the new release keeps only what its share needs, then old servers come back in its room
             keep_new = servers_for(traffic.new_share, full) if traffic.exposed else 0
@@ -322,7 +336,13 @@ def _undo(
                 new = keep_new
             if have >= live:
                 break
-            wave = min(max(1, spare), live - have, live + spare - have - new)
+            # the widest wave the budget leaves: what the new release gave back, less servers still
+            # terminating (a pod scaled away holds its GPUs until its drain ends)
+            wave = reload_wave(live, have, new, spare, _terminating(target))
+            waiting = time.monotonic() + TERMINATING_WAIT_S
+            while wave < 1 and _terminating(target) and time.monotonic() < waiting:
+                time.sleep(TERMINATING_POLL_S)
+                wave = reload_wave(live, have, new, spare, _terminating(target))
             if wave < 1:
                 raise RolloutFailed(f"{have} old and {new} new servers leave no room in the spare budget")
             have = _scale_old(target, have + wave, have)
@@ -350,6 +370,19 @@ def _undo(
         )
     )
     return RolloutOutcome(status="rolled_back", events=events, error=error)
+
+
+def reload_wave(live: int, have: int, new: int, spare: int, terminating: int = 0) -> int:
+    """Old servers an undo starts at once: every one the live + spare budget leaves beside the new
+    release's and the pods still terminating, up to the live fleet (not one wave of `spare`)."""
+    return min(live - have, live + spare - have - new - terminating)
+
+
+def _terminating(target: Target) -> int:
+    """Servers the target has scaled away that still hold their devices (a Kubernetes pod in its
+    preStop drain); a target that stops its servers before it returns has none."""
+    count = getattr(target, "terminating", None)
+    return int(count()) if callable(count) else 0
 
 
 def _scale_old(target: Target, servers: int, now: int) -> int:

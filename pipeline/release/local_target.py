@@ -32,7 +32,8 @@ from pipeline.core.rollout import WEIGHT_TOTAL, Deployment, Event, Fleet, Rollou
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
 from pipeline.release import analysis, controller, local_prometheus, step_review
 from pipeline.release.controller import Judge
-from pipeline.stages import engine_metrics, serving
+from pipeline.stages import drain as drain_engine
+from pipeline.stages import serving
 from pipeline.stages.served_accuracy import Answers
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ def _start_engines(
     for cmd, port in zip(commands, ports, strict=True):
         argv = list(cmd.argv)
         argv[argv.index("--port") + 1] = str(port)  # free ports need not be consecutive
+        argv += drain_engine.shutdown_flags(spec.serving.engine_image, serving.engine_args(spec, layout))
         with open(log_dir / f"engine-{cmd.replica}.log", "wb") as out:
             out.write((cmd.shell() + "\n").encode())
             out.flush()
@@ -350,16 +352,41 @@ def front_attempts(name: str, ports: list[int], since: float, until: float) -> t
     return attempts, failed
 
 
-def drain(dep: Deployment, timeout: float = 120) -> None:
+def drain(dep: Deployment, timeout: float = drain_engine.REQUEST_TIMEOUT_S) -> dict[str, float | None]:
     """Wait until the replicas hold no request (the front no longer sends them any), so stopping
-    them fails nobody; gives up after `timeout` (a stuck engine must not block a rollback)."""
+    them fails nobody; gives up after `timeout` (the route's request timeout: the front cuts a
+    longer request anyway, and a stuck engine must not block a rollback). What it saw, summed
+    over the replicas (`drain.wait_idle`)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [engine_metrics.in_flight(f"http://127.0.0.1:{p}") for p in dep.ports]
-        if all(n is None or n == 0 for n in left):
-            return
-        time.sleep(0.5)
-    log.warning("release %d still holds requests after %.0f s; stopping it anyway", dep.release_id, timeout)
+    seen = [drain_engine.wait_idle(f"http://127.0.0.1:{p}", max(0.0, deadline - time.monotonic())) for p in dep.ports]
+
+    def total(key: str) -> float | None:  # None where any replica's /metrics did not answer
+        values = [s[key] for s in seen]
+        return None if any(v is None for v in values) else sum(v or 0 for v in values)
+
+    out: dict[str, float | None] = {
+        "in_flight": total("in_flight"),
+        "left": total("left"),
+        "seconds": max((s["seconds"] or 0 for s in seen), default=0.0),
+        "bound_s": timeout,
+    }
+    if out["left"]:
+        log.warning("release %d still holds requests after %.0f s; stopping it anyway", dep.release_id, timeout)
+    return out
+
+
+def front_failures(name: str, since: float, until: float) -> int:
+    """Requests the front answered with a failure between two wall-clock times, from its access log:
+    5xx (an engine that reset or aborted a request: nginx's 502) and 499 (the client gave up)."""
+    path = state_dir(name) / "front" / "access.log"
+    if not path.exists():
+        return 0
+    failed = 0
+    for line in path.read_text(errors="replace").splitlines():
+        match = serving.FRONT_LOG.match(line)
+        if match and since <= float(match["time"]) <= until:
+            failed += int(match["status"]) >= 500 or match["status"] == "499"
+    return failed
 
 
 # ---------------------------------------------------------------- progressive rollout
@@ -424,8 +451,9 @@ class LocalRelease:
         model_dir: Path | None = None,
         answers: Answers | None = None,
         timeout: float = 900,
+        drain_s: float = drain_engine.REQUEST_TIMEOUT_S,
     ):
-        self.spec, self.release_id = spec, release_id
+        self.spec, self.release_id, self.drain_s = spec, release_id, drain_s
         self.hw, self.layout, self.model_dir, self.answers, self.timeout = hw, layout, model_dir, answers, timeout
         self.log_dir = state_dir(spec.name) / f"release-{release_id}"
         self.events: list[Event] = []
@@ -541,16 +569,14 @@ class LocalRelease:
                 "them; roll back to it instead"
             )
         if servers < 1:
-            drain(self.old)
-            _stop_groups(self.old.pgids)
+            self._stop(self.old)
             local_prometheus.forget(prometheus_root(self.spec.name), self.old.release_id)
 
     def scale_new(self, servers: int) -> None:
         if servers >= 1 or self.stopped:
             return
         if self.new is not None:
-            drain(self.new)
-            _stop_groups(self.new.pgids)
+            self._stop(self.new)
         else:  # a recovery's view: the engines a dead rollout started, by their pid files (never the live ones)
             live = current(self.spec.name)
             serving_now = set(live.pgids) if live else set()
@@ -563,6 +589,23 @@ class LocalRelease:
             )
         local_prometheus.forget(prometheus_root(self.spec.name), self.release_id)
         self.stopped = True
+
+    def _stop(self, dep: Deployment) -> None:
+        """A release's engines stopped the way a pod's preStop stops one: the front no longer sends
+        them anything (the route moved first), they finish what they hold (bounded by `drain_s`,
+        the route's request timeout), then SIGTERM. The event says what they held, and what the
+        front failed meanwhile (its access log: the requests a stop cut)."""
+        since = time.time()
+        seen = drain(dep, self.drain_s)
+        _stop_groups(dep.pgids, grace=drain_engine.SHUTDOWN_TIMEOUT_S + 10)
+        failed = front_failures(self.spec.name, since, time.time())
+        self.events.append(("stopped", {"release": dep.release_id, "drain": seen, "front_failed": failed}))
+        log.info(
+            "release %d stopped after its drain %s; the front failed %d requests meanwhile",
+            dep.release_id,
+            seen,
+            failed,
+        )
 
     def route(self, weights: dict[str, int]) -> None:
         deps = {str(d.release_id): d for d in (self.old, self.new) if d}

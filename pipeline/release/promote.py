@@ -281,9 +281,11 @@ def server_steps(plan: rollout_plan.RolloutPlan) -> list[ServerStep]:
     return [ServerStep(fraction=s.fraction, old_servers=s.old_servers, new_servers=s.new_servers) for s in plan.steps]
 
 
-def feasible_plan(loaded: LoadedSpec, rel: Release, live: Release | None) -> rollout_plan.RolloutPlan:
+def feasible_plan(
+    loaded: LoadedSpec, rel: Release, live: Release | None, live_running: int | None = None
+) -> rollout_plan.RolloutPlan:
     """The rollout's plan, refused before anything changes when the spare budget cannot hold it."""
-    plan = rollout_plan.for_release(loaded, rel, live)
+    plan = rollout_plan.for_release(loaded, rel, live, live_running)
     if not plan.feasible:
         raise DeployFailed(
             f"release {rel.id}: the rollout cannot hold the fleet: "
@@ -378,7 +380,11 @@ def _opened_kubernetes(
 ) -> Iterator[Opened]:
     spec = loaded.spec
     namespace = spec.promotion.namespace
-    plan = feasible_plan(loaded, rel, live) if purpose == "promote" else None  # refused before anything renders
+    running = None
+    if purpose == "promote" and live is not None:  # the live fleet as KEDA left it: the new one is never smaller
+        client = client or k8s_deploy.api_client(spec.promotion.kubernetes_conn_id)
+        running = k8s_deploy.kept_servers(client, live.data.manifests or [])
+    plan = feasible_plan(loaded, rel, live, running) if purpose == "promote" else None  # refused before rendering
     objs = _rendered(reg, rel, loaded, actor, plan.new_servers) if plan else rel.data.manifests or []
     client = client or k8s_deploy.api_client(spec.promotion.kubernetes_conn_id)
     cluster = k8s_deploy.KubernetesTarget(client)

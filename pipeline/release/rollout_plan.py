@@ -18,10 +18,11 @@ import math
 from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.rollout import ServerStep
+from pipeline.core.rollout import WEIGHT_TOTAL, ServerStep
 from pipeline.core.spec import LoadedSpec, duration_seconds
 from pipeline.release import controller
 from pipeline.release.registry import NOTHING_CHOSEN, Release
+from pipeline.stages import capacity, drain
 
 
 class StepPlan(BaseModel):
@@ -44,7 +45,16 @@ class StepPlan(BaseModel):
     abort_reloads: int = Field(
         0, description="old servers an abort at this step starts again (0: instant, traffic goes straight back)"
     )
+    abort_waves: int = Field(
+        0, description="waves those reloads take, as the controller's undo runs them (the widest the budget leaves)"
+    )
     seconds: float | None = Field(description="expected: waves x load of the new servers + the analysis window")
+    terminating: int = Field(
+        0,
+        description="old servers this step scales away: each holds its GPUs through its drain (preStop, up to "
+        "the route's request timeout) and counts against live + spare until it is gone",
+    )
+    drain_waits: int = Field(0, description="waves whose new servers start only once such a drain has ended")
     ok: bool
     problem: str = ""
 
@@ -60,8 +70,15 @@ class RolloutPlan(BaseModel):
     live_rate_per_server: float | None
     need_rps: float | None = Field(description="peak x (1 + headroom); None without capacity:")
     live_servers: int
+    live_running: int | None = Field(
+        None, description="servers the live fleet runs now (KEDA may have grown it): the new fleet has at least as many"
+    )
     new_servers: int
     spare_servers: int
+    drain_bound_s: int = Field(
+        drain.ENDPOINT_LAG_S + drain.REQUEST_TIMEOUT_S,
+        description="longest a server scaled away holds its GPUs before it is gone (its preStop's wait)",
+    )
     analysis_window_s: int
     review_timeout_s: int | None = Field(None, description="release DAG: each step waits up to this for a reviewer")
     load_seconds: float | None = Field(description="measured: the release's slowest replica, process start to healthy")
@@ -96,8 +113,9 @@ class Side(BaseModel):
         )
 
 
-def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
-    """The steps of rolling `candidate` out over `live` (None: nothing live, one step at 100%)."""
+def plan(loaded: LoadedSpec, candidate: Side, live: Side | None, live_running: int | None = None) -> RolloutPlan:
+    """The steps of rolling `candidate` out over `live` (None: nothing live, one step at 100%);
+    `live_running`: the servers the live fleet runs now, where known (the cluster's count)."""
     spec, rollout = loaded.spec, loaded.spec.rollout
     window = duration_seconds(rollout.analysis_window)
     notes: list[str] = []
@@ -117,20 +135,34 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
     if not kubernetes:
         notes.append("local target: one old and one new instance; a step is nginx's weight split between them")
 
-    def servers(share: float, rate: float | None, at_least: int) -> int:
-        if need is None or rate is None or share <= 0:
-            return at_least if share > 0 else 0
-        return max(at_least, math.ceil(share * need / rate - 1e-9))
+    def servers(share: float, rate: float | None, running: int = 0) -> int:
+        """capacity.fleet_servers: the rule `capacity` and the ScaledObjects size by."""
+        if need is None or cap is None or rate is None or share <= 0:
+            return max(1, running) if share > 0 else 0
+        return capacity.fleet_servers(cap, rate, share, running)
 
-    live_servers = servers(1.0, rate_old, cap.min_servers if cap and sized else 1) if live else 0
-    new_total = servers(1.0, rate_new, cap.min_servers if cap and sized else 1)
+    running = live_running or 0 if live else 0
+    # the live fleet as it runs now where known (KEDA may have grown or shrunk it), else as the peak sizes it
+    live_servers = (running or servers(1.0, rate_old)) if live else 0
+    new_total = servers(1.0, rate_new, running)
+    if live and running and running > servers(1.0, rate_old):
+        notes.append(
+            f"the live fleet runs {running} servers (KEDA grew it above the {servers(1.0, rate_old)} the peak "
+            f"needs): the new release gets at least as many, and the budget is {running} + spare"
+        )
     budget = live_servers + rollout.spare_servers
     fractions = rollout.steps if live else [1.0]
     steps: list[StepPlan] = []
     started, old_before = 0, live_servers
     for number, fraction in enumerate(fractions, 1):
-        new = new_total if fraction >= 1 else servers(fraction, rate_new, 1)
-        old = min(servers(1 - fraction, rate_old, 1), live_servers) if live and fraction < 1 else 0
+        # each side holds its share at its rate, and at least its share of its fleet: the controller moves
+        # traffic onto new servers by the share of the fleet they are (a fleet KEDA grew has more of them)
+        new = new_total if fraction >= 1 else max(servers(fraction, rate_new, 1), _part(fraction, new_total))
+        old = (
+            min(max(servers(1 - fraction, rate_old, 1), _part(1 - fraction, live_servers)), live_servers)
+            if live and fraction < 1
+            else 0
+        )
         starts = max(0, new - started)
         # old servers stop only as new ones are ready: on Kubernetes new ones start in waves of the
         # spare budget, so no more than live + spare run at once; locally both instances just run
@@ -182,6 +214,7 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
                 starts_servers=starts,
                 old_kept=kept,
                 abort_reloads=live_servers - kept,
+                abort_waves=_undo_waves(live_servers, kept, new, new_total, rollout.spare_servers) if live else 0,
                 seconds=(waves * load + (window if live else 0)) if load is not None else None,
                 ok=not problem,
                 problem=problem,
@@ -198,6 +231,10 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
         for s, problem in zip(steps, on_paper, strict=True):
             if problem:
                 s.ok, s.problem = False, problem.removeprefix(f"step {s.step}: ")
+        if all(s.ok for s in steps):
+            held = _terminating(steps, live_servers, rollout.spare_servers)
+            for s, (stopped, waits) in zip(steps, held, strict=True):
+                s.terminating, s.drain_waits = stopped, waits
     total = None if any(s.seconds is None for s in steps) else sum(s.seconds or 0 for s in steps)
     # a rollback scales the old release's kept objects back up: within the keep window it still
     # runs what the last step left it, after it nothing; its servers start in waves of the budget
@@ -221,6 +258,7 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
         live_rate_per_server=rate_old,
         need_rps=round(need, 3) if need is not None else None,
         live_servers=live_servers,
+        live_running=live_running if live else None,
         new_servers=new_total,
         spare_servers=rollout.spare_servers,
         analysis_window_s=window,
@@ -239,6 +277,49 @@ def plan(loaded: LoadedSpec, candidate: Side, live: Side | None) -> RolloutPlan:
     )
 
 
+def _part(share: float, fleet: int) -> int:
+    """Servers that are `share` of a fleet of `fleet` (the controller's `servers_for`)."""
+    return controller.servers_for(share, fleet)
+
+
+def _undo_waves(live: int, have: int, new: int, full: int, spare: int) -> int:
+    """Waves an undo after a failed analysis takes, as `controller._undo` runs them: the old side
+    takes back what its servers hold, the new release keeps what its share needs, and each wave
+    is the widest the live + spare budget leaves beside it."""
+    waves = 0
+    while have < live:
+        share = math.ceil((1 - have / live) * WEIGHT_TOTAL - 1e-6) / WEIGHT_TOTAL
+        new = min(new, controller.servers_for(share, full))
+        wave = controller.reload_wave(live, have, new, spare)
+        if wave < 1:
+            return waves + live - have  # refused by the controller; the plan's own checks say why
+        have, waves = have + wave, waves + 1
+    return waves
+
+
+def _terminating(steps: list[StepPlan], live: int, spare: int) -> list[tuple[int, int]]:
+    """Per step, as the controller runs its waves (`controller.next_wave`): old servers it scales
+    away, and the waves whose new servers need the GPUs of one still draining. A server scaled away
+    keeps its GPUs until its preStop returns, so within live + spare such a wave's pods stay
+    Pending until then: the budget counts them until they are gone."""
+    plan = [ServerStep(fraction=s.fraction, old_servers=s.old_servers, new_servers=s.new_servers) for s in steps]
+    full = max(1, plan[-1].new_servers)
+    new, old, out = 0, live, []
+    for number, step in enumerate(plan, 1):
+        stopped = waits = 0
+        while new < step.new_servers:
+            share = math.floor(min(step.fraction, new / full) * WEIGHT_TOTAL + 1e-6) / WEIGHT_TOTAL
+            wave, room = controller.next_wave(number, step, new, old, share, live, spare)
+            if room < old:  # old servers stop to make this wave's room: it waits for their drain
+                stopped, waits = stopped + old - room, waits + 1
+            new, old = new + wave, room
+        kept = min(old, controller.kept_while_judged(step, live, live + spare))
+        stopped, old = stopped + old - kept, kept
+        out.append((stopped, waits))
+    out[-1] = (out[-1][0] + old, out[-1][1])  # after the keep window the last ones go too
+    return out
+
+
 def table(p: RolloutPlan) -> str:
     def rate(r: float | None) -> str:
         return "not measured" if r is None else f"{r:g} req/s per server"
@@ -255,15 +336,16 @@ def table(p: RolloutPlan) -> str:
         ),
         f"analysis window {p.analysis_window_s} s per step; load time {minutes(p.load_seconds)}"
         + (
-            f"; peak + headroom {p.need_rps:g} req/s; live fleet {p.live_servers} servers, the new one "
-            f"{p.new_servers}; spare budget {p.spare_servers}"
+            f"; peak + headroom {p.need_rps:g} req/s; live fleet {p.live_servers} servers"
+            + (f" ({p.live_running} running now)" if p.live_running else "")
+            + f", the new one {p.new_servers}; spare budget {p.spare_servers}"
             if p.need_rps is not None
             else ""
         ),
     ]
     rows = [
         f"{'step':>4} {'traffic':>7} {'old srv':>7} {'new srv':>7} {'at once':>7} {'old holds/share':>18} "
-        f"{'new holds/share':>18} {'waves':>5} {'duration':>9} {'abort':>18}  ok"
+        f"{'new holds/share':>18} {'waves':>5} {'stopped':>7} {'waits':>5} {'duration':>9} {'abort':>18}  ok"
     ]
 
     def abort(s: StepPlan) -> str:
@@ -271,7 +353,7 @@ def table(p: RolloutPlan) -> str:
             return "-"
         if not s.abort_reloads:
             return f"instant ({s.old_kept} kept)"
-        waves = math.ceil(s.abort_reloads / p.spare_servers) if p.spare_servers else s.abort_reloads
+        waves = s.abort_waves or s.abort_reloads
         load = p.live_load_seconds * waves if p.live_load_seconds is not None else None
         return f"{s.abort_reloads} reload{'s' if s.abort_reloads > 1 else ''} ({minutes(load)})"
 
@@ -283,7 +365,8 @@ def table(p: RolloutPlan) -> str:
         rows.append(
             f"{s.step:>4} {s.fraction:>7.0%} {s.old_servers:>7} {s.new_servers:>7} {s.at_once:>7} "
             f"{holds(s.old_holds_rps, s.old_share_rps):>18} {holds(s.new_holds_rps, s.new_share_rps):>18} "
-            f"{s.waves:>5} {minutes(s.seconds):>9} {abort(s):>18}  {'yes' if s.ok else 'NO: ' + s.problem}"
+            f"{s.waves:>5} {s.terminating:>7} {s.drain_waits:>5} {minutes(s.seconds):>9} {abort(s):>18}  "
+            f"{'yes' if s.ok else 'NO: ' + s.problem}"
         )
     tail = [
         f"expected duration: {minutes(p.expected_seconds)}"
@@ -294,11 +377,19 @@ def table(p: RolloutPlan) -> str:
         )
         + ("" if p.feasible else "; NOT FEASIBLE as planned")
     ]
+    waits = sum(s.drain_waits for s in p.steps)
+    if p.live_servers and p.target == "kubernetes":
+        tail.append(
+            "at once: servers holding GPUs, those still draining counted. 'stopped': old servers a step scales "
+            f"away; each drains first (preStop: until its engine runs nothing, up to {minutes(p.drain_bound_s)}) "
+            "and holds its GPUs, within live + spare, until it is gone; 'waits': waves whose new servers wait "
+            f"for such a drain" + (f" (up to {minutes(waits * p.drain_bound_s)} more in all)" if waits else "")
+        )
     if p.live_servers:
         tail.append(
-            "abort: traffic goes back to the old release as its servers hold it (its reloads in waves of the spare "
-            "budget, the new release giving back servers as they come), then the new one goes to zero; 'instant' "
-            "where the old release still runs them all while the step is judged"
+            "abort: traffic goes back to the old release as its servers hold it (its reloads in the widest waves "
+            "the live + spare budget leaves, the new release giving back servers as they come), then the new one "
+            "goes to zero; 'instant' where the old release still runs them all while the step is judged"
         )
 
         def reloads(n: int, seconds: float | None) -> str:
@@ -313,8 +404,12 @@ def table(p: RolloutPlan) -> str:
     return "\n".join(head + rows + tail + [f"note: {n}" for n in p.notes])
 
 
-def for_release(loaded: LoadedSpec, candidate: Release, live: Release | None) -> RolloutPlan:
-    """The plan of a release in the registry over what is live now."""
+def for_release(
+    loaded: LoadedSpec, candidate: Release, live: Release | None, live_running: int | None = None
+) -> RolloutPlan:
+    """The plan of a release in the registry over what is live now (`live_running`: its servers
+    running now, where the caller read them from the cluster)."""
     if candidate.name != loaded.spec.name:
         raise ReleaseError(f"release {candidate.id} is {candidate.name}, not {loaded.spec.name} (the spec's name)")
-    return plan(loaded, Side.of(candidate), Side.of(live) if live and live.id != candidate.id else None)
+    other = live if live and live.id != candidate.id else None
+    return plan(loaded, Side.of(candidate), Side.of(other) if other else None, live_running if other else None)

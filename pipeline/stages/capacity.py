@@ -76,9 +76,7 @@ def scaling(loaded: LoadedSpec, rate_per_server: float, load_s: float | None, lo
         target_rps=round(target, 6),
         min_servers=max(cap.min_servers, math.ceil(cap.mean_rps / target - 1e-9)),
         max_servers=cap.max_servers,
-        fallback_servers=min(
-            cap.max_servers, max(peak_servers, fleet("x", rate_per_server, cap, loaded.spec.workload, None).servers)
-        ),
+        fallback_servers=min(cap.max_servers, max(peak_servers, fleet_servers(cap, rate_per_server))),
         peak_servers=peak_servers,
         spike_factor=auto.spike_factor,
         spike_within_s=window,
@@ -87,6 +85,19 @@ def scaling(loaded: LoadedSpec, rate_per_server: float, load_s: float | None, lo
         covered_s=None if spare >= growth else round(window * spare / growth, 1),
         lead=lead,
     )
+
+
+def fleet_servers(capacity: CapacitySpec, rate_per_server: float, share: float = 1.0, running: int = 0) -> int:
+    """The one sizing rule `capacity`, `rollout-plan` and the ScaledObjects share: servers for
+    `share` of the peak with the spec's headroom at `rate_per_server`, at least `min_servers` for
+    the whole fleet (one for a part of it), and never fewer than `running` (what the live fleet runs
+    now: KEDA may have grown it above the plan, and a new release must not take its traffic on fewer)."""
+    if share <= 0:
+        return running
+    exact = share * capacity.peak_rps * (1 + capacity.headroom) / rate_per_server
+    # 1e-9: a rate that divides the peak exactly must not round up to one more server
+    floor = capacity.min_servers if share >= 1 else 1
+    return max(floor, math.ceil(exact - 1e-9), running)
 
 
 def _usd_per_m(usd_per_hour: float | None, rps: float, tokens_per_request: int) -> float | None:
@@ -109,8 +120,7 @@ def fleet(
     if rate_per_server <= 0:
         raise ValueError(f"{label}: rate per server must be positive, got {rate_per_server:g}")
     exact = capacity.peak_rps * (1 + capacity.headroom) / rate_per_server
-    # 1e-9: a rate that divides the peak exactly must not round up to one more server
-    servers = max(capacity.min_servers, math.ceil(exact - 1e-9))
+    servers = fleet_servers(capacity, rate_per_server)
     per_hour = servers * price if price is not None else None
     return FleetCost(
         label=label,

@@ -67,17 +67,6 @@ def scrape(url: str, timeout: float = 5) -> Snapshot:
     return out
 
 
-def in_flight(url: str, timeout: float = 5) -> float | None:
-    """Requests the replica is running or holding in its queue (vLLM's gauges); None if unreadable.
-
-    What a drain waits for: traffic already sent to a replica must finish before it is stopped."""
-    text = _metrics_text(url, timeout)
-    if text is None:
-        return None
-    gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-    return sum(s.value for f in text_string_to_metric_families(text) if f.name in gauges for s in f.samples)
-
-
 def merge(snapshots: list[Snapshot]) -> Snapshot:
     """Replicas behind one endpoint count as one engine."""
     out: Snapshot = {}

@@ -31,7 +31,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_json, atomic_write
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec
-from pipeline.stages import affinity_guard, dequant
+from pipeline.stages import affinity_guard, dequant, drain
 
 log = logging.getLogger(__name__)
 
@@ -609,7 +609,8 @@ def write_nginx_conf(
         f"  client_body_temp_path {root}/nginx-body; proxy_temp_path {root}/nginx-proxy;\n"
         f"  server {{ listen 127.0.0.1:{port} backlog=4096; {locations}\n"
         f"    location / {{ proxy_pass http://engines; proxy_http_version 1.1;\n"
-        f'    proxy_set_header Connection ""; proxy_buffering off; proxy_read_timeout 600s; }} }} }}\n',
+        f'    proxy_set_header Connection ""; proxy_buffering off;'
+        f" proxy_read_timeout {drain.REQUEST_TIMEOUT_S}s; }} }} }}\n",
     )
     return conf
 
