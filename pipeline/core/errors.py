@@ -43,3 +43,8 @@ class SmokeFailed(ReleaseError):
 class AnswersWorse(ReleaseError):
     """The new release's served answers failed a step's accuracy check before it took that step's
     share: traffic goes back to the live release at once."""
+
+
+class LeaseLost(ReleaseError):
+    """This controller no longer holds the model's lock (its Lease was taken over or lapsed): it makes
+    no further write, undoes nothing (the new holder owns the model now) and stops."""

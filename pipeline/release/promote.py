@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.core import storage
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import LeaseLost, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
-from pipeline.core.rollout import RolloutOutcome, ServerStep
+from pipeline.core.rollout import Event, RolloutOutcome, ServerStep
 from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_recorded
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
+from pipeline.k8s.lease import LeaseHeld
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
 from pipeline.records.release import Verification
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
-from pipeline.release import analysis, controller, local_target, rollout_plan, step_review
+from pipeline.release import analysis, controller, local_target, lock, rollout_plan, step_review
 from pipeline.release.registry import Registry, Release, ReleaseData
 from pipeline.stages import served_accuracy, serving
 
@@ -120,16 +122,27 @@ def promote(
     k8s_client: Any = None,
     step_reviews: bool = False,
     first_try: bool = True,
+    wait_s: float = lock.WAIT_S,
 ) -> Release:
     """Check every gate, then roll out; returns the release as it ends (live) or raises.
 
     `step_reviews`: the caller (the release DAG) runs a review task per step, so each step waits
     for a reviewer's Continue / Abort when the spec sets `rollout.review_timeout`. A release left
     "deploying" (its controller died) is recovered instead (`recover`); `first_try` False (the
-    task's retry) refuses anything else, so a retry never rolls a release out twice."""
+    task's retry) refuses anything else, so a retry never rolls a release out twice. The model's
+    controller lock is held throughout (another controller: waited for up to `wait_s`, then
+    LeaseHeld naming it)."""
+    named = reg.get(release_id)  # only which model, on which target: its lock is taken before anything is read
+    with lock.controlling(named.name, named.target, release_spec(named), actor, k8s_client, wait_s) as held:
+        return _promote(reg, release_id, actor, held, step_reviews, first_try)
+
+
+def _promote(
+    reg: Registry, release_id: int, actor: str, held: lock.Held, step_reviews: bool, first_try: bool
+) -> Release:
     rel = reg.get(release_id)
     if rel.status == "deploying":  # its controller died (the task killed): picked up, not started again
-        rel = recover(reg, rel.id, actor, k8s_client)
+        rel = _recover(reg, rel.id, actor, held)
         if rel.status == "live":
             return rel
         raise DeployFailed(
@@ -156,27 +169,58 @@ def promote(
     )
     review = reviewer(reg, rel, loaded) if step_reviews else None
     try:
-        _deploy(reg, rel, loaded, previous, actor, k8s_client, review)
+        _deploy(reg, rel, loaded, previous, actor, held, review)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # the task terminated (SIGTERM, ^C): the target may be mid-rollout
             reg.record(rel.id, "controller_interrupted", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
             raise  # left "deploying": the task's retry (or `recover`) brings it to a safe end
-        # whatever else went wrong (a bug), the release must not stay "deploying"
-        if reg.get(rel.id).status == "deploying":
-            reg.record(
-                rel.id, "deploy_failed", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]}, status="failed"
-            )
+        if isinstance(exc, LeaseLost):  # another controller holds the model now: its record is its own
+            reg.record(rel.id, "lease_lost", actor, {"error": str(exc)[:2000]})
+            raise
+        # whatever else went wrong (a bug), the release must not stay "deploying" (one conditional update)
+        reg.record(
+            rel.id,
+            "deploy_failed",
+            actor,
+            {"error": f"{type(exc).__name__}: {exc}"[:2000]},
+            status="failed",
+            only_from=("deploying",),
+        )
         raise
-    if previous and previous.id != rel.id:
-        reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
     return reg.get(rel.id)
 
 
-def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Release:
+def _went_live(reg: Registry, rel: Release, previous: Release | None, actor: str, detail: dict[str, Any]) -> None:
+    """The release carries all the traffic: live on record now (keep window or not), its
+    predecessor superseded, each by one conditional update."""
+    reg.record(
+        rel.id,
+        "deploy_finished",
+        actor,
+        detail,
+        status="live",
+        data=ReleaseData.model_validate({k: v for k, v in detail.items() if k != "target"}),
+        only_from=("deploying",),
+    )
+    if previous and previous.id != rel.id:
+        reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded", only_from=("live",))
+
+
+def recover(
+    reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None, wait_s: float = lock.WAIT_S
+) -> Release:
     """A release left "deploying" by a controller that died between two actions (its task killed):
     the target is brought to a safe end from the state it holds, idempotently: a rollout that had
     moved everything is finished (live), any other is undone (the previous release serves, nothing
-    of the new one is started again). Returns the release as recorded after it."""
+    of the new one is started again). Returns the release as recorded after it. Holds the model's
+    controller lock (LeaseHeld naming another holder after `wait_s`)."""
+    named = reg.get(release_id)
+    with lock.controlling(named.name, named.target, release_spec(named), actor, k8s_client, wait_s) as held:
+        return _recover(reg, release_id, actor, held)
+
+
+def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Release:
+    k8s_client = held.api
     rel = reg.get(release_id)
     if rel.status != "deploying":
         raise ReleaseError(f"release {rel.id} is {rel.status}, not deploying: no rollout to recover")
@@ -191,11 +235,7 @@ def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
         data = opened.live_data() if live else {}
     restored = previous is not None and previous.id != rel.id and not live
     if live:
-        reg.record(
-            rel.id, "deploy_finished", actor, {"recovered": True}, status="live", data=ReleaseData.model_validate(data)
-        )
-        if previous and previous.id != rel.id:
-            reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
+        _went_live(reg, rel, previous, actor, {"recovered": True, **data})
     else:
         reg.record(
             rel.id,
@@ -206,6 +246,7 @@ def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
                 "previous_serving": previous.id if restored and previous else None,
             },
             status="rolled_back" if restored else "failed",
+            only_from=("deploying",),
         )
     return reg.get(rel.id)
 
@@ -328,42 +369,42 @@ def _opened_local(
     review: step_review.Reviewer | None,
 ) -> Iterator[Opened]:
     spec = loaded.spec
-    with local_target.switching(rel.name):
-        if purpose in ("promote", "rollback"):
-            local_target.recover(spec)  # another rollout whose controller died: undone before this one
-            model_dir = serving_dir(loaded, rel.data)
-            target = local_target.LocalRelease(
-                spec,
-                rel.id,
-                loaded.hardware,
-                loaded.layout(rel.data["layout"]),
-                model_dir,
-                step_answers(rel, loaded, model_dir),
-            )
-        else:
-            target = local_target.LocalRelease(spec, rel.id)
-        kept = purpose == "rollback" and target.state().new_servers > 0  # its engines still run: no steps
-
-        def live_data() -> dict[str, Any]:
-            dep = local_target.current(rel.name)
-            return {"endpoint": local_target.endpoint(spec), "deployment": dep.model_dump() if dep else None}
-
-        def smoke() -> tuple[str, str]:
-            dep = local_target.current(rel.name)
-            if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
-                raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
-            return local_target.endpoint(spec), local_target.smoke(local_target.endpoint(spec))
-
-        yield Opened(
-            target=target,
-            steps=None if kept else local_target.steps(spec),
-            # a first local release is not judged: the embedded front has no traffic before it serves
-            judge=None if kept or live is None else target.judge(review),
-            spare=1,  # one machine: both releases run on it at once
-            scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
-            live_data=live_data,
-            smoke=smoke,
+    # the caller holds the model's switch lock (lock.controlling)
+    if purpose in ("promote", "rollback"):
+        local_target.recover(spec)  # another rollout whose controller died: undone before this one
+        model_dir = serving_dir(loaded, rel.data)
+        target = local_target.LocalRelease(
+            spec,
+            rel.id,
+            loaded.hardware,
+            loaded.layout(rel.data["layout"]),
+            model_dir,
+            step_answers(rel, loaded, model_dir),
         )
+    else:
+        target = local_target.LocalRelease(spec, rel.id)
+    kept = purpose == "rollback" and target.state().new_servers > 0  # its engines still run: no steps
+
+    def live_data() -> dict[str, Any]:
+        dep = local_target.current(rel.name)
+        return {"endpoint": local_target.endpoint(spec), "deployment": dep.model_dump() if dep else None}
+
+    def smoke() -> tuple[str, str]:
+        dep = local_target.current(rel.name)
+        if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
+            raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
+        return local_target.endpoint(spec), local_target.smoke(local_target.endpoint(spec))
+
+    yield Opened(
+        target=target,
+        steps=None if kept else local_target.steps(spec),
+        # a first local release is not judged: the embedded front has no traffic before it serves
+        judge=None if kept or live is None else target.judge(review),
+        spare=1,  # one machine: both releases run on it at once
+        scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
+        live_data=live_data,
+        smoke=smoke,
+    )
 
 
 @contextlib.contextmanager
@@ -484,15 +525,42 @@ def _deploy(
     loaded: LoadedSpec,
     previous: Release | None,
     actor: str,
-    client: Any,
+    held: lock.Held,
     review: step_review.Reviewer | None = None,
 ) -> None:
     """The release rolled out over the live one by the controller, on the spec's target; every
-    event it made goes on the release's trail."""
-    with _opened(reg, rel, loaded, previous, actor, client, "promote", review) as opened:
-        outcome = _run(opened)
-        _record_events(reg, rel.id, outcome, actor)
-        data = opened.live_data() if outcome.status == "live" else {}
+    event it made goes on the release's trail. It is live on record as soon as it carries all the
+    traffic; the keep window's end is recorded before the wait, which gives the lock back (a
+    rollback meanwhile need not wait for it)."""
+    recorded = 0
+
+    with _opened(reg, rel, loaded, previous, actor, held.api, "promote", review) as opened:
+
+        def on_live(events: list[Event]) -> None:
+            nonlocal recorded
+            for kind, detail in events[recorded:]:
+                reg.record(rel.id, kind, actor, detail)
+            recorded = len(events)
+            _went_live(reg, rel, previous, actor, {"target": rel.target, **opened.live_data()})
+
+        def keep(delay_s: float) -> bool:
+            nonlocal recorded
+            for kind, detail in opened.target.events[recorded:]:  # scale_down_delay, with its end
+                reg.record(rel.id, kind, actor, detail)
+            recorded = len(opened.target.events)
+            try:
+                with held.released(lock.WAIT_S):
+                    time.sleep(delay_s)
+            except LeaseHeld as exc:  # a rollback or the next rollout holds the model now
+                log.warning("after the keep window: %s", exc)
+                return False
+            return True
+
+        outcome = controller.rollout(
+            opened.target, opened.steps, opened.judge, opened.spare, opened.scale_down_delay_s, on_live, keep
+        )
+        for kind, detail in outcome.events[recorded:]:
+            reg.record(rel.id, kind, actor, detail)
     if outcome.status != "live":
         restored = outcome.status == "rolled_back"
         reg.record(
@@ -501,20 +569,13 @@ def _deploy(
             actor,
             {"error": (outcome.error or "")[:2000], "previous_serving": previous.id if restored and previous else None},
             status=outcome.status,
+            only_from=("deploying",),
         )
         raise DeployFailed(
             f"release {rel.id}: rollout to {rel.target} failed ({outcome.status}; "
             + (f"release {previous.id} still serving" if restored and previous else "nothing serving")
             + f"): {outcome.error}"
         )
-    reg.record(
-        rel.id,
-        "deploy_finished",
-        actor,
-        {"target": rel.target, **data},
-        status="live",
-        data=ReleaseData.model_validate(data),
-    )
 
 
 def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Verification:
@@ -535,7 +596,14 @@ def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: 
 
 
 def rollback(
-    reg: Registry, name: str, target: str, actor: str, reason: str, to: int | None = None, k8s_client: Any = None
+    reg: Registry,
+    name: str,
+    target: str,
+    actor: str,
+    reason: str,
+    to: int | None = None,
+    k8s_client: Any = None,
+    wait_s: float = lock.WAIT_S,
 ) -> Release:
     """Put an earlier release back: `to`, or the newest one that served before the live one.
 
@@ -544,7 +612,30 @@ def rollback(
     target (kept through the keep window, or its objects kept at zero on Kubernetes) they come
     back and take the traffic without analysis steps ("kept"); otherwise it is rolled out again,
     in steps ("re-rollout"). The record says which, and when all traffic was back.
+
+    The model's controller lock is taken before the registry is read. A rollback whose controller
+    died (its task killed) left its release "deploying" with the record on the target: the retry
+    recovers it first, through the same record, and is done where that finished it.
     """
+    known = reg.get(to) if to is not None else next(iter(reg.releases(name=name)), None)
+    if known is None:
+        raise ReleaseError(f"{name} ({target}): no release of this name in the registry")
+    with lock.controlling(name, target, release_spec(known), actor, k8s_client, wait_s) as held:
+        return _rollback(reg, name, target, actor, reason, to, held)
+
+
+def _rollback(
+    reg: Registry, name: str, target: str, actor: str, reason: str, to: int | None, held: lock.Held
+) -> Release:
+    k8s_client = held.api
+    dead = [r for r in reg.releases(name=name, status="deploying") if r.target == target]
+    for stuck in dead:  # a controller died mid-rollout or mid-rollback: brought to a safe end first
+        resumed = _recover(reg, stuck.id, actor, held)
+        started = last_event(reg, stuck.id, "rollback_started", "deploy_started")
+        if resumed.status == "live" and started is not None and started.kind == "rollback_started":
+            if to is None or to == stuck.id:
+                reg.record(stuck.id, "rollback_finished", actor, {"reason": reason, "path": "resumed"})
+                return resumed
     live = reg.live(name, target)
     if to is None:
         if live is None:
@@ -572,12 +663,18 @@ def rollback(
                 raise DeployFailed(f"rollback to release {rel.id} ({path}) failed: {outcome.error}")
             data = opened.live_data()
     except BaseException as exc:
+        if not isinstance(exc, Exception) or isinstance(exc, LeaseLost):
+            # killed (or fenced off) mid-rollback: left "deploying" with its record on the target, for
+            # the task's retry (or `recover`) to bring to a safe end
+            reg.record(rel.id, "controller_interrupted", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+            raise
         reg.record(
             rel.id,
             "rollback_failed",
             actor,
             {"reason": reason, "error": f"{type(exc).__name__}: {exc}"[:2000]},
             status=before,
+            only_from=("deploying",),
         )  # back to what it was: a failed rollback changes nothing on record
         raise
     complete = dict(outcome.events).get("rollout_complete", {})
@@ -595,7 +692,16 @@ def rollback(
         {"reason": reason, **detail},
         status="live",
         data=ReleaseData.model_validate(data),
+        only_from=("deploying",),
     )
-    if live and live.id != rel.id:
-        reg.record(live.id, "rolled_back", actor, {"reason": reason, "restored": rel.id}, status="rolled_back")
+    for other in reg.releases(name=name, status="live"):  # the cluster serves `rel` only now
+        if other.target == target and other.id != rel.id:
+            reg.record(
+                other.id,
+                "rolled_back",
+                actor,
+                {"reason": reason, "restored": rel.id},
+                status="rolled_back",
+                only_from=("live",),
+            )
     return reg.get(rel.id)

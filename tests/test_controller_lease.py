@@ -1,0 +1,215 @@
+"""One controller per model: the Lease on the fake API server (compare-and-swap only), its fence,
+two controllers in separate processes, and query errors that are not failures."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.errors import LeaseLost
+from pipeline.core.spec import load_spec
+from pipeline.k8s.deploy import KubernetesTarget
+from pipeline.k8s.lease import Fenced, Lease, LeaseHeld
+from pipeline.release import analysis, controller
+from tests.conftest import PROD_SPEC
+from tests.k8s_fake import FakeCluster, FakePrometheus
+from tests.test_k8s_deploy import FAST, NS, STEPS, live, verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "qwen3-235b-a22b-fp8"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_lease_is_taken_and_renewed_by_compare_and_swap_and_expires_on_the_observers_clock():
+    with FakeCluster() as fake:
+        clock = Clock()
+        first = Lease(fake.client(), NS, MODEL, "first", duration_s=10, clock=clock)
+        second = Lease(fake.client(), NS, MODEL, "second", duration_s=10, clock=clock)
+        assert first.try_acquire()
+        assert not second.try_acquire()  # its create answered 409: the Lease exists
+        clock.now = 9
+        assert not second.try_acquire()  # silent for 9 s of the second's clock: not yet
+        first.ensure()  # a renewal: the record changed, the second's count starts again
+        clock.now = 18
+        assert not second.try_acquire()
+        with pytest.raises(LeaseHeld, match="another controller holds Lease llm-serving/model-release-qwen3.*: first"):
+            second.acquire(wait_s=0, poll_s=0)
+        clock.now = 30  # 12 s of silence since the second saw the renewal: taken over by an update
+        assert second.try_acquire()
+        with pytest.raises(LeaseLost):
+            first.ensure()  # its update carried a stale resourceVersion: 409, and it knows it lost
+        stale = [w for w in fake.writes if w[3] == "first"]
+        assert [w[1] for w in stale] == ["POST", "PUT"]  # created, renewed once; never written after
+        second.release()
+        assert first.try_acquire()  # given back: no wait
+
+
+def test_a_stale_update_is_refused_by_the_fake_as_the_api_server_refuses_it():
+    from kubernetes.client import CoordinationV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    with FakeCluster() as fake:
+        lease = Lease(fake.client(), NS, MODEL, "a")
+        assert lease.try_acquire()
+        api = CoordinationV1Api(fake.client())
+        body = lease._body("0")  # a resourceVersion nobody holds any more
+        with pytest.raises(ApiException) as refused:
+            api.replace_namespaced_lease(lease.name, NS, body)
+        assert refused.value.status == 409
+        with pytest.raises(ApiException) as exists:
+            api.create_namespaced_lease(NS, lease._body(None))
+        assert exists.value.status == 409
+
+
+CONTENDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from kubernetes import client
+    from pipeline.k8s.lease import Lease, LeaseHeld
+
+    url, holder, wait_s, hold_until = sys.argv[1], sys.argv[2], float(sys.argv[3]), Path(sys.argv[4])
+    lease = Lease(client.ApiClient(client.Configuration(host=url)), "llm-serving", "qwen3-235b-a22b-fp8", holder)
+    try:
+        lease.acquire(wait_s, poll_s=0.05)
+    except LeaseHeld as exc:
+        print("REFUSED", exc, flush=True)
+        sys.exit(3)
+    print("HOLDS", holder, flush=True)
+    while not hold_until.exists():
+        lease.ensure()  # a write of ours, fenced
+        time.sleep(0.05)
+    lease.release()
+    print("RELEASED", holder, flush=True)
+    """
+)
+
+
+def _contender(fake: FakeCluster, holder: str, wait_s: float, done: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", CONTENDER, fake.url, holder, str(wait_s), str(done)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def test_two_controllers_in_separate_processes_contend_only_through_the_lease(tmp_path):
+    """Two processes, sharing nothing but the fake API server: the first holds the Lease; the
+    second is refused with the holder named (no traceback); once the first gives it back a third
+    that waits gets it."""
+    with FakeCluster() as fake:
+        first = _contender(fake, "release-dag-try-1", 0, tmp_path / "first-done")
+        assert first.stdout is not None and first.stdout.readline().startswith("HOLDS release-dag-try-1")
+        second = _contender(fake, "rollback-dag", 0.5, tmp_path / "second-done")
+        out, _ = second.communicate(timeout=60)
+        assert second.returncode == 3, out
+        assert out.startswith("REFUSED") and "release-dag-try-1" in out and "Traceback" not in out
+        third = _contender(fake, "recover-door", 60, tmp_path / "third-done")
+        (tmp_path / "first-done").touch()
+        assert first.wait(timeout=60) == 0
+        assert third.stdout is not None and third.stdout.readline().startswith("HOLDS recover-door")
+        (tmp_path / "third-done").touch()
+        assert third.wait(timeout=60) == 0
+        holders = [w[3] for w in fake.writes]
+        # every write of the first came before the third's first; the second wrote nothing
+        assert "rollback-dag" not in holders
+        last_first = max(i for i, h in enumerate(holders) if h == "release-dag-try-1")
+        assert all(h != "recover-door" for h in holders[: last_first + 1])
+
+
+@pytest.fixture(scope="module")
+def releases():
+    from pipeline.k8s import manifests
+
+    loaded = load_spec(PROD_SPEC)
+    options = manifests.RenderOptions(servers=3)
+
+    def artifact(h):
+        return manifests.Artifact(nfs_path=f"/mnt/models/qwen3-{h[:6]}", manifest_hash=h * 32)
+
+    return {
+        "1": manifests.render(loaded, "tp8-ep8", "1", artifact("a1"), options),
+        "2": manifests.render(loaded, "tp4-ep4-x2", "2", artifact("b2"), options),
+    }
+
+
+@pytest.mark.parametrize("during", ["analysis window", "keep window"])
+def test_a_controller_whose_lease_was_taken_during_a_wait_writes_nothing_after(during, releases):
+    """The Lease taken over while the controller waits (a step's analysis window; the keep window):
+    its next write is refused by the fence before it is sent, so the cluster sees no write of it
+    after the takeover, and it undoes nothing (the new holder owns the model)."""
+    with FakeCluster() as fake:
+        live(fake, releases["1"], "1")
+        clock = Clock()
+        mine = Lease(fake.client(), NS, MODEL, "controller-1", duration_s=10, clock=clock)
+        assert mine.try_acquire()
+        thief = Lease(fake.client(), NS, MODEL, "controller-2", duration_s=10, clock=clock)
+        taken: list[int] = []
+
+        def take_over() -> None:
+            assert not thief.try_acquire()  # first sight of the holder's record
+            clock.now += 11  # it stays silent (stuck) for longer than the duration on the thief's clock
+            assert thief.try_acquire()
+            taken.append(len(fake.requests))
+
+        def judge(step, fraction, pods):
+            if during == "analysis window" and step == 2:
+                take_over()
+            return verdict(step, fraction)
+
+        def wait(seconds):
+            take_over()
+
+        target = KubernetesTarget(Fenced(fake.client(), mine), **FAST).release("2", copy.deepcopy(releases["2"]), None, 5)
+        with pytest.raises(LeaseLost):
+            controller.rollout(target, STEPS, judge, 1, 30.0 if during == "keep window" else 0.0, None, wait)
+        assert taken, "the Lease was never taken over"
+        sent = [r for r in fake.requests[taken[0] :] if r.method in ("PATCH", "DELETE", "POST", "PUT")]
+        # what it sent after: only its renewal, which the API server refused (409), nothing else
+        assert all(r.path.endswith(f"/leases/{mine.name}") and r.method == "PUT" for r in sent), sent
+        assert [w[3] for w in fake.writes][-1] == "controller-2"
+
+
+def test_one_query_error_is_asked_again_for_the_same_window_and_more_than_the_limit_abort():
+    with FakeCluster() as fake, FakePrometheus(fake, ttft_s={"2": 0.4}) as prometheus:
+        loaded = load_spec(PROD_SPEC)
+        spec = loaded.spec
+        rollout = spec.rollout.model_copy(update={"min_requests": 0})
+        limit = analysis.CONSECUTIVE_ERROR_LIMIT
+        assert limit == 4  # Argo Rollouts' consecutiveErrorLimit default
+        prometheus.failing = limit  # four errors in a row on the first query: asked again each time
+        verdict_ = analysis.analyze(
+            prometheus.url, 'release="2"', None, 1, 0.1, 60, spec.slo, rollout, at=1234.5, retry_s=0
+        )
+        assert verdict_.queries["new_p90_ttft"].value == 0.4 and prometheus.errors == limit
+        assert set(prometheus.at) == {"1234.500"}  # every try, and every query, pinned at the window's end
+        prometheus.failing = limit + 1
+        with pytest.raises(analysis.PrometheusError, match="5 errors in a row, more than the consecutive error limit 4"):
+            analysis.analyze(prometheus.url, 'release="2"', None, 1, 0.1, 60, spec.slo, rollout, at=1.0, retry_s=0)
+
+
+def test_a_metric_that_answers_and_fails_aborts_at_once_without_a_retry():
+    with FakeCluster() as fake, FakePrometheus(fake, ttft_s={}) as prometheus:
+        spec = load_spec(PROD_SPEC).spec
+        rollout = spec.rollout.model_copy(update={"min_requests": 0})
+        result = analysis.analyze(prometheus.url, 'release="2"', None, 1, 0.1, 60, spec.slo, rollout, retry_s=0)
+        # answered: no engine of the release is up, which fails the step as it stands
+        assert not result.passed and any(r.startswith("no engine of the new release") for r in result.reasons)
+        assert len(prometheus.asked) == len(analysis.queries('release="2"', None, 60))  # each asked once
