@@ -177,7 +177,9 @@ def test_a_controller_whose_lease_was_taken_during_a_wait_writes_nothing_after(d
         def wait(seconds):
             take_over()
 
-        target = KubernetesTarget(Fenced(fake.client(), mine), **FAST).release("2", copy.deepcopy(releases["2"]), None, 5)
+        target = KubernetesTarget(Fenced(fake.client(), mine), **FAST).release(
+            "2", copy.deepcopy(releases["2"]), None, 5
+        )
         with pytest.raises(LeaseLost):
             controller.rollout(target, STEPS, judge, 1, 30.0 if during == "keep window" else 0.0, None, wait)
         assert taken, "the Lease was never taken over"
@@ -201,7 +203,9 @@ def test_one_query_error_is_asked_again_for_the_same_window_and_more_than_the_li
         assert verdict_.queries["new_p90_ttft"].value == 0.4 and prometheus.errors == limit
         assert set(prometheus.at) == {"1234.500"}  # every try, and every query, pinned at the window's end
         prometheus.failing = limit + 1
-        with pytest.raises(analysis.PrometheusError, match="5 errors in a row, more than the consecutive error limit 4"):
+        with pytest.raises(
+            analysis.PrometheusError, match="5 errors in a row, more than the consecutive error limit 4"
+        ):
             analysis.analyze(prometheus.url, 'release="2"', None, 1, 0.1, 60, spec.slo, rollout, at=1.0, retry_s=0)
 
 
@@ -213,3 +217,68 @@ def test_a_metric_that_answers_and_fails_aborts_at_once_without_a_retry():
         # answered: no engine of the release is up, which fails the step as it stands
         assert not result.passed and any(r.startswith("no engine of the new release") for r in result.reasons)
         assert len(prometheus.asked) == len(analysis.queries('release="2"', None, 60))  # each asked once
+
+
+def _scaled(release: str, layout: str) -> list[dict]:
+    from pipeline.k8s import manifests
+
+    loaded = load_spec(PROD_SPEC)
+    artifact = manifests.Artifact(nfs_path=f"/mnt/models/r{release}", manifest_hash=release * 64)
+    return manifests.render(loaded, layout, release, artifact, manifests.RenderOptions(servers=3, autoscale_rate=18.0))
+
+
+def test_an_operators_pause_is_kept_and_a_missing_scaler_is_no_failed_rollback():
+    """A scaler an operator paused stays paused through a rollout and its undo (never resumed by
+    us); a scaler that is gone is skipped and said, and the undo still brings the old release back."""
+    from pipeline.k8s import autoscaler
+
+    with FakeCluster() as fake:
+        cluster = KubernetesTarget(fake.client(), **FAST)
+        one = _scaled("1", "tp8-ep8")
+        assert controller.rollout(cluster.release("1", copy.deepcopy(one), None, 5)).status == "live"
+        name = next(o["metadata"]["name"] for o in one if o["kind"] == "ScaledObject")
+        key = ("keda.sh/v1alpha1", "scaledobjects", NS, name)
+        fake.merge_scaler(key, {"metadata": {"annotations": {autoscaler.PAUSED: "true"}}})  # an operator's
+        bad = controller.rollout(
+            cluster.release("2", _scaled("2", "tp4-ep4-x2"), None, 5), STEPS, lambda s, f, p: verdict(s, f, s < 2), 1
+        )
+        assert bad.status == "rolled_back", bad.error
+        annotations = fake.get("scaledobjects", NS, name)["metadata"]["annotations"]
+        assert annotations == {autoscaler.PAUSED: "true"}  # as the operator left it
+        assert ("autoscaler_left_paused", {"scaled_objects": [name], "by": "an operator"}) in bad.events
+
+        three = _scaled("3", "tp4-ep4-x2")
+        gone = next(o["metadata"]["name"] for o in three if o["kind"] == "ScaledObject")
+
+        def judge(step, fraction, pods):  # one of the new release's scalers deleted by hand meanwhile
+            fake.objects.pop(("keda.sh/v1alpha1", "scaledobjects", NS, gone), None)
+            return verdict(step, fraction, step < 2)
+
+        again = controller.rollout(cluster.release("3", three, None, 5), STEPS, judge, 1)
+        assert again.status == "rolled_back", again.error  # not rollback_failed
+        assert ("autoscaler_missing", {"scaled_object": gone}) in again.events
+        assert {r: n for r, n in fake.servers().items() if n} == {"1": 3}
+
+
+@pytest.mark.usefixtures("release_env")
+def test_the_recover_door_says_when_there_is_nothing_and_names_the_holder_of_the_lock(capsys):
+    """`model-release recover NAME`: nothing to recover -> says so, exit 0; the model's lock held
+    by another controller -> one line naming it, exit 1, no traceback."""
+    from pipeline import cli
+    from pipeline.release import lock
+    from pipeline.release.registry import Registry, inputs_of
+    from tests.conftest import TINY_SPEC
+
+    loaded = load_spec(TINY_SPEC)
+    name = loaded.spec.name
+    reg = Registry()
+    reg.open_release("run-1", name, str(loaded.path), loaded.path.read_text(), "local", inputs_of(loaded))
+    assert cli.main(["recover", name]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"nothing to recover: no release of {name} on local is deploying"), out
+    with lock.controlling(name, "local", loaded, "release-dag", wait_s=0):
+        assert cli.main(["recover", name, "--wait", "0.2"]) == 1
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "another controller holds its switch lock: release-dag@" in errors[0], captured.err
+    assert "Traceback" not in captured.err
