@@ -20,7 +20,7 @@ from pipeline.core import storage
 from pipeline.core.errors import LeaseLost, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
-from pipeline.core.rollout import Event, RolloutOutcome, ServerStep
+from pipeline.core.rollout import WEIGHT_TOTAL, Event, RolloutOutcome, ServerStep
 from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_recorded
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
@@ -234,8 +234,13 @@ def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Rel
         live = outcome is not None and outcome.status == "live"
         data = opened.live_data() if live else {}
     restored = previous is not None and previous.id != rel.id and not live
+    # a rollback whose controller died: undone, its release is back to what it was before it
+    started = last_event(reg, rel.id, "rollback_started", "deploy_started")
+    was = started.detail.get("was") if started is not None and started.kind == "rollback_started" else None
     if live:
         _went_live(reg, rel, previous, actor, {"recovered": True, **data})
+        if was is not None and previous and previous.id != rel.id:  # a rollback's: the other was rolled back
+            reg.record(previous.id, "rolled_back", actor, {"restored": rel.id}, status="rolled_back")
     else:
         reg.record(
             rel.id,
@@ -245,7 +250,7 @@ def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Rel
                 "error": "the rollout's controller died; undone",
                 "previous_serving": previous.id if restored and previous else None,
             },
-            status="rolled_back" if restored else "failed",
+            status=was or ("rolled_back" if restored else "failed"),
             only_from=("deploying",),
         )
     return reg.get(rel.id)
@@ -652,7 +657,11 @@ def _rollback(
     loaded = release_spec(rel)
     before = rel.status
     reg.record(
-        rel.id, "rollback_started", actor, {"reason": reason, "from": live.id if live else None}, status="deploying"
+        rel.id,
+        "rollback_started",
+        actor,
+        {"reason": reason, "from": live.id if live else None, "was": before},
+        status="deploying",
     )
     try:
         with _opened(reg, rel, loaded, live, actor, k8s_client, "rollback") as opened:
@@ -705,3 +714,64 @@ def _rollback(
                 only_from=("live",),
             )
     return reg.get(rel.id)
+
+
+def recover_model(
+    reg: Registry, name: str, actor: str, k8s_client: Any = None, wait_s: float = 0.0, now: float | None = None
+) -> list[str]:
+    """On-call's door (`model-release recover NAME`): with the model's controller lock, every
+    release a dead controller left "deploying" brought to a safe end (`recover`), and on Kubernetes
+    a keep window whose end passed with nobody left to finish it, finished (the old release to zero
+    where the route sends it nothing). Returns what it found and did, one line each; an unknown
+    model is a ReleaseError, a model with nothing to recover says so."""
+    known = reg.releases(name=name)
+    if not known:
+        raise ReleaseError(f"model {name!r}: no releases of this name in {reg.safe_url}")
+    target = known[0].target
+    done: list[str] = []
+    with lock.controlling(name, target, release_spec(known[0]), actor, k8s_client, wait_s) as held:
+        for rel in reg.releases(name=name, status="deploying"):
+            if rel.target != target:
+                continue
+            after = _recover(reg, rel.id, actor, held)
+            state = (last_event(reg, rel.id, "recovered") or last_event(reg, rel.id, "recovery_started")).detail
+            done.append(
+                f"release {rel.id} was deploying (its controller died): "
+                f"{state.get('state', 'nothing applied')}, now {after.status}"
+            )
+        live = reg.live(name, target)
+        if live is not None and target == "kubernetes":
+            kept = _finish_keep(reg, live, actor, held, time.time() if now is None else now)
+            if kept:
+                done.append(kept)
+    if not done:
+        done.append(
+            f"nothing to recover: no release of {name} on {target} is deploying"
+            + (f"; release {live.id} is live" if live else "")
+            + " and no keep window is left unfinished"
+        )
+    return done
+
+
+def _finish_keep(reg: Registry, live: Release, actor: str, held: lock.Held, now: float) -> str | None:
+    """The live release's keep window, where its controller died in it: over -> the old release to
+    zero (the route names only the live one); not over -> left, and said."""
+    last = last_event(reg, live.id, "scale_down_delay", "rollout_complete")
+    if last is None or last.kind != "scale_down_delay":
+        return None
+    until = float(last.detail.get("until") or 0)
+    if until > now:
+        return f"release {live.id}: the keep window runs until {until:.0f} ({until - now:.0f} s left); left as it is"
+    loaded = release_spec(live)
+    with _opened(reg, live, loaded, live, actor, held.api, "recover") as opened:
+        target = opened.target
+        if target is None:
+            return None
+        fleet = target.state()
+        if fleet.weights != {fleet.backend: WEIGHT_TOTAL} or not fleet.old_servers:
+            reg.record(live.id, "rollout_complete", actor, {"keep_window": "nothing left to scale down"})
+            return None
+        target.scale_old(0)
+        detail = {"keep_window": "finished by recover", "scaled_to_zero": fleet.old_release}
+        reg.record(live.id, "rollout_complete", actor, detail)
+    return f"release {live.id}: the keep window ended with nobody to finish it: release {fleet.old_release} to zero"
