@@ -66,6 +66,15 @@ status: with `route_lag_requests` N, the N requests after each change of a route
 previous rules (the status says Accepted at once), as a Gateway whose proxies are reconfigured
 after its controller accepted the route.
 
+Like a Gateway controller that has not reconciled a change yet, with `route_status_lag_reads` N
+the status of a changed route stays the one written for its previous generation (its conditions'
+observedGeneration older than the route's) until the N-th read after the change. A second
+writer: with `second_writer` N, the next N applies of an object that carry a resourceVersion (a
+conditional write) meet another writer's change first, so they are refused (409 Conflict), as an
+apply whose resourceVersion is stale always is. Leases: POST creates (409 AlreadyExists when
+one has the name), PUT replaces only at the stored resourceVersion (409 Conflict otherwise);
+each is kept in `writes` with its holderIdentity.
+
 KEDA, as far as pausing goes: a ScaledObject with `autoscaling.keda.sh/paused-replicas` (applied,
 or set by a JSON merge patch) reports Paused with that count in its status and has its target
 Deployment scaled to it; a scale of a Deployment whose scaler is not paused at that very count
@@ -177,6 +186,13 @@ class FakeCluster:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.route_lag_requests = 0  # requests that still take a route's previous rules after each change
+        # reads of a route after each change that still show the status its Gateway wrote for the
+        # previous generation (its controller has not reconciled the change yet)
+        self.route_status_lag_reads = 0
+        self.route_status_pending: dict[tuple, tuple[int, dict]] = {}  # route -> (reads left, its new status)
+        # the next this many conditional writes of a route meet another writer's change first (an
+        # operator's kubectl, a second controller): the stored resourceVersion moved since they read it
+        self.second_writer = 0
         self.planes: dict[tuple, _Plane] = {}  # the data plane's view of each HTTPRoute
         self.named_hits: list[Hit] = []
         self.data_plane = ThreadingHTTPServer(("127.0.0.1", 0), _gateway_handler(self))
@@ -293,6 +309,11 @@ class FakeCluster:
             obj = copy.deepcopy(body)
             meta = obj.setdefault("metadata", {})
             carried = meta.get("resourceVersion")
+            if carried is not None and old is not None and self.second_writer > 0:
+                self.second_writer -= 1
+                old["metadata"]["resourceVersion"] = str(int(old["metadata"]["resourceVersion"]) + 1)
+                old["metadata"].setdefault("annotations", {})["edited-by"] = "someone else"
+                self.writes.append((self._next(), "PATCH", key[3], "second writer"))
             if carried is not None and carried != (old or {}).get("metadata", {}).get("resourceVersion"):
                 # an apply carrying a resourceVersion is conditional on it, as the API server treats one
                 message = f'Operation cannot be fulfilled on {key[1]} "{key[3]}": the object has been modified'
@@ -312,7 +333,12 @@ class FakeCluster:
             self.objects[key] = obj
             self.reads[key] = 0
             if obj.get("kind") == "HTTPRoute":
-                obj["status"] = self._route_status(obj)
+                status = self._route_status(obj)
+                if old is not None and self.route_status_lag_reads > 0:
+                    obj["status"] = copy.deepcopy(old.get("status") or {})  # the previous generation's, for now
+                    self.route_status_pending[key] = (self.route_status_lag_reads, status)
+                else:
+                    obj["status"] = status
                 weights = {b["name"]: b.get("weight", 1) for r in _default_rules(obj) for b in r.get("backendRefs", [])}
                 self.route_changes.append(RouteChange(self._next(), weights, self.ready_servers_locked()))
                 plane = self.planes.setdefault(key, _Plane())
@@ -435,6 +461,12 @@ class FakeCluster:
             if obj.get("kind") == "Deployment":
                 self.reads[key] = self.reads.get(key, 0) + 1
                 self._reconcile(key)
+            if key in self.route_status_pending:  # the Gateway's controller catches up after some reads
+                left, status = self.route_status_pending.pop(key)
+                if left <= 1:
+                    obj["status"] = status
+                else:
+                    self.route_status_pending[key] = (left - 1, status)
             return copy.deepcopy(obj)
 
     # -------------------------------------------------------- the Deployment controller (lock held)

@@ -282,3 +282,42 @@ def test_the_recover_door_says_when_there_is_nothing_and_names_the_holder_of_the
     errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "another controller holds its switch lock: release-dag@" in errors[0], captured.err
     assert "Traceback" not in captured.err
+
+
+def test_a_route_status_written_for_the_previous_generation_is_not_taken_for_the_change(releases):
+    """The Gateway's controller reports on a change some reads later; until then the route's status
+    is the previous generation's (Accepted). The controller waits for the status of its own
+    generation, which refuses it: the step fails (a controller that read any Accepted as its own
+    would go on with weights the Gateway does not serve)."""
+    with FakeCluster() as fake:
+        live(fake, releases["1"], "1")
+        fake.route_status_lag_reads, fake.refuse_routes = 3, 1
+        outcome = controller.rollout(
+            KubernetesTarget(fake.client(), **FAST).release("2", copy.deepcopy(releases["2"]), None, 5),
+            STEPS,
+            lambda s, f, p: verdict(s, f),
+            1,
+        )
+        assert outcome.status == "rolled_back"
+        assert "refused by its Gateway" in (outcome.error or "")
+        assert fake.servers() == {"1": 3, "2": 0}
+
+
+def test_a_route_another_writer_changed_since_it_was_read_is_not_overwritten(releases):
+    """The route's writes are conditional on the resourceVersion read just before: a second writer
+    in between makes the API server refuse ours (409), the step fails, the undo (reading again)
+    puts the old release back."""
+    with FakeCluster() as fake:
+        live(fake, releases["1"], "1")
+        fake.second_writer = 1
+        outcome = controller.rollout(
+            KubernetesTarget(fake.client(), **FAST).release("2", copy.deepcopy(releases["2"]), None, 5),
+            STEPS,
+            lambda s, f, p: verdict(s, f),
+            1,
+        )
+        assert outcome.status == "rolled_back"
+        assert "HTTP 409" in (outcome.error or "") and "has been modified" in (outcome.error or "")
+        assert ("PATCH", "second writer") in {(w[1], w[3]) for w in fake.writes}
+        assert fake.servers() == {"1": 3, "2": 0}
+        assert fake.route_changes[-1].weights == {"qwen3-235b-a22b-fp8-r1": 10_000}
