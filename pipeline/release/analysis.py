@@ -132,8 +132,8 @@ def analyze(
     results: dict[str, Query] = {}
     errors = 0
     for name, promql in asked.items():
-        value, failed = query_retried(url, promql, end, retry_s=retry_s)
-        errors += failed
+        value, asked_again = query_retried(url, promql, end, retry_s=retry_s)
+        errors += asked_again
         results[name] = Query(promql=promql, value=value)
     if errors:
         log.warning("rollout analysis, step %d: %d query errors asked again", step, errors)
