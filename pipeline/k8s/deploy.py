@@ -584,7 +584,11 @@ class KubernetesRelease:
         replicas = [d["spec"].get("replicas", 0) for d in mine]
         # what kept objects run in every group (0 where a group is gone): a rollback to them keeps that
         self.kept_count = min(replicas) if mine and len(mine) == len(self.new_deps) else 0
-        self.old_count = max((d["spec"].get("replicas", 0) for d in self.old), default=0)
+        # servers: one pod in every group. A pause scales a group at once, so a controller killed between
+        # two groups leaves them apart: the fewest is what serves (an undo brings the rest back), and
+        # where that is none, what any group still runs (so that it is taken to zero)
+        counts = [d["spec"].get("replicas", 0) for d in self.old]
+        self.old_count = min(counts, default=0) or max(counts, default=0)
         return Fleet(
             release=self.label,
             backend=self.own,
