@@ -16,6 +16,7 @@ from pipeline.core.errors import LeaseLost
 from pipeline.core.spec import load_spec
 from pipeline.k8s.deploy import KubernetesTarget
 from pipeline.k8s.lease import Fenced, Lease, LeaseHeld
+from pipeline.records.rollout import StepReview
 from pipeline.release import analysis, controller
 from tests.conftest import PROD_SPEC
 from tests.k8s_fake import FakeCluster, FakePrometheus
@@ -150,9 +151,10 @@ def releases():
     }
 
 
-@pytest.mark.parametrize("during", ["analysis window", "keep window"])
-def test_a_controller_whose_lease_was_taken_during_a_wait_writes_nothing_after(during, releases):
-    """The Lease taken over while the controller waits (a step's analysis window; the keep window):
+@pytest.mark.parametrize("during", ["pod readiness", "analysis window", "review", "keep window"])
+def test_a_controller_whose_lease_was_taken_during_a_wait_writes_nothing_after(during, releases, monkeypatch):
+    """The Lease taken over while the controller waits (new pods turning Ready; a step's analysis
+    window; a reviewer's answer, which the judge waits for too; the keep window):
     its next write is refused by the fence before it is sent, so the cluster sees no write of it
     after the takeover, and it undoes nothing (the new holder owns the model)."""
     with FakeCluster() as fake:
@@ -172,7 +174,24 @@ def test_a_controller_whose_lease_was_taken_during_a_wait_writes_nothing_after(d
         def judge(step, fraction, pods):
             if during == "analysis window" and step == 2:
                 take_over()
-            return verdict(step, fraction)
+            result = verdict(step, fraction)
+            if during == "review" and step == 1:  # the analysis passed; the reviewer takes their time
+                take_over()
+                result = result.decided(StepReview(step=step, decision="continue", actor="ml-lead", comment="ok"))
+            return result
+
+        from pipeline.k8s import deploy as k8s_deploy
+
+        real_wait = k8s_deploy.wait_rollout
+        waits: list[int] = []
+
+        def wait_rollout(*args, **kwargs):
+            waits.append(1)
+            if during == "pod readiness" and len(waits) == 2:  # the second wave's pods loading
+                take_over()
+            return real_wait(*args, **kwargs)
+
+        monkeypatch.setattr(k8s_deploy, "wait_rollout", wait_rollout)
 
         def wait(seconds):
             take_over()
@@ -392,3 +411,31 @@ def test_a_controller_killed_at_any_change_with_scalers_keep_window_and_rollback
             assert again.status == outcome.status and not [k for k, _ in again.events if k == "traffic"]
             outcomes.append(outcome.status)
     assert outcomes[-1] == "live" and (moved == "1" or outcomes[0] == "rolled_back"), outcomes
+
+
+def test_the_platform_role_allows_every_request_the_lease_makes():
+    """The install's Role in the model's namespace carries what taking, renewing, taking over and
+    giving back the Lease sends (coordination.k8s.io leases get / create / update)."""
+    from pipeline.k8s import install
+
+    objects = install.render(load_spec(PROD_SPEC), install.PlatformOptions(nfs_server="h", nfs_path="/p"))
+    role = next(o for o in objects if o.get("kind") == "Role" and o["metadata"]["namespace"] == NS)
+    allowed = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    with FakeCluster() as fake:
+        clock = Clock()
+        first = Lease(fake.client(), NS, MODEL, "a", duration_s=10, clock=clock)
+        second = Lease(fake.client(), NS, MODEL, "b", duration_s=10, clock=clock)
+        assert first.try_acquire() and not second.try_acquire()
+        first.ensure()
+        first.release()
+        assert second.try_acquire()
+        verbs = {"GET": "get", "POST": "create", "PUT": "update"}
+        needed = {("coordination.k8s.io", "leases", verbs[r.method]) for r in fake.requests if "/leases" in r.path}
+    assert needed == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+    assert needed <= allowed
