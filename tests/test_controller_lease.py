@@ -439,3 +439,31 @@ def test_the_platform_role_allows_every_request_the_lease_makes():
         needed = {("coordination.k8s.io", "leases", verbs[r.method]) for r in fake.requests if "/leases" in r.path}
     assert needed == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
     assert needed <= allowed
+
+
+def test_the_lease_is_renewed_in_the_background_and_again_after_the_keep_window_gave_it_back():
+    import time
+
+    with FakeCluster() as fake:
+        lease = Lease(fake.client(), NS, MODEL, "a", duration_s=10)
+        assert lease.try_acquire()
+
+        def renewals() -> int:
+            return len([w for w in fake.writes if w[1] == "PUT" and w[3] == "a"])
+
+        def renewed_after(count: int) -> bool:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if renewals() > count:
+                    return True
+                time.sleep(0.01)
+            return False
+
+        lease.start_renewing(every_s=0.02)
+        assert renewed_after(renewals())
+        lease.release()  # the keep window: given back, holder cleared
+        assert fake.get("leases", NS, lease.name)["spec"]["holderIdentity"] is None
+        lease.acquire(0, 0)
+        lease.start_renewing(every_s=0.02)
+        assert renewed_after(renewals())
+        lease.release()

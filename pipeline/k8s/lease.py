@@ -197,6 +197,7 @@ class Lease:
         """Renew in the background (a third of the duration by default) through long waits (pod
         readiness, an analysis window, the keep window, a review)."""
         every = every_s or self.duration_s / 3
+        self._stop.clear()  # taken again after a release (the keep window): renewed again
 
         def renew() -> None:
             while not self._stop.wait(every):
