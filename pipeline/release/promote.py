@@ -226,6 +226,10 @@ def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Rel
         raise ReleaseError(f"release {rel.id} is {rel.status}, not deploying: no rollout to recover")
     loaded = release_spec(rel)
     previous = reg.live(rel.name, rel.target)
+    # a rollback whose controller died: undone, its release is back to what it was before it (read
+    # now: the undo's own events follow on the trail)
+    started = last_event(reg, rel.id, "rollback_started", "deploy_started")
+    was = started.detail.get("was") if started is not None and started.kind == "rollback_started" else None
     reg.record(rel.id, "recovery_started", actor, {"target": rel.target})
     with _opened(reg, rel, loaded, previous, actor, k8s_client, "recover") as opened:
         outcome = controller.recover(opened.target) if opened.target is not None else None
@@ -234,9 +238,6 @@ def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Rel
         live = outcome is not None and outcome.status == "live"
         data = opened.live_data() if live else {}
     restored = previous is not None and previous.id != rel.id and not live
-    # a rollback whose controller died: undone, its release is back to what it was before it
-    started = last_event(reg, rel.id, "rollback_started", "deploy_started")
-    was = started.detail.get("was") if started is not None and started.kind == "rollback_started" else None
     if live:
         _went_live(reg, rel, previous, actor, {"recovered": True, **data})
         if was is not None and previous and previous.id != rel.id:  # a rollback's: the other was rolled back
@@ -360,6 +361,8 @@ class Opened:
     scale_down_delay_s: float
     live_data: Callable[[], dict[str, Any]]  # the release's data once live (its endpoint, its engines)
     smoke: Callable[[], tuple[str, str]]  # (url, completion text) through the live address
+    on_live: Callable[[list[Event]], None] | None = None  # told once the release carries all the traffic
+    wait: Callable[[float], bool | None] = time.sleep  # sleeps the keep window
 
 
 @contextlib.contextmanager
@@ -516,7 +519,9 @@ def _rendered(reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, serve
 
 
 def _run(opened: Opened) -> RolloutOutcome:
-    return controller.rollout(opened.target, opened.steps, opened.judge, opened.spare, opened.scale_down_delay_s)
+    return controller.rollout(
+        opened.target, opened.steps, opened.judge, opened.spare, opened.scale_down_delay_s, opened.on_live, opened.wait
+    )
 
 
 def _record_events(reg: Registry, release_id: int, outcome: RolloutOutcome, actor: str) -> None:
@@ -561,9 +566,10 @@ def _deploy(
                 return False
             return True
 
-        outcome = controller.rollout(
-            opened.target, opened.steps, opened.judge, opened.spare, opened.scale_down_delay_s, on_live, keep
-        )
+        opened.on_live, opened.wait = on_live, keep
+        outcome = _run(opened)
+        if outcome.status == "live" and reg.get(rel.id).status == "deploying":  # live, and not told so
+            on_live(outcome.events)
         for kind, detail in outcome.events[recorded:]:
             reg.record(rel.id, kind, actor, detail)
     if outcome.status != "live":
@@ -635,8 +641,8 @@ def _rollback(
     k8s_client = held.api
     dead = [r for r in reg.releases(name=name, status="deploying") if r.target == target]
     for stuck in dead:  # a controller died mid-rollout or mid-rollback: brought to a safe end first
-        resumed = _recover(reg, stuck.id, actor, held)
         started = last_event(reg, stuck.id, "rollback_started", "deploy_started")
+        resumed = _recover(reg, stuck.id, actor, held)
         if resumed.status == "live" and started is not None and started.kind == "rollback_started":
             if to is None or to == stuck.id:
                 reg.record(stuck.id, "rollback_finished", actor, {"reason": reason, "path": "resumed"})
