@@ -38,7 +38,9 @@ from pipeline.records.edge import Json
     },
 )
 def rollback():
-    @task(retries=0, outlets=[LIVE])
+    # a retry (the task killed mid-rollback) takes the model's lock, resumes or undoes the dead try
+    # through the record it left on the target, then restores what was asked (promote.rollback)
+    @task(retries=2, retry_delay=pendulum.duration(seconds=30), outlets=[LIVE])
     def restore(params: dict | None = None, dag_run=None) -> Json:
         from pipeline.entry import flow
 

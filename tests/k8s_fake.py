@@ -66,6 +66,15 @@ status: with `route_lag_requests` N, the N requests after each change of a route
 previous rules (the status says Accepted at once), as a Gateway whose proxies are reconfigured
 after its controller accepted the route.
 
+Like a Gateway controller that has not reconciled a change yet, with `route_status_lag_reads` N
+the status of a changed route stays the one written for its previous generation (its conditions'
+observedGeneration older than the route's) until the N-th read after the change. A second
+writer: with `second_writer` N, the next N applies of an object that carry a resourceVersion (a
+conditional write) meet another writer's change first, so they are refused (409 Conflict), as an
+apply whose resourceVersion is stale always is. Leases: POST creates (409 AlreadyExists when
+one has the name), PUT replaces only at the stored resourceVersion (409 Conflict otherwise);
+each is kept in `writes` with its holderIdentity.
+
 KEDA, as far as pausing goes: a ScaledObject with `autoscaling.keda.sh/paused-replicas` (applied,
 or set by a JSON merge patch) reports Paused with that count in its status and has its target
 Deployment scaled to it; a scale of a Deployment whose scaler is not paused at that very count
@@ -159,6 +168,8 @@ class FakeCluster:
         self.scenarios: dict[str, str] = {}  # release-id label value -> scenario, overriding the default
         self.backends: dict[str, str] = {}  # release-id label value -> the engine its pods stand for
         self.objects: dict[tuple[str, str, str, str], dict] = {}
+        self.versions = 0  # the resourceVersions of objects created or replaced by POST / PUT (Leases)
+        self.writes: list[tuple[int, str, str, str | None]] = []  # (seq, POST or PUT, name, holderIdentity)
         self.requests: list[Request] = []
         self.reads: dict[tuple, int] = {}
         self.history: list[dict[str, int]] = []  # after each change: release -> pods of its largest group
@@ -175,6 +186,13 @@ class FakeCluster:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.route_lag_requests = 0  # requests that still take a route's previous rules after each change
+        # reads of a route after each change that still show the status its Gateway wrote for the
+        # previous generation (its controller has not reconciled the change yet)
+        self.route_status_lag_reads = 0
+        self.route_status_pending: dict[tuple, tuple[int, dict]] = {}  # route -> (reads left, its new status)
+        # the next this many conditional writes of a route meet another writer's change first (an
+        # operator's kubectl, a second controller): the stored resourceVersion moved since they read it
+        self.second_writer = 0
         self.planes: dict[tuple, _Plane] = {}  # the data plane's view of each HTTPRoute
         self.named_hits: list[Hit] = []
         self.data_plane = ThreadingHTTPServer(("127.0.0.1", 0), _gateway_handler(self))
@@ -290,6 +308,16 @@ class FakeCluster:
             old = self.objects.get(key)
             obj = copy.deepcopy(body)
             meta = obj.setdefault("metadata", {})
+            carried = meta.get("resourceVersion")
+            if carried is not None and old is not None and self.second_writer > 0:
+                self.second_writer -= 1
+                old["metadata"]["resourceVersion"] = str(int(old["metadata"]["resourceVersion"]) + 1)
+                old["metadata"].setdefault("annotations", {})["edited-by"] = "someone else"
+                self.writes.append((self._next(), "PATCH", key[3], "second writer"))
+            if carried is not None and carried != (old or {}).get("metadata", {}).get("resourceVersion"):
+                # an apply carrying a resourceVersion is conditional on it, as the API server treats one
+                message = f'Operation cannot be fulfilled on {key[1]} "{key[3]}": the object has been modified'
+                return 409, _status(409, message, "Conflict")
             if old is None:
                 meta.update(uid=str(uuid.uuid4()), generation=1, resourceVersion="1")
                 code = 201
@@ -305,7 +333,12 @@ class FakeCluster:
             self.objects[key] = obj
             self.reads[key] = 0
             if obj.get("kind") == "HTTPRoute":
-                obj["status"] = self._route_status(obj)
+                status = self._route_status(obj)
+                if old is not None and self.route_status_lag_reads > 0:
+                    obj["status"] = copy.deepcopy(old.get("status") or {})  # the previous generation's, for now
+                    self.route_status_pending[key] = (self.route_status_lag_reads, status)
+                else:
+                    obj["status"] = status
                 weights = {b["name"]: b.get("weight", 1) for r in _default_rules(obj) for b in r.get("backendRefs", [])}
                 self.route_changes.append(RouteChange(self._next(), weights, self.ready_servers_locked()))
                 plane = self.planes.setdefault(key, _Plane())
@@ -318,6 +351,40 @@ class FakeCluster:
             if obj.get("kind") == "ScaledObject":
                 self._keda(obj)
             return code, copy.deepcopy(obj)
+
+    def create(self, key: tuple, body: dict) -> tuple[int, dict]:
+        """A POST of a new object (a Lease): 409 AlreadyExists where one has the name."""
+        with self.lock:
+            if key in self.objects:
+                return 409, _status(409, f'{key[1]} "{key[3]}" already exists', "AlreadyExists")
+            obj = copy.deepcopy(body)
+            obj.setdefault("metadata", {}).update(uid=str(uuid.uuid4()), generation=1, resourceVersion=self._version())
+            self.objects[key] = obj
+            self.writes.append((self._next(), "POST", key[3], (obj.get("spec") or {}).get("holderIdentity")))
+            return 201, copy.deepcopy(obj)
+
+    def replace(self, key: tuple, body: dict) -> tuple[int, dict]:
+        """A PUT: the whole object replaced, only where the resourceVersion it carries is the one stored
+        (409 Conflict otherwise: someone wrote it since it was read), as the API server's update does."""
+        with self.lock:
+            old = self.objects.get(key)
+            if old is None:
+                return 404, _status(404, f'{key[1]} "{key[3]}" not found')
+            carried = (body.get("metadata") or {}).get("resourceVersion")
+            if carried != old["metadata"]["resourceVersion"]:
+                message = f'Operation cannot be fulfilled on {key[1]} "{key[3]}": the object has been modified'
+                return 409, _status(409, message, "Conflict")
+            obj = copy.deepcopy(body)
+            obj["metadata"].update(
+                uid=old["metadata"]["uid"], generation=old["metadata"]["generation"], resourceVersion=self._version()
+            )
+            self.objects[key] = obj
+            self.writes.append((self._next(), "PUT", key[3], (obj.get("spec") or {}).get("holderIdentity")))
+            return 200, copy.deepcopy(obj)
+
+    def _version(self) -> str:
+        self.versions += 1
+        return str(self.versions)
 
     def merge_scaler(self, key: tuple, patch: dict) -> tuple[int, dict]:
         """A JSON merge patch of a ScaledObject's annotations (what the controller pauses it with)."""
@@ -394,6 +461,12 @@ class FakeCluster:
             if obj.get("kind") == "Deployment":
                 self.reads[key] = self.reads.get(key, 0) + 1
                 self._reconcile(key)
+            if key in self.route_status_pending:  # the Gateway's controller catches up after some reads
+                left, status = self.route_status_pending.pop(key)
+                if left <= 1:
+                    obj["status"] = status
+                else:
+                    self.route_status_pending[key] = (left - 1, status)
             return copy.deepcopy(obj)
 
     # -------------------------------------------------------- the Deployment controller (lock held)
@@ -826,8 +899,8 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _status(code: int, message: str) -> dict:
-    reason = {
+def _status(code: int, message: str, reason: str | None = None) -> dict:
+    reason = reason or {
         404: "NotFound",
         415: "UnsupportedMediaType",
         400: "BadRequest",
@@ -957,7 +1030,18 @@ def _handler(fake: FakeCluster):
             match = OBJECT_PATH.match(path)
             if self._proxied(match, raw):
                 return None
+            if match and not match["name"] and match["plural"] == "leases":
+                body = json.loads(raw)
+                key = (match["gv"], "leases", match["ns"], body["metadata"]["name"])
+                return self._send(*fake.create(key, body))
             return self._send(404, _status(404, f"no route {path}"))
+
+        def do_PUT(self) -> None:
+            path, _, raw = self._route()
+            match = OBJECT_PATH.match(path)
+            if not match or not match["name"] or match["sub"] or match["plural"] != "leases":
+                return self._send(404, _status(404, f"no route {path}"))
+            return self._send(*fake.replace((match["gv"], "leases", match["ns"], match["name"]), json.loads(raw)))
 
         def _proxied(self, match, raw: bytes) -> bool:
             """Answer a request under a Service's /proxy/; False when it is not one."""
@@ -1013,6 +1097,9 @@ class FakePrometheus:
     def __init__(self, cluster: FakeCluster, ttft_s: dict[str, float], tpot_s: dict[str, float] | None = None):
         self.cluster, self.ttft_s, self.tpot_s = cluster, ttft_s, tpot_s or {}
         self.asked: list[str] = []
+        self.at: list[str | None] = []  # each query's evaluation time (`time=`), as asked
+        self.failing = 0  # the next this many queries answer HTTP 503 (a Prometheus restarting, overloaded)
+        self.errors = 0  # how many queries were answered with an error
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _prometheus_handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
@@ -1051,7 +1138,19 @@ def _prometheus_handler(prometheus: FakePrometheus):
             pass
 
         def do_GET(self) -> None:
-            promql = parse_qs(urlsplit(self.path).query)["query"][0]
+            asked = parse_qs(urlsplit(self.path).query)
+            promql = asked["query"][0]
+            prometheus.at.append(asked.get("time", [None])[0])
+            if prometheus.failing > 0:
+                prometheus.failing -= 1
+                prometheus.errors += 1
+                data = json.dumps({"status": "error", "errorType": "unavailable", "error": "overloaded"}).encode()
+                self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             value = prometheus.value(promql)
             result = [] if value is None else [{"metric": {}, "value": [time.time(), str(value)]}]
             data = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()

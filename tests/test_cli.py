@@ -206,6 +206,7 @@ CASES = [
         1,
         r"release 999: no such release",
     ),
+    Case("recover-unknown", "recover nope --as sre --wait 0", 1, r"model 'nope': no releases of this name"),
     Case(
         "approve-unreachable",
         "approve run-1 --as reviewer --comment ok --url http://127.0.0.1:9",

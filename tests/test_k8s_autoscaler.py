@@ -209,16 +209,19 @@ def test_pause_and_resume_are_the_patches_keda_acts_on(rendered):
     scalers = _kinds(rendered, "ScaledObject")
     live = [_merge(s, {"metadata": {"annotations": None}}) for s in scalers]  # resumed after an earlier rollout
     assert not any(_keda_pauses(s) for s in live)
-    patches = autoscaler.pause(live, 5)
+    patches = autoscaler.pause(live, 5, "7")
     assert [p.path for p in patches] == [
         f"/apis/keda.sh/v1alpha1/namespaces/llm-serving/scaledobjects/{s['metadata']['name']}" for s in scalers
     ]
     assert {p.content_type for p in patches} == {"application/merge-patch+json"}
     paused = [_merge(s, p.body) for s, p in zip(live, patches, strict=True)]
-    assert all(_keda_pauses(s) and s["metadata"]["annotations"] == {autoscaler.PAUSED_REPLICAS: "5"} for s in paused)
-    # an operator's `paused: "true"` is replaced by the count the controller holds
-    by_hand = _merge(live[0], {"metadata": {"annotations": {autoscaler.PAUSED: "true"}}})
-    assert _merge(by_hand, patches[0].body)["metadata"]["annotations"] == {autoscaler.PAUSED_REPLICAS: "5"}
+    ours = {autoscaler.PAUSED_REPLICAS: "5", autoscaler.OWNER: "7"}  # marked as release 7's rollout's pause
+    assert all(_keda_pauses(s) and s["metadata"]["annotations"] == ours for s in paused)
+    # a scaler an operator paused (`paused: "true"`, or a count of theirs) is left alone, and never resumed
+    for theirs in ({autoscaler.PAUSED: "true"}, {autoscaler.PAUSED_REPLICAS: "2"}):
+        by_hand = _merge(live[0], {"metadata": {"annotations": theirs}})
+        assert autoscaler.operator_paused(by_hand)
+        assert autoscaler.pause([by_hand], 5, "7") == [] and autoscaler.resume([by_hand]) == []
     resumed = [_merge(s, p.body) for s, p in zip(paused, autoscaler.resume(paused), strict=True)]
     assert not any(_keda_pauses(s) for s in resumed) and all(s["metadata"]["annotations"] == {} for s in resumed)
     assert resumed[0]["spec"] == scalers[0]["spec"]  # the scaler itself untouched

@@ -530,8 +530,16 @@ def test_the_controller_owns_the_counts_while_the_scalers_are_paused(fake):
         good = deploy(cluster, "2", render("2", "tp4-ep4-x2"), STEPS, lambda s, f, p: verdict(s, f), timeout_s=5)
     assert good.status == "live", good.error
     assert fake.scaled_unpaused == []
-    first = fake.scaler_changes[0]
-    assert first[1] in scalers["1"] and first[2] == 3  # the live release held at its 3 servers, first of all
+    first = next(change for change in fake.scaler_changes if change[1] in scalers["1"])
+    assert first[2] == 3  # the live release held at its 3 servers before any count of it changed
+    # and only after the rollout's record was on the cluster (the new Deployments carry it)
+    record_at = next(i for i, r in enumerate(fake.requests) if r.method == "PATCH" and "/deployments/" in r.path)
+    pause_at = next(
+        i
+        for i, r in enumerate(fake.requests)
+        if r.method == "PATCH" and r.path.endswith(f"/scaledobjects/{scalers['1'][0]}")
+    )
+    assert record_at < pause_at
     assert paused("2") == {None} and paused("1") == {"0"}  # the new one scales itself; the old one held at 0
     assert fake.servers() == {"1": 0, "2": 3}
 

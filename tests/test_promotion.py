@@ -565,7 +565,8 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         fake.requests.clear()
         with pytest.raises(promote.DeployFailed, match="cannot hold the fleet: step 1: rollout.spare_servers is 0"):
             promote.promote(reg, second.id, k8s_client=fake.client())
-        assert [r for r in fake.requests if r.method != "GET"] == []
+        # nothing but the model's Lease, taken before the registry was read and given back
+        assert [r for r in fake.requests if r.method != "GET" and "/leases" not in r.path] == []
         assert reg.get(second.id).status == "failed" and reg.get(rel.id).status == "live"
         assert fake.servers() == {str(rel.id): 3}
 
@@ -818,3 +819,98 @@ def test_the_report_escapes_what_people_typed(tiny_spec, small_artifact, tmp_pat
     assert "<script>alert" not in page and "<b>oncall" not in page
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 2  # the comment and the reason, as text
     assert "sre &lt;b&gt;oncall&lt;/b&gt;" in page
+
+
+@pytest.mark.parametrize("to", ["default", "named"])
+def test_a_rollback_during_the_keep_window_goes_to_the_release_that_served_before_and_the_registry_stays_true(
+    to, prod_spec, small_artifact, passing_steps, monkeypatch
+):
+    """B carries all the traffic and keeps A's servers for the keep window (its controller gives
+    the model's lock back meanwhile): the registry says B live and A superseded already, so a
+    default rollback then goes to A (not the release before it), and after B's controller comes
+    back from the window (the route changed: it scales nothing down) the registry still says what
+    the cluster serves: A live, B rolled back. `--to A` ends the same."""
+    import yaml
+
+    from tests.k8s_fake import FakeCluster
+
+    def keep_30s(path):
+        data = yaml.safe_load(path.read_text())
+        data["rollout"]["scale_down_delay"] = "30s"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    real_sleep = promote.time.sleep
+    reg = Registry()
+    seen: dict[str, str] = {}
+    with FakeCluster() as fake:
+        a, _ = candidate(reg, prod_spec("keep-a"), small_artifact, approver="ml-lead", layout="tp8-ep8", rate=50.0)
+        assert promote.promote(reg, a.id, k8s_client=fake.client()).status == "live"
+        b, _ = candidate(
+            reg,
+            keep_30s(prod_spec("keep-b")),
+            small_artifact,
+            approver="ml-lead",
+            layout="tp8-ep8",
+            run="r2",
+            rate=50.0,
+        )
+
+        def sleep(seconds: float) -> None:
+            if seconds != 30:
+                return real_sleep(seconds)
+            seen.update({"a": reg.get(a.id).status, "b": reg.get(b.id).status})
+            restored = promote.rollback(
+                reg, a.name, "kubernetes", "sre", "p90 up", to=a.id if to == "named" else None, k8s_client=fake.client()
+            )
+            seen["restored"] = str(restored.id)
+            return None
+
+        monkeypatch.setattr(promote.time, "sleep", sleep)
+        ended = promote.promote(reg, b.id, k8s_client=fake.client())
+        monkeypatch.setattr(promote.time, "sleep", real_sleep)
+        assert seen == {"a": "superseded", "b": "live", "restored": str(a.id)}  # live on record in the window
+        assert ended.status == "rolled_back" and reg.get(a.id).status == "live"
+        assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{a.id}": 10_000}
+        assert {r: n for r, n in fake.servers().items() if n} == {str(a.id): 3}
+        assert promote.last_event(reg, b.id, "scale_down_skipped") is not None
+
+
+def test_a_rollback_whose_task_died_is_resumed_by_its_retry_through_the_same_record(
+    prod_spec, small_artifact, passing_steps, monkeypatch
+):
+    """The rollback task killed right after the route gave the restored release its share: it stays
+    "deploying" (its record on the cluster); the task's retry undoes that try from the record
+    (the restored release back to superseded), then rolls back again, to the same release."""
+    from pipeline.k8s import deploy as k8s_deploy
+    from tests.k8s_fake import FakeCluster
+
+    class Terminated(BaseException):
+        pass
+
+    real_call = k8s_deploy._call
+    reg = Registry()
+    with FakeCluster() as fake:
+        a, _ = candidate(reg, prod_spec("rb-a"), small_artifact, approver="ml-lead", layout="tp8-ep8", rate=50.0)
+        assert promote.promote(reg, a.id, k8s_client=fake.client()).status == "live"
+        b, _ = candidate(reg, prod_spec("rb-b"), small_artifact, approver="ml-lead", layout="tp8-ep8", run="r2")
+        assert promote.promote(reg, b.id, k8s_client=fake.client()).status == "live"
+
+        def dies(api, method, path, *args, **kwargs):
+            answer = real_call(api, method, path, *args, **kwargs)
+            if path.endswith("/httproutes/qwen3-235b-a22b-fp8") and method == "PATCH":
+                default = kwargs["body"]["spec"]["rules"][0].get("backendRefs", [])
+                if any(f"r{a.id}" in ref["name"] and ref["weight"] for ref in default):
+                    raise Terminated("SIGTERM")
+            return answer
+
+        monkeypatch.setattr(k8s_deploy, "_call", dies)
+        with pytest.raises(Terminated):
+            promote.rollback(reg, a.name, "kubernetes", "sre", "p90 up", k8s_client=fake.client())
+        monkeypatch.setattr(k8s_deploy, "_call", real_call)
+        assert reg.get(a.id).status == "deploying" and reg.get(b.id).status == "live"
+        restored = promote.rollback(reg, a.name, "kubernetes", "sre", "p90 up", k8s_client=fake.client())
+        assert restored.id == a.id and restored.status == "live" and reg.get(b.id).status == "rolled_back"
+        assert promote.last_event(reg, a.id, "recovered") is not None  # the dead try, through its record
+        assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{a.id}": 10_000}
+        assert {r: n for r, n in fake.servers().items() if n} == {str(a.id): 3}

@@ -46,6 +46,14 @@ def _releases(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover(args: argparse.Namespace) -> int:
+    from pipeline.release import promote, registry
+
+    for line in promote.recover_model(registry.Registry(), args.name, getattr(args, "as"), wait_s=args.wait):
+        emit(line)
+    return 0
+
+
 def _respond(args: argparse.Namespace) -> int:
     from pipeline.airflow.rest import AirflowClient
     from pipeline.core.paths import home
@@ -86,6 +94,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     q.add_argument("--url", help="the registry's URL as its owner (default: the registry's own URL)")
     p.set_defaults(func=_releases)
+
+    p = sub.add_parser(
+        "recover",
+        help="on-call: take the model's controller lock, bring a rollout or rollback whose controller died to a "
+        "safe end (and a keep window nobody finished), print what was found and done",
+    )
+    p.add_argument("name", help="the model (the spec's name)")
+    p.add_argument("--as", default="sre-oncall", metavar="USER", help="who recovers (recorded)")
+    p.add_argument(
+        "--wait", type=float, default=0.0, metavar="SECONDS", help="wait this long for another controller's lock"
+    )
+    p.set_defaults(func=_recover)
 
     for name, verb in (("approve", "approve"), ("reject", "reject")):
         p = sub.add_parser(

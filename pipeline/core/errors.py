@@ -47,3 +47,8 @@ class AnswersWorse(ReleaseError):
 
 class MeasurementError(ReleaseError):
     """A results record that would not say which code measured it (a dirty tree whose diff could not be taken)."""
+
+
+class LeaseLost(ReleaseError):
+    """This controller no longer holds the model's lock (its Lease was taken over or lapsed): it makes
+    no further write, undoes nothing (the new holder owns the model now) and stops."""

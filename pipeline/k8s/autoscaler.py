@@ -41,11 +41,13 @@ from pipeline.stages import capacity
 
 __all__ = [
     "KEDA_API",
+    "OWNER",
     "PAUSED",
     "PAUSED_REPLICAS",
     "Patch",
     "demand_query",
     "is_paused",
+    "operator_paused",
     "pause",
     "resume",
     "scaled_objects",
@@ -56,6 +58,7 @@ __all__ = [
 KEDA_API = "keda.sh/v1alpha1"  # the vendored CRD: KEDA v2.20.2
 PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"
 PAUSED = "autoscaling.keda.sh/paused"
+OWNER = "model-release/paused-for"  # the release whose rollout paused a scaler: only those are resumed
 DEMAND = "vllm:request_success_total"  # every finished request, whatever its finished_reason
 POLLING_S = 30  # KEDA's default; with min >= 1 it only paces the fallback's failure count
 FALLBACK_FAILURES = 3
@@ -192,19 +195,29 @@ def _path(scaler: dict[str, Any]) -> str:
     return f"/apis/{KEDA_API}/namespaces/{meta['namespace']}/scaledobjects/{meta['name']}"
 
 
-def pause(scalers: list[dict[str, Any]], replicas: int) -> list[Patch]:
+def operator_paused(scaler: dict[str, Any]) -> bool:
+    """Paused by someone else (an operator's `paused` or `paused-replicas`, with no rollout's
+    OWNER annotation): a rollout leaves it paused and never resumes it."""
+    annotations = scaler["metadata"].get("annotations") or {}
+    return OWNER not in annotations and (PAUSED_REPLICAS in annotations or PAUSED in annotations)
+
+
+def pause(scalers: list[dict[str, Any]], replicas: int, owner: str = "") -> list[Patch]:
     """The patches that stop a release's scalers and hold every group at `replicas` (KEDA deletes
-    the HPAs and scales each target to it); send them before any scale the controller makes."""
+    the HPAs and scales each target to it); send them before any scale the controller makes.
+    Each carries OWNER (`owner`: the release rolled out) so only what a rollout paused is resumed;
+    a scaler an operator paused is left as it is (no patch)."""
     if replicas < 0:
         raise ReleaseError(f"pause: replicas must be 0 or more, got {replicas}")
-    body = {"metadata": {"annotations": {PAUSED_REPLICAS: str(replicas), PAUSED: None}}}
-    return [Patch(_path(s), body) for s in scalers]
+    body = {"metadata": {"annotations": {PAUSED_REPLICAS: str(replicas), OWNER: owner or "rollout"}}}
+    return [Patch(_path(s), body) for s in scalers if not operator_paused(s)]
 
 
 def resume(scalers: list[dict[str, Any]]) -> list[Patch]:
-    """The patches that hand a release's counts back to its scalers (both pause annotations removed)."""
-    body = {"metadata": {"annotations": {PAUSED_REPLICAS: None, PAUSED: None}}}
-    return [Patch(_path(s), body) for s in scalers]
+    """The patches that hand a release's counts back to its scalers: only those a rollout paused
+    (OWNER), their count and OWNER removed; an operator's own `paused` is never touched."""
+    body = {"metadata": {"annotations": {PAUSED_REPLICAS: None, OWNER: None}}}
+    return [Patch(_path(s), body) for s in scalers if OWNER in (s["metadata"].get("annotations") or {})]
 
 
 def is_paused(scaler: dict[str, Any], replicas: int | None = None) -> bool:

@@ -161,10 +161,15 @@ def _describe(obj: dict) -> str:
 
 
 def apply(
-    api, objs: list[dict], field_manager: str = FIELD_MANAGER, timeout_s: float = 3600.0, poll_s: float = 5.0
+    api,
+    objs: list[dict],
+    field_manager: str = FIELD_MANAGER,
+    timeout_s: float = 3600.0,
+    poll_s: float = 5.0,
+    wait: bool = True,
 ) -> list[dict]:
-    """Server-side apply every object in order, then wait until each Deployment has rolled out.
-    Returns the objects as the server holds them after the apply."""
+    """Server-side apply every object in order, then (`wait`) wait until each Deployment has rolled
+    out. Returns the objects as the server holds them after the apply."""
     applied = []
     for obj in objs:
         applied.append(
@@ -178,7 +183,8 @@ def apply(
             )
         )
         log.info("applied %s", _describe(obj))
-    wait_rollout(api, [obj for obj in objs if obj["kind"] == "Deployment"], timeout_s, poll_s)
+    if wait:
+        wait_rollout(api, [obj for obj in objs if obj["kind"] == "Deployment"], timeout_s, poll_s)
     return applied
 
 
@@ -563,8 +569,13 @@ class KubernetesRelease:
             old_release = record.replacing if record else None
             self.old = [d for d in others if old_release and _release_of(d) == old_release]
         else:
-            self.old = [d for d in others if d["spec"].get("replicas", 0) > 0]
-            old_release = _release_of(self.old[0]) if self.old else None
+            # the serving release is the one the route gives traffic to; others still running (a keep
+            # window a dead controller never finished, an overlapping run's) are stale, not "old"
+            weighted = {name for name, weight in self.routed().items() if weight > 0}
+            serving = {_release_of(d) for d in others if self._service_of(_release_of(d)) in weighted}
+            running = [d for d in others if d["spec"].get("replicas", 0) > 0]
+            old_release = sorted(serving)[0] if serving else (_release_of(running[0]) if running else None)
+            self.old = [d for d in running if _release_of(d) == old_release]
         self.stale = {_release_of(d) for d in others if d not in self.old}
         old_label = {**self.instance, RELEASE_LABEL: old_release} if old_release else None
         self.old_scalers = listing(self.api, self.namespace, "scaledobjects", old_label) if old_label else []
@@ -573,7 +584,11 @@ class KubernetesRelease:
         replicas = [d["spec"].get("replicas", 0) for d in mine]
         # what kept objects run in every group (0 where a group is gone): a rollback to them keeps that
         self.kept_count = min(replicas) if mine and len(mine) == len(self.new_deps) else 0
-        self.old_count = max((d["spec"].get("replicas", 0) for d in self.old), default=0)
+        # servers: one pod in every group. A pause scales a group at once, so a controller killed between
+        # two groups leaves them apart: the fewest is what serves (an undo brings the rest back), and
+        # where that is none, what any group still runs (so that it is taken to zero)
+        counts = [d["spec"].get("replicas", 0) for d in self.old]
+        self.old_count = min(counts, default=0) or max(counts, default=0)
         return Fleet(
             release=self.label,
             backend=self.own,
@@ -588,13 +603,16 @@ class KubernetesRelease:
         )
 
     def mark(self, record: RolloutRecord) -> None:
-        self._hold(self.old_scalers, self.old_count)  # the serving release's count is the controller's now
+        """The record first (a controller killed after any later change leaves it for `recover`),
+        then the serving release's scalers paused: its count is the controller's from then on. On
+        new objects the record goes in with the first wave, and the pause right after it."""
         for dep in self.new_deps:  # applied with the first wave, or now onto kept objects
             dep["metadata"].setdefault("annotations", {})[ROLLOUT_ANNOTATION] = record.model_dump_json()
         if self.applied:  # a rollback to kept objects: they keep the servers they run
             for dep in self.new_deps:
                 dep["spec"]["replicas"] = self.kept_count
             apply(self.api, self.new_deps, self.target.field_manager, self.timeout_s, self.target.poll_s)
+            self._hold(self.old_scalers, self.old_count)
 
     def prune(self) -> None:
         removed = self._remove_releases(self.stale)
@@ -607,11 +625,18 @@ class KubernetesRelease:
             for dep in self.new_deps:
                 dep["spec"]["replicas"] = servers
             for scaler in self.scalers:  # born paused at the controller's count: KEDA never scales them first
-                scaler["metadata"].setdefault("annotations", {})[autoscaler.PAUSED_REPLICAS] = str(servers)
+                annotations = scaler["metadata"].setdefault("annotations", {})
+                annotations |= {autoscaler.PAUSED_REPLICAS: str(servers), autoscaler.OWNER: self.label}
             self.applied = list(self.new_deps)  # from the first PATCH on, there may be something to undo
-            # everything but the route: the release starts unexposed, in its own Service only
+            # everything but the route: the release starts unexposed, in its own Service only; its
+            # Deployments carry the rollout's record, so the serving release's pause comes after them
             unexposed = [obj for obj in self.manifests if obj["kind"] != "HTTPRoute"]
-            apply(self.api, unexposed, self.target.field_manager, self.timeout_s, self.target.poll_s)
+            deps = [obj for obj in unexposed if obj["kind"] == "Deployment"]
+            apply(self.api, deps, self.target.field_manager, 0.0, self.target.poll_s, wait=False)
+            self._hold(self.old_scalers, self.old_count)
+            rest = [obj for obj in unexposed if obj["kind"] != "Deployment"]
+            apply(self.api, rest, self.target.field_manager, self.timeout_s, self.target.poll_s, wait=False)
+            wait_rollout(self.api, deps, self.timeout_s, self.target.poll_s)
         else:
             self._hold(self.scalers, servers)
             for dep in self.new_deps:
@@ -696,7 +721,12 @@ class KubernetesRelease:
             self._apply_route(route_weights(now) if now else {}, [*named, self.own])
 
     def _apply_route(self, weights: dict[str, int], named: list[str]) -> None:
+        """One conditional apply: it carries the resourceVersion read just before, so a route another
+        writer changed since is not overwritten (409: the step fails, the controller undoes it)."""
         route = with_backends(self.route_obj, weights, named)
+        now = self._route_now()
+        if now is not None:
+            route["metadata"] = {**route["metadata"], "resourceVersion": now["metadata"]["resourceVersion"]}
         applied = _call(
             self.api,
             "PATCH",
@@ -770,23 +800,33 @@ class KubernetesRelease:
 
     def settle(self, live: bool) -> None:
         """The scalers of the release that serves now (the new one when live, else the old one) get
-        its counts back: KEDA scales it from here on. Nothing else to drop: the route is the truth,
-        and the record stays on the Deployments."""
-        scalers = self.scalers if live else self.old_scalers  # the side that serves now
-        if scalers:
-            for patch in autoscaler.resume(scalers):
-                _call(self.api, "PATCH", patch.path, body=patch.body, content_type=MERGE_PATCH)
-            self.events.append(("autoscaler_resumed", {"scaled_objects": [_name(s) for s in scalers]}))
+        its counts back: KEDA scales it from here on; only those a rollout paused (an operator's
+        pause stays), as the cluster holds them now (a missing one is skipped). Nothing else to
+        drop: the route is the truth, and the record stays on the Deployments."""
+        scalers = self._scalers_now(self.scalers if live else self.old_scalers)  # the side that serves now
+        resumed = []
+        for patch, scaler in zip(autoscaler.resume(scalers), [s for s in scalers if _owned(s)], strict=True):
+            if self._patch_scaler(patch):
+                resumed.append(_name(scaler))
+        if resumed:
+            self.events.append(("autoscaler_resumed", {"scaled_objects": resumed}))
+        left = [_name(s) for s in scalers if autoscaler.operator_paused(s)]
+        if left:
+            self.events.append(("autoscaler_left_paused", {"scaled_objects": left, "by": "an operator"}))
 
     def _hold(self, scalers: list[dict], servers: int) -> None:
-        """Before the controller sets a release's count: its scalers paused at that count, and KEDA
-        acknowledging it (their status), so no scaler puts back a count of its own meanwhile."""
+        """Before the controller sets a release's count: its scalers paused at that count (marked as
+        this rollout's), and KEDA acknowledging it (their status), so no scaler puts back a count of
+        its own meanwhile. A scaler an operator paused is left so; a missing one is skipped."""
         if not scalers:
             return
-        for patch in autoscaler.pause(scalers, servers):
-            _call(self.api, "PATCH", patch.path, body=patch.body, content_type=MERGE_PATCH)
+        now = self._scalers_now(scalers)
+        held = [s for s in now if not autoscaler.operator_paused(s)]
+        held = [
+            s for s, p in zip(held, autoscaler.pause(held, servers, self.label), strict=True) if self._patch_scaler(p)
+        ]
         deadline = time.monotonic() + self.target.route_timeout_s
-        for scaler in scalers:
+        for scaler in held:
             while not autoscaler.is_paused(_call(self.api, "GET", object_path(scaler)), servers):
                 if time.monotonic() > deadline:
                     raise RolloutFailed(
@@ -794,6 +834,30 @@ class KubernetesRelease:
                         f"{self.target.route_timeout_s:.0f} s; is the KEDA operator running?"
                     )
                 time.sleep(self.target.poll_s)
+
+    def _scalers_now(self, scalers: list[dict]) -> list[dict]:
+        """The scalers as the cluster holds them now; one that is gone (deleted, never applied) is
+        skipped and said, never a failed step or rollback."""
+        found = []
+        for scaler in scalers:
+            try:
+                now = _call(self.api, "GET", object_path({"kind": "ScaledObject", **scaler}))
+            except KubernetesError as exc:
+                if exc.status != 404:
+                    raise
+                self.events.append(("autoscaler_missing", {"scaled_object": _name(scaler)}))
+                continue
+            found.append({"kind": "ScaledObject", "apiVersion": autoscaler.KEDA_API, **now})
+        return found
+
+    def _patch_scaler(self, patch: autoscaler.Patch) -> bool:
+        try:
+            _call(self.api, "PATCH", patch.path, body=patch.body, content_type=MERGE_PATCH)
+        except KubernetesError as exc:
+            if exc.status != 404:
+                raise
+            return False
+        return True
 
     def _service_of(self, release: str) -> str | None:
         """A release's own Service (the one selecting its pods), if it still exists."""
@@ -813,6 +877,10 @@ class KubernetesRelease:
 
 def _name(obj: dict) -> str:
     return obj["metadata"]["name"]
+
+
+def _owned(scaler: dict) -> bool:
+    return autoscaler.OWNER in (scaler["metadata"].get("annotations") or {})
 
 
 def kept_servers(api, manifests: list[dict]) -> int | None:

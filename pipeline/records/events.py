@@ -12,7 +12,7 @@ from pipeline.records.rebenchmark import Remeasure
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.selection import ChosenFigures
 
-__all__ = ["GateVerdict", "JudgedStep", "SloGate", "TrendPoint"]
+__all__ = ["GateVerdict", "JudgedStep", "Recovered", "SloGate", "TrendPoint"]
 
 
 class GateVerdict(BaseModel):
@@ -45,3 +45,12 @@ class JudgedStep(StepAnalysis):
     """A rollout step's analysis put to its reviewers, with how long the review waits."""
 
     review_timeout_s: float = Field(description="how long the review waits for an answer, s")
+
+
+class Recovered(BaseModel):
+    """A dead controller's rollout brought to an end by `recover()`: what it found."""
+
+    state: str = Field(
+        "nothing applied",
+        description="complete, undone, or nothing of the release was applied; 'nothing applied' before recover() said",
+    )

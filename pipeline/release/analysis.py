@@ -31,14 +31,26 @@ FINISHED = "vllm:request_success_total"  # label finished_reason: stop, length, 
 HTTP = "http_requests_total"
 
 
+# A query that errors (no answer, a 5xx, a refusal) is not a failed measurement: it is asked again,
+# for the same window, and only more than this many errors in a row abort the step, as Argo
+# Rollouts' analysis counts them (its consecutiveErrorLimit, default 4). A query that answers and
+# fails the step's bar aborts at once.
+CONSECUTIVE_ERROR_LIMIT = 4
+RETRY_S = 5.0
+
+
 class PrometheusError(ReleaseError):
     pass
 
 
-def query(url: str, promql: str, timeout: float = 10) -> float | None:
-    """One instant query through Prometheus' HTTP API; a scalar or a one-series vector, else None."""
+def query(url: str, promql: str, timeout: float = 10, at: float | None = None) -> float | None:
+    """One instant query through Prometheus' HTTP API; a scalar or a one-series vector, else None.
+    `at`: the evaluation time (Unix seconds): a retry asks about the same window."""
+    params: dict[str, str | float] = {"query": promql}
+    if at is not None:
+        params["time"] = f"{at:.3f}"
     try:
-        response = requests.get(f"{url}/api/v1/query", params={"query": promql}, timeout=timeout)
+        response = requests.get(f"{url}/api/v1/query", params=params, timeout=timeout)
         body = response.json()
     except (requests.RequestException, ValueError) as exc:
         raise PrometheusError(f"Prometheus at {url}: {promql}: {exc}") from None
@@ -81,12 +93,50 @@ def queries(new: str, old: str | None, window_s: int) -> dict[str, str]:
     return out
 
 
+def query_retried(
+    url: str, promql: str, at: float, limit: int = CONSECUTIVE_ERROR_LIMIT, retry_s: float = RETRY_S
+) -> tuple[float | None, int]:
+    """(the answer, the errors before it): the query pinned at `at`, asked again after each error;
+    PrometheusError once more than `limit` errors came in a row."""
+    errors = 0
+    while True:
+        try:
+            return query(url, promql, at=at), errors
+        except PrometheusError as exc:
+            errors += 1
+            if errors > limit:
+                raise PrometheusError(
+                    f"{exc} ({errors} errors in a row, more than the consecutive error limit {limit})"
+                ) from None
+            log.warning("rollout analysis: query error %d of at most %d in a row, asked again: %s", errors, limit, exc)
+            time.sleep(retry_s)
+
+
 def analyze(
-    url: str, new: str, old: str | None, step: int, fraction: float, window_s: int, slo: SloSpec, rollout: RolloutSpec
+    url: str,
+    new: str,
+    old: str | None,
+    step: int,
+    fraction: float,
+    window_s: int,
+    slo: SloSpec,
+    rollout: RolloutSpec,
+    at: float | None = None,
+    retry_s: float = RETRY_S,
 ) -> StepAnalysis:
-    """Judge the window that just ended: the SLO, errors, scrape health, and (if set) the old release."""
+    """Judge the window that ended at `at` (now by default): the SLO, errors, scrape health, and (if
+    set) the old release. Every query is pinned at that end, so one asked again after an error
+    judges the same window."""
     asked = queries(new, old, window_s)
-    results = {name: Query(promql=promql, value=query(url, promql)) for name, promql in asked.items()}
+    end = time.time() if at is None else at
+    results: dict[str, Query] = {}
+    errors = 0
+    for name, promql in asked.items():
+        value, asked_again = query_retried(url, promql, end, retry_s=retry_s)
+        errors += asked_again
+        results[name] = Query(promql=promql, value=value)
+    if errors:
+        log.warning("rollout analysis, step %d: %d query errors asked again", step, errors)
     v = {name: q.value for name, q in results.items()}
     reasons: list[str] = []
     requests_done = v["new_requests"] or 0.0

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutAborted, RolloutFailed, SmokeFailed
+from pipeline.core.errors import AnswersWorse, LeaseLost, ReleaseError, RolloutAborted, RolloutFailed, SmokeFailed
 from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
 from pipeline.stages import drain
 
@@ -121,6 +121,8 @@ def rollout(
     judge: Judge | None = None,
     spare_servers: int = 1,
     scale_down_delay_s: float = 0.0,
+    on_live: Callable[[list[Event]], None] | None = None,
+    wait: Callable[[float], bool | None] = time.sleep,
 ) -> RolloutOutcome:
     """Make the target's release live beside the one serving, or leave that one serving.
 
@@ -129,6 +131,10 @@ def rollout(
     release still has (kept at zero by a later release, or serving beside it: a rollback) count. Failures are outcomes
     ("rolled_back" while the old release serves, "failed" with none), never exceptions, except
     one that stops the task itself (a signal): that leaves the record for `recover`.
+    `on_live` is told (with the events so far) once the release carries all the traffic, before
+    the keep window: the registry says it is live from then on. `wait` sleeps the keep window (the
+    caller's lock given back meanwhile; False: another controller took the model meanwhile, and
+    the old release's servers are its to decide).
     """
     events = target.events
     fleet = target.state()
@@ -218,13 +224,17 @@ def rollout(
             )
         traffic.only_new()  # the old release leaves the route: what serves now needs no controller
     except Exception as exc:
+        if isinstance(exc, LeaseLost):  # another controller holds the model now: nothing more of ours
+            raise
         servers = _Servers(live_servers, old_servers, new_servers, full, spare_servers)
         outcome = _undo(target, exc, record.replacing, servers, started, traffic)
         return outcome.model_copy(update={"steps": analyses})
     target.settle(live=True)
+    if on_live is not None:
+        on_live(list(events))
     # every analysis passed: only now, and after the keep window, does the old release give back its
     # last servers; its objects stay, at zero, until the next release's rollout prunes them
-    if old and old_servers and _keep(target, scale_down_delay_s, old_servers, traffic):
+    if old and old_servers and _keep(target, scale_down_delay_s, old_servers, traffic, wait):
         old_servers = _scale_old(target, 0, old_servers)
     events.append(
         (
@@ -352,6 +362,8 @@ def _undo(
             traffic.back(0.0, aborted)
         target.scale_new(0)
     except Exception as undo_exc:
+        if isinstance(undo_exc, LeaseLost):
+            raise
         events.append(("rollback_failed", {"to_release": old_release, "error": str(undo_exc)}))
         if not traffic.exposed:  # it takes no traffic: it gives back its servers all the same
             try:
@@ -392,14 +404,25 @@ def _scale_old(target: Target, servers: int, now: int) -> int:
     return servers
 
 
-def _keep(target: Target, delay_s: float, old_servers: int, traffic: _Traffic) -> bool:
+def _keep(
+    target: Target,
+    delay_s: float,
+    old_servers: int,
+    traffic: _Traffic,
+    wait: Callable[[float], bool | None] = time.sleep,
+) -> bool:
     """The keep window after the last step: the old release holds its servers, out of the route, so
     a rollback meanwhile only moves traffic back. True when it may go to zero now (the route still
     sends everything to the new release: nobody rolled back meanwhile)."""
     if delay_s > 0:
-        target.events.append(("scale_down_delay", {"seconds": delay_s, "old_servers": old_servers}))
+        target.events.append(
+            ("scale_down_delay", {"seconds": delay_s, "old_servers": old_servers, "until": time.time() + delay_s})
+        )
         log.info("keeping %d old servers for %.0f s (rollout.scale_down_delay)", old_servers, delay_s)
-        time.sleep(delay_s)
+        if wait(delay_s) is False:
+            target.events.append(("scale_down_skipped", {"reason": "another controller took the model meanwhile"}))
+            log.warning("another controller took the model during the keep window; it decides the old servers")
+            return False
     if target.routed() != {traffic.own: WEIGHT_TOTAL}:
         target.events.append(("scale_down_skipped", {"reason": "the route changed during the keep window"}))
         log.warning("the route changed during the keep window; the old release keeps its servers")

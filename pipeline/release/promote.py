@@ -10,25 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.core import storage
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import LeaseLost, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
-from pipeline.core.rollout import RolloutOutcome, ServerStep
+from pipeline.core.rollout import WEIGHT_TOTAL, RolloutOutcome, ServerStep
+from pipeline.core.rollout import Event as ControllerEvent
 from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_recorded
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
+from pipeline.k8s.lease import LeaseHeld
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
-from pipeline.records.events import GateVerdict
+from pipeline.records.events import GateVerdict, Recovered
 from pipeline.records.release import StagedRef, Verification
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
-from pipeline.release import analysis, controller, local_target, rollout_plan, step_review
+from pipeline.release import analysis, controller, local_target, lock, rollout_plan, step_review
 from pipeline.release.registry import Event, Registry, Release, ReleaseData
 from pipeline.stages import served_accuracy, serving
 
@@ -119,16 +122,27 @@ def promote(
     k8s_client: Any = None,
     step_reviews: bool = False,
     first_try: bool = True,
+    wait_s: float = lock.WAIT_S,
 ) -> Release:
     """Check every gate, then roll out; returns the release as it ends (live) or raises.
 
     `step_reviews`: the caller (the release DAG) runs a review task per step, so each step waits
     for a reviewer's Continue / Abort when the spec sets `rollout.review_timeout`. A release left
     "deploying" (its controller died) is recovered instead (`recover`); `first_try` False (the
-    task's retry) refuses anything else, so a retry never rolls a release out twice."""
+    task's retry) refuses anything else, so a retry never rolls a release out twice. The model's
+    controller lock is held throughout (another controller: waited for up to `wait_s`, then
+    LeaseHeld naming it)."""
+    named = reg.get(release_id)  # only which model, on which target: its lock is taken before anything is read
+    with lock.controlling(named.name, named.target, release_spec(named), actor, k8s_client, wait_s) as held:
+        return _promote(reg, release_id, actor, held, step_reviews, first_try)
+
+
+def _promote(
+    reg: Registry, release_id: int, actor: str, held: lock.Held, step_reviews: bool, first_try: bool
+) -> Release:
     rel = reg.get(release_id)
     if rel.status == "deploying":  # its controller died (the task killed): picked up, not started again
-        rel = recover(reg, rel.id, actor, k8s_client)
+        rel = _recover(reg, rel.id, actor, held)
         if rel.status == "live":
             return rel
         raise DeployFailed(
@@ -155,32 +169,67 @@ def promote(
     )
     review = reviewer(reg, rel, loaded) if step_reviews else None
     try:
-        _deploy(reg, rel, loaded, previous, actor, k8s_client, review)
+        _deploy(reg, rel, loaded, previous, actor, held, review)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # the task terminated (SIGTERM, ^C): the target may be mid-rollout
             reg.record(rel.id, "controller_interrupted", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
             raise  # left "deploying": the task's retry (or `recover`) brings it to a safe end
-        # whatever else went wrong (a bug), the release must not stay "deploying"
-        if reg.get(rel.id).status == "deploying":
-            reg.record(
-                rel.id, "deploy_failed", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]}, status="failed"
-            )
+        if isinstance(exc, LeaseLost):  # another controller holds the model now: its record is its own
+            reg.record(rel.id, "lease_lost", actor, {"error": str(exc)[:2000]})
+            raise
+        # whatever else went wrong (a bug), the release must not stay "deploying" (one conditional update)
+        reg.record(
+            rel.id,
+            "deploy_failed",
+            actor,
+            {"error": f"{type(exc).__name__}: {exc}"[:2000]},
+            status="failed",
+            only_from=("deploying",),
+        )
         raise
-    if previous and previous.id != rel.id:
-        reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
     return reg.get(rel.id)
 
 
-def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Release:
+def _went_live(reg: Registry, rel: Release, previous: Release | None, actor: str, detail: dict[str, Any]) -> None:
+    """The release carries all the traffic: live on record now (keep window or not), its
+    predecessor superseded, each by one conditional update."""
+    reg.record(
+        rel.id,
+        "deploy_finished",
+        actor,
+        detail,
+        status="live",
+        data=ReleaseData.model_validate({k: v for k, v in detail.items() if k != "target"}),
+        only_from=("deploying",),
+    )
+    if previous and previous.id != rel.id:
+        reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded", only_from=("live",))
+
+
+def recover(
+    reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None, wait_s: float = lock.WAIT_S
+) -> Release:
     """A release left "deploying" by a controller that died between two actions (its task killed):
     the target is brought to a safe end from the state it holds, idempotently: a rollout that had
     moved everything is finished (live), any other is undone (the previous release serves, nothing
-    of the new one is started again). Returns the release as recorded after it."""
+    of the new one is started again). Returns the release as recorded after it. Holds the model's
+    controller lock (LeaseHeld naming another holder after `wait_s`)."""
+    named = reg.get(release_id)
+    with lock.controlling(named.name, named.target, release_spec(named), actor, k8s_client, wait_s) as held:
+        return _recover(reg, release_id, actor, held)
+
+
+def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Release:
+    k8s_client = held.api
     rel = reg.get(release_id)
     if rel.status != "deploying":
         raise ReleaseError(f"release {rel.id} is {rel.status}, not deploying: no rollout to recover")
     loaded = release_spec(rel)
     previous = reg.live(rel.name, rel.target)
+    # a rollback whose controller died: undone, its release is back to what it was before it (read
+    # now: the undo's own events follow on the trail)
+    started = last_event(reg, rel.id, "rollback_started", "deploy_started")
+    was = started.detail.get("was") if started is not None and started.kind == "rollback_started" else None
     reg.record(rel.id, "recovery_started", actor, {"target": rel.target})
     with _opened(reg, rel, loaded, previous, actor, k8s_client, "recover") as opened:
         outcome = controller.recover(opened.target) if opened.target is not None else None
@@ -190,11 +239,9 @@ def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
         data = opened.live_data() if live else {}
     restored = previous is not None and previous.id != rel.id and not live
     if live:
-        reg.record(
-            rel.id, "deploy_finished", actor, {"recovered": True}, status="live", data=ReleaseData.model_validate(data)
-        )
-        if previous and previous.id != rel.id:
-            reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded")
+        _went_live(reg, rel, previous, actor, {"recovered": True, **data})
+        if was is not None and previous and previous.id != rel.id:  # a rollback's: the other was rolled back
+            reg.record(previous.id, "rolled_back", actor, {"restored": rel.id}, status="rolled_back")
     else:
         reg.record(
             rel.id,
@@ -204,7 +251,8 @@ def recover(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client:
                 "error": "the rollout's controller died; undone",
                 "previous_serving": previous.id if restored and previous else None,
             },
-            status="rolled_back" if restored else "failed",
+            status=was or ("rolled_back" if restored else "failed"),
+            only_from=("deploying",),
         )
     return reg.get(rel.id)
 
@@ -315,6 +363,8 @@ class Opened:
     scale_down_delay_s: float
     live_data: Callable[[], dict[str, Any]]  # the release's data once live (its endpoint, its engines)
     smoke: Callable[[], tuple[str, str]]  # (url, completion text) through the live address
+    on_live: Callable[[list[ControllerEvent]], None] | None = None  # told once the release carries all the traffic
+    wait: Callable[[float], bool | None] = time.sleep  # sleeps the keep window
 
 
 @contextlib.contextmanager
@@ -329,42 +379,42 @@ def _opened_local(
     review: step_review.Reviewer | None,
 ) -> Iterator[Opened]:
     spec = loaded.spec
-    with local_target.switching(rel.name):
-        if purpose in ("promote", "rollback"):
-            local_target.recover(spec)  # another rollout whose controller died: undone before this one
-            model_dir = serving_dir(loaded, rel.staged())
-            target = local_target.LocalRelease(
-                spec,
-                rel.id,
-                loaded.hardware,
-                loaded.layout(rel.chosen().layout),
-                model_dir,
-                step_answers(rel, loaded, model_dir),
-            )
-        else:
-            target = local_target.LocalRelease(spec, rel.id)
-        kept = purpose == "rollback" and target.state().new_servers > 0  # its engines still run: no steps
-
-        def live_data() -> dict[str, Any]:
-            dep = local_target.current(rel.name)
-            return {"endpoint": local_target.endpoint(spec), "deployment": dep.model_dump() if dep else None}
-
-        def smoke() -> tuple[str, str]:
-            dep = local_target.current(rel.name)
-            if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
-                raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
-            return local_target.endpoint(spec), local_target.smoke(local_target.endpoint(spec))
-
-        yield Opened(
-            target=target,
-            steps=None if kept else local_target.steps(spec),
-            # a first local release is not judged: the embedded front has no traffic before it serves
-            judge=None if kept or live is None else target.judge(review),
-            spare=1,  # one machine: both releases run on it at once
-            scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
-            live_data=live_data,
-            smoke=smoke,
+    # the caller holds the model's switch lock (lock.controlling)
+    if purpose in ("promote", "rollback"):
+        local_target.recover(spec)  # another rollout whose controller died: undone before this one
+        model_dir = serving_dir(loaded, rel.staged())
+        target = local_target.LocalRelease(
+            spec,
+            rel.id,
+            loaded.hardware,
+            loaded.layout(rel.chosen().layout),
+            model_dir,
+            step_answers(rel, loaded, model_dir),
         )
+    else:
+        target = local_target.LocalRelease(spec, rel.id)
+    kept = purpose == "rollback" and target.state().new_servers > 0  # its engines still run: no steps
+
+    def live_data() -> dict[str, Any]:
+        dep = local_target.current(rel.name)
+        return {"endpoint": local_target.endpoint(spec), "deployment": dep.model_dump() if dep else None}
+
+    def smoke() -> tuple[str, str]:
+        dep = local_target.current(rel.name)
+        if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
+            raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
+        return local_target.endpoint(spec), local_target.smoke(local_target.endpoint(spec))
+
+    yield Opened(
+        target=target,
+        steps=None if kept else local_target.steps(spec),
+        # a first local release is not judged: the embedded front has no traffic before it serves
+        judge=None if kept or live is None else target.judge(review),
+        spare=1,  # one machine: both releases run on it at once
+        scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
+        live_data=live_data,
+        smoke=smoke,
+    )
 
 
 @contextlib.contextmanager
@@ -474,7 +524,9 @@ def _rendered(reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, serve
 
 
 def _run(opened: Opened) -> RolloutOutcome:
-    return controller.rollout(opened.target, opened.steps, opened.judge, opened.spare, opened.scale_down_delay_s)
+    return controller.rollout(
+        opened.target, opened.steps, opened.judge, opened.spare, opened.scale_down_delay_s, opened.on_live, opened.wait
+    )
 
 
 def _record_events(reg: Registry, release_id: int, outcome: RolloutOutcome, actor: str) -> None:
@@ -488,15 +540,43 @@ def _deploy(
     loaded: LoadedSpec,
     previous: Release | None,
     actor: str,
-    client: Any,
+    held: lock.Held,
     review: step_review.Reviewer | None = None,
 ) -> None:
     """The release rolled out over the live one by the controller, on the spec's target; every
-    event it made goes on the release's trail."""
-    with _opened(reg, rel, loaded, previous, actor, client, "promote", review) as opened:
+    event it made goes on the release's trail. It is live on record as soon as it carries all the
+    traffic; the keep window's end is recorded before the wait, which gives the lock back (a
+    rollback meanwhile need not wait for it)."""
+    recorded = 0
+
+    with _opened(reg, rel, loaded, previous, actor, held.api, "promote", review) as opened:
+
+        def on_live(events: list[ControllerEvent]) -> None:
+            nonlocal recorded
+            for kind, detail in events[recorded:]:
+                reg.record(rel.id, kind, actor, detail)
+            recorded = len(events)
+            _went_live(reg, rel, previous, actor, {"target": rel.target, **opened.live_data()})
+
+        def keep(delay_s: float) -> bool:
+            nonlocal recorded
+            for kind, detail in opened.target.events[recorded:]:  # scale_down_delay, with its end
+                reg.record(rel.id, kind, actor, detail)
+            recorded = len(opened.target.events)
+            try:
+                with held.released(lock.WAIT_S):
+                    time.sleep(delay_s)
+            except LeaseHeld as exc:  # a rollback or the next rollout holds the model now
+                log.warning("after the keep window: %s", exc)
+                return False
+            return True
+
+        opened.on_live, opened.wait = on_live, keep
         outcome = _run(opened)
-        _record_events(reg, rel.id, outcome, actor)
-        data = opened.live_data() if outcome.status == "live" else {}
+        if outcome.status == "live" and reg.get(rel.id).status == "deploying":  # live, and not told so
+            on_live(outcome.events)
+        for kind, detail in outcome.events[recorded:]:
+            reg.record(rel.id, kind, actor, detail)
     if outcome.status != "live":
         restored = outcome.status == "rolled_back"
         reg.record(
@@ -505,20 +585,13 @@ def _deploy(
             actor,
             {"error": (outcome.error or "")[:2000], "previous_serving": previous.id if restored and previous else None},
             status=outcome.status,
+            only_from=("deploying",),
         )
         raise DeployFailed(
             f"release {rel.id}: rollout to {rel.target} failed ({outcome.status}; "
             + (f"release {previous.id} still serving" if restored and previous else "nothing serving")
             + f"): {outcome.error}"
         )
-    reg.record(
-        rel.id,
-        "deploy_finished",
-        actor,
-        {"target": rel.target, **data},
-        status="live",
-        data=ReleaseData.model_validate(data),
-    )
 
 
 def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: Any = None) -> Verification:
@@ -539,7 +612,14 @@ def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: 
 
 
 def rollback(
-    reg: Registry, name: str, target: str, actor: str, reason: str, to: int | None = None, k8s_client: Any = None
+    reg: Registry,
+    name: str,
+    target: str,
+    actor: str,
+    reason: str,
+    to: int | None = None,
+    k8s_client: Any = None,
+    wait_s: float = lock.WAIT_S,
 ) -> Release:
     """Put an earlier release back: `to`, or the newest one that served before the live one.
 
@@ -548,7 +628,30 @@ def rollback(
     target (kept through the keep window, or its objects kept at zero on Kubernetes) they come
     back and take the traffic without analysis steps ("kept"); otherwise it is rolled out again,
     in steps ("re-rollout"). The record says which, and when all traffic was back.
+
+    The model's controller lock is taken before the registry is read. A rollback whose controller
+    died (its task killed) left its release "deploying" with the record on the target: the retry
+    recovers it first, through the same record, and is done where that finished it.
     """
+    known = reg.get(to) if to is not None else next(iter(reg.releases(name=name)), None)
+    if known is None:
+        raise ReleaseError(f"{name} ({target}): no release of this name in the registry")
+    with lock.controlling(name, target, release_spec(known), actor, k8s_client, wait_s) as held:
+        return _rollback(reg, name, target, actor, reason, to, held)
+
+
+def _rollback(
+    reg: Registry, name: str, target: str, actor: str, reason: str, to: int | None, held: lock.Held
+) -> Release:
+    k8s_client = held.api
+    dead = [r for r in reg.releases(name=name, status="deploying") if r.target == target]
+    for stuck in dead:  # a controller died mid-rollout or mid-rollback: brought to a safe end first
+        started = last_event(reg, stuck.id, "rollback_started", "deploy_started")
+        resumed = _recover(reg, stuck.id, actor, held)
+        if resumed.status == "live" and started is not None and started.kind == "rollback_started":
+            if to is None or to == stuck.id:
+                reg.record(stuck.id, "rollback_finished", actor, {"reason": reason, "path": "resumed"})
+                return resumed
     live = reg.live(name, target)
     if to is None:
         if live is None:
@@ -565,7 +668,11 @@ def rollback(
     loaded = release_spec(rel)
     before = rel.status
     reg.record(
-        rel.id, "rollback_started", actor, {"reason": reason, "from": live.id if live else None}, status="deploying"
+        rel.id,
+        "rollback_started",
+        actor,
+        {"reason": reason, "from": live.id if live else None, "was": before},
+        status="deploying",
     )
     try:
         with _opened(reg, rel, loaded, live, actor, k8s_client, "rollback") as opened:
@@ -576,12 +683,18 @@ def rollback(
                 raise DeployFailed(f"rollback to release {rel.id} ({path}) failed: {outcome.error}")
             data = opened.live_data()
     except BaseException as exc:
+        if not isinstance(exc, Exception) or isinstance(exc, LeaseLost):
+            # killed (or fenced off) mid-rollback: left "deploying" with its record on the target, for
+            # the task's retry (or `recover`) to bring to a safe end
+            reg.record(rel.id, "controller_interrupted", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+            raise
         reg.record(
             rel.id,
             "rollback_failed",
             actor,
             {"reason": reason, "error": f"{type(exc).__name__}: {exc}"[:2000]},
             status=before,
+            only_from=("deploying",),
         )  # back to what it was: a failed rollback changes nothing on record
         raise
     complete = dict(outcome.events).get("rollout_complete", {})
@@ -599,7 +712,75 @@ def rollback(
         {"reason": reason, **detail},
         status="live",
         data=ReleaseData.model_validate(data),
+        only_from=("deploying",),
     )
-    if live and live.id != rel.id:
-        reg.record(live.id, "rolled_back", actor, {"reason": reason, "restored": rel.id}, status="rolled_back")
+    for other in reg.releases(name=name, status="live"):  # the cluster serves `rel` only now
+        if other.target == target and other.id != rel.id:
+            reg.record(
+                other.id,
+                "rolled_back",
+                actor,
+                {"reason": reason, "restored": rel.id},
+                status="rolled_back",
+                only_from=("live",),
+            )
     return reg.get(rel.id)
+
+
+def recover_model(
+    reg: Registry, name: str, actor: str, k8s_client: Any = None, wait_s: float = 0.0, now: float | None = None
+) -> list[str]:
+    """On-call's door (`model-release recover NAME`): with the model's controller lock, every
+    release a dead controller left "deploying" brought to a safe end (`recover`), and on Kubernetes
+    a keep window whose end passed with nobody left to finish it, finished (the old release to zero
+    where the route sends it nothing). Returns what it found and did, one line each; an unknown
+    model is a ReleaseError, a model with nothing to recover says so."""
+    known = reg.releases(name=name)
+    if not known:
+        raise ReleaseError(f"model {name!r}: no releases of this name in {reg.safe_url}")
+    target = known[0].target
+    done: list[str] = []
+    with lock.controlling(name, target, release_spec(known[0]), actor, k8s_client, wait_s) as held:
+        for rel in reg.releases(name=name, status="deploying"):
+            if rel.target != target:
+                continue
+            after = _recover(reg, rel.id, actor, held)
+            found = last_event(reg, rel.id, "recovered")
+            state = found.detail_as(Recovered).state if found else Recovered().state
+            done.append(f"release {rel.id} was deploying (its controller died): {state}, now {after.status}")
+        live = reg.live(name, target)
+        if live is not None and target == "kubernetes":
+            kept = _finish_keep(reg, live, actor, held, time.time() if now is None else now)
+            if kept:
+                done.append(kept)
+    if not done:
+        done.append(
+            f"nothing to recover: no release of {name} on {target} is deploying"
+            + (f"; release {live.id} is live" if live else "")
+            + " and no keep window is left unfinished"
+        )
+    return done
+
+
+def _finish_keep(reg: Registry, live: Release, actor: str, held: lock.Held, now: float) -> str | None:
+    """The live release's keep window, where its controller died in it: over -> the old release to
+    zero (the route names only the live one); not over -> left, and said."""
+    last = last_event(reg, live.id, "scale_down_delay", "rollout_complete")
+    if last is None or last.kind != "scale_down_delay":
+        return None
+    until = float(last.detail.get("until") or 0)
+    if until > now:
+        return f"release {live.id}: the keep window runs until {until:.0f} ({until - now:.0f} s left); left as it is"
+    loaded = release_spec(live)
+    with _opened(reg, live, loaded, live, actor, held.api, "recover") as opened:
+        target = opened.target
+        if target is None:
+            return None
+        fleet = target.state()
+        if fleet.weights != {fleet.backend: WEIGHT_TOTAL} or not fleet.old_servers:
+            reg.record(live.id, "rollout_complete", actor, {"keep_window": "nothing left to scale down"})
+            return None
+        target.scale_old(0)
+        detail = {"keep_window": "finished by recover", "scaled_to_zero": fleet.old_release}
+        reg.record(live.id, "rollout_complete", actor, detail)
+    return f"release {live.id}: the keep window ended with nobody to finish it: release {fleet.old_release} to zero"
