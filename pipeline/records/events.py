@@ -12,7 +12,7 @@ from pipeline.records.rebenchmark import Remeasure
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.selection import ChosenFigures
 
-__all__ = ["GateVerdict", "JudgedStep", "Recovered", "SloGate", "TrendPoint"]
+__all__ = ["GateVerdict", "JudgedStep", "KeepWindow", "Recovered", "RollbackStarted", "SloGate", "TrendPoint"]
 
 
 class GateVerdict(BaseModel):
@@ -54,3 +54,18 @@ class Recovered(BaseModel):
         "nothing applied",
         description="complete, undone, or nothing of the release was applied; 'nothing applied' before recover() said",
     )
+
+
+class RollbackStarted(BaseModel):
+    """A rollback's start, as promote records it: the status its release had before (a dead
+    rollback's release goes back to it). The controller's undo writes the same kind without it."""
+
+    was: str | None = Field(None, description="the release's status before the rollback; None: an undo's start")
+
+
+class KeepWindow(BaseModel):
+    """The keep window after a release carries all traffic: the old servers stay until `until`."""
+
+    until: float = Field(0.0, description="when the old servers may go, Unix time (recover finishes it after)")
+    seconds: float | None = Field(None, description="the window's length, s (rollout.scale_down_delay)")
+    old_servers: int | None = Field(None, description="the old release's servers kept meanwhile")

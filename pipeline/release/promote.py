@@ -27,7 +27,7 @@ from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.k8s.lease import LeaseHeld
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
-from pipeline.records.events import GateVerdict, Recovered
+from pipeline.records.events import GateVerdict, KeepWindow, Recovered, RollbackStarted
 from pipeline.records.release import StagedRef, Verification
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
@@ -229,7 +229,7 @@ def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Rel
     # a rollback whose controller died: undone, its release is back to what it was before it (read
     # now: the undo's own events follow on the trail)
     started = last_event(reg, rel.id, "rollback_started", "deploy_started")
-    was = started.detail.get("was") if started is not None and started.kind == "rollback_started" else None
+    was = started.detail_as(RollbackStarted).was if started is not None and started.kind == "rollback_started" else None
     reg.record(rel.id, "recovery_started", actor, {"target": rel.target})
     with _opened(reg, rel, loaded, previous, actor, k8s_client, "recover") as opened:
         outcome = controller.recover(opened.target) if opened.target is not None else None
@@ -768,7 +768,7 @@ def _finish_keep(reg: Registry, live: Release, actor: str, held: lock.Held, now:
     last = last_event(reg, live.id, "scale_down_delay", "rollout_complete")
     if last is None or last.kind != "scale_down_delay":
         return None
-    until = float(last.detail.get("until") or 0)
+    until = last.detail_as(KeepWindow).until
     if until > now:
         return f"release {live.id}: the keep window runs until {until:.0f} ({until - now:.0f} s left); left as it is"
     loaded = release_spec(live)
