@@ -4,19 +4,20 @@ Both backends keep one rule: `manifest.json` goes last and is the commit marker.
 directory without it is not a release artifact, so a serving pod never reads half an upload.
 
 Every local byte is read once per stage: the buffer read for a part gets its MD5 (in the thread
-that sends it) and feeds the file's sha256 (in the reader, in order). The part goes up with its Content-MD5, which AWS and Spaces verify before they accept
-it, and the ETag the server answers (the MD5 of the bytes it stored) must equal the local one, a
-check that also holds on servers that do not verify Content-MD5 (moto). The sha256 must match the
-manifest before the manifest is committed. With a signed Content-MD5 on every upload, the SigV4
-payload hash (a third pass over the bytes over plain http) is not computed: uploads go as
-UNSIGNED-PAYLOAD. Large files go up as multipart uploads resumed across runs and processes: a
-re-run lists the parts the server already holds, keeps those whose MD5 matches the local bytes
-and sends only the rest (boto3's transfer manager cannot resume another process's upload, so
-uploads use the client's multipart calls). Part digests are kept in a local cache keyed by the
-file's device, inode, size, mtime and ctime, so re-staging an unchanged artifact reads nothing.
+that sends it) and feeds the file's sha256 (in the reader, in order). The part goes up with its
+Content-MD5, which AWS and Spaces verify before they accept it, and the ETag the server answers
+(the MD5 of the bytes it stored) must equal the local one, a check that also holds on servers that
+do not verify Content-MD5 (moto). The sha256 must match the manifest before the manifest is
+committed. With a signed Content-MD5 on every upload, the SigV4 payload hash (a third pass over
+the bytes over plain http) is not computed: uploads go as UNSIGNED-PAYLOAD. Large files go up as
+multipart uploads resumed across runs and processes: a re-run lists the parts the server already
+holds, keeps those whose MD5 matches the local bytes and sends only the rest (boto3's transfer
+manager cannot resume another process's upload, so uploads use the client's multipart calls).
+Part digests are kept in a local cache keyed by the file's device, inode, size, mtime and ctime,
+so re-staging an unchanged artifact reads no local bytes.
 
 Memory: a stage holds at most (WORKERS + READERS) parts of PART_SIZE, a fetch (WORKERS + 1)
-ranges of FETCH_PART (144 MiB and 288 MiB with the defaults). A fetch downloads ranges in
+ranges of FETCH_PART (192 MiB and 288 MiB with the defaults). A fetch downloads ranges in
 parallel and writes and hashes them in order, so no file is read back from disk to verify it.
 """
 
@@ -55,7 +56,7 @@ PART_SIZE = 16 * MiB  # upload part; S3 allows 10,000 parts, so larger files get
 MULTIPART_THRESHOLD = 16 * MiB
 FETCH_PART = 32 * MiB  # download range
 WORKERS = 8  # concurrent requests of one stage or fetch; the client's connection pool holds them all
-READERS = 1  # reads and sha256s local files in order, so files complete one by one while the next goes up
+READERS = 4  # threads that read and sha256 local files, each file in order (hashlib releases the GIL)
 FINISHERS = 2  # threads that complete multipart uploads (slow on some servers) while the readers go on
 MAX_PARTS = 10_000
 
