@@ -24,6 +24,7 @@ def aws_env(monkeypatch):
     # small parts so a test file exercises multipart (S3's minimum part is 5 MiB)
     monkeypatch.setattr(storage, "PART_SIZE", 5 * MB)
     monkeypatch.setattr(storage, "MULTIPART_THRESHOLD", 5 * MB)
+    monkeypatch.setattr(storage, "FETCH_PART", 5 * MB)  # and fetch them in several ranges
 
 
 @pytest.fixture
@@ -48,6 +49,35 @@ def target_for(url: str, **kw) -> S3Target:
         create_bucket=kw.pop("create_bucket", True),
         **kw,
     )
+
+
+class FlipProxy(FaultProxy):
+    """Forwards like FaultProxy, but flips the one byte of the client's stream at offset `flip_at`:
+    damage on the way, which a server that does not check Content-MD5 (moto) stores as sent."""
+
+    def __init__(self, upstream_port: int, flip_at: int):
+        self.flip_at = flip_at
+        super().__init__(upstream_port)
+
+    def _pipe(self, src, dst, count: bool) -> None:
+        if not count:
+            return super()._pipe(src, dst, count)
+        try:
+            while data := src.recv(65536):
+                with self.lock:
+                    start, self.forwarded = self.forwarded, self.forwarded + len(data)
+                if start <= self.flip_at < start + len(data):
+                    i = self.flip_at - start
+                    data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(__import__("socket").SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
 
 
 def keys(client, bucket: str) -> set[str]:
@@ -107,6 +137,7 @@ def test_restage_repairs_bytes_overwritten_with_their_metadata_kept(s3, artifact
 
 def test_interrupted_upload_resumes_without_resending_and_commits_last(s3, artifact, monkeypatch):
     monkeypatch.setattr(storage, "WORKERS", 1)  # parts in order, so the cut lands after two whole parts
+    monkeypatch.setattr(storage, "READERS", 1)
     target = target_for(s3.url)
     proxy = FaultProxy(s3.port, cut_after=14 * MB)
     try:
@@ -239,3 +270,47 @@ def test_verify_staged_passes_a_whole_artifact_and_names_what_is_missing(s3, art
     storage.s3_client(target).delete_object(Bucket=target.bucket, Key=key)
     assert main(["verify-staged", staged.s3_uri, "--manifest-hash", staged.manifest_hash]) != 0
     assert "model-00002-of-00002.safetensors" in capsys.readouterr().err
+
+
+def test_a_part_damaged_on_the_way_is_refused_naming_its_file_and_never_committed(s3, artifact, monkeypatch, tmp_path):
+    """The payload is no longer SHA-256-signed: the server's ETag (the MD5 of what it stored) must
+    equal the MD5 of the local part, and a flipped byte fails that check even on moto."""
+    monkeypatch.setattr(storage, "WORKERS", 1)  # one request at a time, files in order
+    monkeypatch.setattr(storage, "READERS", 1)
+    target = target_for(s3.url)
+    proxy = FlipProxy(s3.port, flip_at=3 * MB)  # inside the first shard's first part
+    try:
+        with pytest.raises(ArtifactError, match=r"model-00001-of-00002\.safetensors: part 1: the server stored bytes"):
+            storage.stage(artifact, StagingSpec(s3=target.model_copy(update={"endpoint_url": proxy.url})))
+    finally:
+        proxy.close()
+    client = storage.s3_client(target)
+    assert f"releases/{artifact.name}/manifest.json" not in keys(client, target.bucket)
+    repaired = storage.stage(artifact, StagingSpec(s3=target))  # the damaged part is not kept on resume
+    assert (repaired.files_sent, repaired.files_skipped) == (2, 2)  # the small files went up whole before
+    storage.fetch(repaired.s3_uri, tmp_path / "pod", target)  # every byte checked against the manifest
+
+
+def test_restage_of_an_unchanged_artifact_reads_no_local_bytes(s3, artifact, monkeypatch):
+    target = target_for(s3.url)
+    storage.stage(artifact, StagingSpec(s3=target))
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError(f"read {args[0]} again")
+
+    monkeypatch.setattr(storage, "open", no_reading, raising=False)  # digests come from the stat-keyed cache
+    again = storage.stage(artifact, StagingSpec(s3=target))
+    assert (again.bytes_sent, again.files_skipped) == (0, 4)
+
+
+def test_a_file_changed_in_place_with_its_mtime_restored_is_not_taken_from_the_digest_cache(s3, artifact):
+    target = target_for(s3.url)
+    storage.stage(artifact, StagingSpec(s3=target))
+    shard = artifact / "model-00002-of-00002.safetensors"
+    before = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[99] ^= 0xFF
+    shard.write_bytes(bytes(data))  # same inode, same size
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime: only ctime moved
+    with pytest.raises(ArtifactError, match=r"model-00002-of-00002\.safetensors: sha256 does not match"):
+        storage.stage(artifact, StagingSpec(s3=target))

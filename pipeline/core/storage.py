@@ -3,18 +3,29 @@
 Both backends keep one rule: `manifest.json` goes last and is the commit marker. A prefix or
 directory without it is not a release artifact, so a serving pod never reads half an upload.
 
-S3 uploads send every part with its Content-MD5, which the server checks before it accepts
-the bytes (Spaces, AWS and moto all do). Large files go up as multipart uploads whose parts
-are resumed across runs: after an interruption a re-run lists the parts the server already
-holds, keeps those whose MD5 matches the local bytes and sends only the rest. boto3's
-transfer manager cannot resume a multipart upload from another process, so uploads use the
-client's multipart calls directly; downloads use the transfer manager.
+Every local byte is read once per stage: the buffer read for a part gets its MD5 (in the thread
+that sends it) and feeds the file's sha256 (in the reader, in order). The part goes up with its
+Content-MD5, which AWS and Spaces verify before they accept it, and the ETag the server answers
+(the MD5 of the bytes it stored) must equal the local one, a check that also holds on servers that
+do not verify Content-MD5 (moto). The sha256 must match the manifest before the manifest is
+committed. With a signed Content-MD5 on every upload, the SigV4 payload hash (a third pass over
+the bytes over plain http) is not computed: uploads go as UNSIGNED-PAYLOAD. Large files go up as
+multipart uploads resumed across runs and processes: a re-run lists the parts the server already
+holds, keeps those whose MD5 matches the local bytes and sends only the rest (boto3's transfer
+manager cannot resume another process's upload, so uploads use the client's multipart calls).
+Part digests are kept in a local cache keyed by the file's device, inode, size, mtime and ctime,
+so re-staging an unchanged artifact reads no local bytes.
+
+Memory: a stage holds at most (WORKERS + READERS) parts of PART_SIZE, a fetch (WORKERS + 1)
+ranges of FETCH_PART (192 MiB and 288 MiB with the defaults). A fetch downloads ranges in
+parallel and writes and hashes them in order, so no file is read back from disk to verify it.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -22,6 +33,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,13 +46,19 @@ from pydantic import BaseModel, Field
 from pipeline.core import artifacts, platform
 from pipeline.core.errors import ArtifactError, ReleaseError
 from pipeline.core.files import atomic_json
+from pipeline.core.paths import home
 from pipeline.core.spec import NfsTarget, S3Target, StagingSpec
 
 log = logging.getLogger(__name__)
 
-PART_SIZE = 64 * 1024 * 1024
-MULTIPART_THRESHOLD = 64 * 1024 * 1024
-WORKERS = 8
+MiB = 1024 * 1024
+PART_SIZE = 16 * MiB  # upload part; S3 allows 10,000 parts, so larger files get larger parts
+MULTIPART_THRESHOLD = 16 * MiB
+FETCH_PART = 32 * MiB  # download range
+WORKERS = 8  # concurrent requests of one stage or fetch; the client's connection pool holds them all
+READERS = 4  # threads that read and sha256 local files, each file in order (hashlib releases the GIL)
+FINISHERS = 2  # threads that complete multipart uploads (slow on some servers) while the readers go on
+MAX_PARTS = 10_000
 
 
 class StagedArtifact(BaseModel):
@@ -107,20 +125,24 @@ class Counter:
 # ---------------------------------------------------------------- S3 client
 
 
-def s3_client(target: S3Target):
+def s3_client(target: S3Target, *, signed_payload: bool = True):
     """A boto3 S3 client for the target: credentials from the Airflow connection if one exists,
-    else the standard AWS environment; endpoint from the spec, else the connection."""
+    else the standard AWS environment; endpoint from the spec, else the connection.
+
+    `signed_payload=False` is for callers that send a Content-MD5 with every body (staging): the
+    MD5 header is signed, so the body is still bound to the signature without hashing it twice."""
     import boto3
     from botocore.config import Config
 
     config = Config(
         retries={"mode": "standard", "max_attempts": 6},  # transient 5xx / throttling, with backoff
-        max_pool_connections=WORKERS * 2,
+        max_pool_connections=WORKERS + READERS + FINISHERS,  # every concurrent request of a stage or fetch
         # S3-compatible stores (Spaces, moto) do not all speak the newer default CRC checksums;
         # every upload here carries Content-MD5 instead, which they all verify.
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-        s3={"addressing_style": "path"},
+        # unset keeps botocore's default (sign the payload over http, not over https with a checksum)
+        s3={"addressing_style": "path", **({} if signed_payload else {"payload_signing_enabled": False})},
     )
     session_kwargs, endpoint = _airflow_credentials(target.connection_id)
     session = boto3.session.Session(**session_kwargs)
@@ -203,15 +225,14 @@ def stage(artifact: Path, staging: StagingSpec, name: str | None = None) -> Stag
     name = name or artifact.name
     result = StagedArtifact(manifest_hash=manifest.content_hash(), total_bytes=manifest.total_bytes)
     started = time.monotonic()
-    # The full sha256 check of the local files runs beside the upload; no manifest is committed
-    # anywhere unless it passes, so bytes that do not match their manifest are never published.
-    with ThreadPoolExecutor(1) as checker:
-        deep = checker.submit(artifacts.verify, artifact)
-        if staging.s3 is not None:
-            uri, sent, files_sent, skipped = stage_s3(artifact, manifest, staging.s3, name, before_commit=deep.result)
-            result.s3_uri, result.bytes_sent, result.files_sent, result.files_skipped = uri, sent, files_sent, skipped
-        deep.result()
+    if staging.s3 is not None:
+        # stage_s3 checks every local file's sha256 in the pass that reads it for the upload (or from
+        # the digest cache) and commits no manifest unless all match
+        uri, sent, files_sent, skipped = stage_s3(artifact, manifest, staging.s3, name)
+        result.s3_uri, result.bytes_sent, result.files_sent, result.files_skipped = uri, sent, files_sent, skipped
     if staging.nfs is not None:
+        if staging.s3 is None:
+            artifacts.verify(artifact)
         path, sent, files_sent, skipped = stage_nfs(artifact, manifest, staging.nfs, name)
         result.nfs_path = path
         result.bytes_sent += sent
@@ -229,10 +250,15 @@ def s3_uri(target: S3Target, name: str) -> str:
     return f"s3://{target.bucket}/{_key(target.prefix, name, '')}"
 
 
+def upload_client(target: S3Target):
+    """The client staging uploads with: every body it sends carries a signed Content-MD5."""
+    return s3_client(target, signed_payload=False)
+
+
 def stage_s3(
-    artifact: Path, manifest: artifacts.Manifest, target: S3Target, name: str, client=None, before_commit=lambda: None
+    artifact: Path, manifest: artifacts.Manifest, target: S3Target, name: str, client=None
 ) -> tuple[str, int, int, int]:
-    client = client or s3_client(target)
+    client = client or upload_client(target)
     uri = s3_uri(target, name)
     manifest_key = _key(target.prefix, name, artifacts.MANIFEST)
     with s3_errors(uri):
@@ -258,7 +284,6 @@ def stage_s3(
         skipped = len(manifest.files) - len(todo)
         for entry in manifest.files:  # check what the server holds before committing
             _check_object(client, target.bucket, _key(target.prefix, name, entry.path), entry)
-        before_commit()
         body = (artifact / artifacts.MANIFEST).read_bytes()
         client.put_object(
             Bucket=target.bucket, Key=manifest_key, Body=body, ContentMD5=_b64md5(body), ContentType="application/json"
@@ -316,28 +341,94 @@ def _object_matches(
     client, bucket: str, key: str, entry: artifacts.FileEntry, existing: dict[str, tuple[int, str]], local: Path
 ) -> bool:
     """Skip re-sending only an object with the manifest's size and sha256 metadata whose ETag is that
-    of the local bytes: metadata survives an overwrite of the bytes, the ETag does not."""
+    of the local bytes: metadata survives an overwrite of the bytes, the ETag does not. The local
+    digest also checks the local bytes against the manifest (ArtifactError naming the file if not)."""
     size, etag = existing.get(key, (-1, ""))
     if size != entry.size:
         return False
     head = client.head_object(Bucket=bucket, Key=key)
     if head.get("Metadata", {}).get("sha256") != entry.sha256:
         return False
-    if etag != expected_etag(local):
+    if etag != local_digest(local, entry).etag():
         log.warning("stage: s3://%s/%s: ETag %s is not that of the local bytes; sending it again", bucket, key, etag)
         return False
     return True
 
 
-def expected_etag(path: Path) -> str:
-    """The ETag S3 gives this file as this module uploads it: the MD5 of a single PUT, or for a
-    multipart upload the MD5 of the parts' MD5s with the part count ("…-N")."""
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        if size < MULTIPART_THRESHOLD:
-            return hashlib.md5(handle.read()).hexdigest()
-        digests = [hashlib.md5(chunk).digest() for chunk in iter(lambda: handle.read(PART_SIZE), b"")]
-    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
+def part_size(size: int) -> int:
+    """The part size a file of `size` bytes is uploaded with: the whole file below the multipart
+    threshold, else PART_SIZE, grown in MiB steps so no file needs more than S3's 10,000 parts."""
+    if size < MULTIPART_THRESHOLD:
+        return max(size, 1)
+    return max(PART_SIZE, -(-size // MAX_PARTS // MiB) * MiB)
+
+
+class LocalDigest(BaseModel):
+    """What one read of a local file yields: its sha256 and the MD5 of each part it is uploaded in."""
+
+    size: int = Field(description="bytes")
+    part_size: int = Field(description="the part size the MD5s were computed with")
+    sha256: str = Field(description="of the whole file")
+    part_md5s: list[str] = Field(description="hex MD5 of each part, in order (one for a single PUT)")
+
+    def etag(self) -> str:
+        """The ETag S3 gives this file as this module uploads it: the MD5 of a single PUT, or for a
+        multipart upload the MD5 of the parts' MD5s with the part count ("…-N")."""
+        if self.size < MULTIPART_THRESHOLD:
+            return self.part_md5s[0]
+        joined = b"".join(bytes.fromhex(md5) for md5 in self.part_md5s)
+        return f"{hashlib.md5(joined).hexdigest()}-{len(self.part_md5s)}"
+
+
+def _stat_key(path: Path) -> str:
+    """Changes whenever the file's bytes may have: a write or a utime moves ctime, a replace the inode."""
+    st = path.stat()
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _cache_file(path: Path) -> Path:
+    return home() / "cache" / "stage-digests" / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]}.json"
+
+
+def _cached_digest(path: Path) -> LocalDigest | None:
+    try:
+        record = json.loads(_cache_file(path).read_text())
+        if record.get("stat") != _stat_key(path):
+            return None
+        digest = LocalDigest.model_validate(record["digest"])
+    except (OSError, ValueError, KeyError):
+        return None
+    return digest if digest.part_size == part_size(digest.size) else None
+
+
+def _remember_digest(path: Path, stat_before: str, digest: LocalDigest) -> None:
+    """Cache the digest only when the file did not change while it was read."""
+    if _stat_key(path) == stat_before:
+        atomic_json(_cache_file(path), {"stat": stat_before, "digest": digest.model_dump()})
+
+
+def _check_sha256(path: Path, entry: artifacts.FileEntry, digest: str) -> None:
+    if digest != entry.sha256:
+        raise ArtifactError(f"{path}: sha256 does not match the manifest (corrupted or changed)")
+
+
+def local_digest(path: Path, entry: artifacts.FileEntry) -> LocalDigest:
+    """The file's digest from the stat-keyed cache, else from one read; checked against the manifest."""
+    digest = _cached_digest(path)
+    if digest is None:
+        stat_before = _stat_key(path)
+        size = path.stat().st_size
+        sha, md5s = hashlib.sha256(), []
+        with open(path, "rb", buffering=0) as handle:
+            while data := handle.read(part_size(size)):
+                sha.update(data)
+                md5s.append(hashlib.md5(data).hexdigest())
+        digest = LocalDigest(
+            size=size, part_size=part_size(size), sha256=sha.hexdigest(), part_md5s=md5s or [hashlib.md5().hexdigest()]
+        )
+        _remember_digest(path, stat_before, digest)
+    _check_sha256(path, entry, digest.sha256)
+    return digest
 
 
 def _check_object(client, bucket: str, key: str, entry: artifacts.FileEntry) -> None:
@@ -353,63 +444,139 @@ def _b64md5(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data).digest()).decode()
 
 
+def _check_etag(bucket: str, key: str, what: str, response: dict, md5: str) -> None:
+    """The ETag a server answers for an upload is the MD5 of the bytes it stored: it must be ours."""
+    etag = response.get("ETag", "").strip('"')
+    if etag != md5:
+        raise ArtifactError(
+            f"s3://{bucket}/{key}: {what}: the server stored bytes with MD5 {etag}, the local bytes have {md5} "
+            "(damaged on the way); refusing to commit"
+        )
+
+
 def _upload_all(
     client, bucket: str, root: Path, todo: list[tuple[artifacts.FileEntry, str]], progress: Progress
 ) -> int:
-    """Upload files in parallel: small ones in one PUT each, large ones as resumable multipart
-    uploads whose parts all share one pool. Returns the bytes actually sent."""
+    """Upload files: READERS threads read each file once, in order, hashing it (sha256) as they go;
+    WORKERS threads MD5 and send the parts they hand over; small files go in one PUT each, large
+    ones as resumable multipart uploads. At most WORKERS + READERS parts are in memory. Returns the
+    bytes sent."""
     sent = Counter()
-    multipart: list[tuple[artifacts.FileEntry, str, str, list[dict]]] = []
+    slots = threading.BoundedSemaphore(WORKERS + READERS)
+    failed = threading.Event()  # after a failure nobody reads or sends more
+    completed: dict[str, list[dict]] = {}  # key -> its parts on the server
 
-    def put_small(entry: artifacts.FileEntry, key: str) -> None:
-        body = (root / entry.path).read_bytes()
-        client.put_object(
-            Bucket=bucket, Key=key, Body=body, ContentMD5=_b64md5(body), Metadata={"sha256": entry.sha256}
-        )
-        sent.add(len(body))
-        progress.add(len(body))
+    def send_part(key: str, upload_id: str, number: int, data: bytes, held: dict, digest: LocalDigest) -> None:
+        """MD5 the part here, in one of WORKERS threads, so hashing spreads over the cores."""
+        try:
+            if failed.is_set():
+                return
+            md5 = hashlib.md5(data).digest()
+            digest.part_md5s[number - 1] = md5.hex()
+            if held.get(number) == (md5.hex(), len(data)):  # already on the server with these exact bytes
+                parts = {"PartNumber": number, "ETag": f'"{md5.hex()}"'}
+            else:
+                response = client.upload_part(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=data,
+                    ContentMD5=base64.b64encode(md5).decode(),
+                )
+                _check_etag(bucket, key, f"part {number}", response, md5.hex())
+                parts = {"PartNumber": number, "ETag": response["ETag"]}
+                sent.add(len(data))
+            completed[key].append(parts)
+            progress.add(len(data))
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            slots.release()
 
-    def put_part(path: Path, key: str, upload_id: str, number: int, offset: int, held, parts: list[dict]) -> None:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read(PART_SIZE)
-        md5 = hashlib.md5(data).digest()
-        if held.get(number) == (md5.hex(), len(data)):
-            etag = f'"{md5.hex()}"'  # already on the server with these exact bytes
-        else:
-            response = client.upload_part(
-                Bucket=bucket,
-                Key=key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=data,
-                ContentMD5=base64.b64encode(md5).decode(),
-            )
-            etag = response["ETag"]
+    def upload_file(entry: artifacts.FileEntry, key: str) -> None:
+        path = root / entry.path
+        stat_before = _stat_key(path)
+        size = part_size(entry.size)
+        sha = hashlib.sha256()
+        if entry.size < MULTIPART_THRESHOLD:
+            with slots:
+                data = path.read_bytes()
+                sha.update(data)
+                _check_sha256(path, entry, sha.hexdigest())
+                md5 = hashlib.md5(data)
+                response = client.put_object(
+                    Bucket=bucket,
+                    Key=key,
+                    Body=data,
+                    ContentMD5=base64.b64encode(md5.digest()).decode(),
+                    Metadata={"sha256": entry.sha256},
+                )
+                _check_etag(bucket, key, "object", response, md5.hexdigest())
             sent.add(len(data))
-        parts.append({"PartNumber": number, "ETag": etag})
-        progress.add(len(data))
+            progress.add(len(data))
+            digest = LocalDigest(size=entry.size, part_size=size, sha256=entry.sha256, part_md5s=[md5.hexdigest()])
+            _remember_digest(path, stat_before, digest)
+            return
+        upload_id, held = _resumable_upload(client, bucket, key, {"sha256": entry.sha256})
+        count = -(-entry.size // size)
+        digest = LocalDigest(size=entry.size, part_size=size, sha256=entry.sha256, part_md5s=[""] * count)
+        completed[key] = []
+        futures, read = [], 0
+        with open(path, "rb", buffering=0) as handle:
+            for number in range(1, count + 1):
+                slots.acquire()
+                if failed.is_set():
+                    slots.release()
+                    break
+                try:
+                    data = handle.read(size)
+                    sha.update(data)
+                except BaseException:
+                    slots.release()
+                    raise
+                read += 1
+                futures.append(senders.submit(send_part, key, upload_id, number, data, held, digest))
+        if read == count:  # bad bytes: the upload is left unfinished, never committed
+            _check_sha256(path, entry, sha.hexdigest())
+        # the reader goes on to the next file while its parts are sent and the upload completed
+        finishing.append(finishers.submit(finish, path, stat_before, key, upload_id, futures, digest))
 
-    with ThreadPoolExecutor(WORKERS) as pool:
-        futures = []
-        for entry, key in todo:
-            if entry.size < MULTIPART_THRESHOLD:
-                futures.append(pool.submit(put_small, entry, key))
-                continue
-            upload_id, held = _resumable_upload(client, bucket, key, {"sha256": entry.sha256})
-            parts: list[dict] = []
-            multipart.append((entry, key, upload_id, parts))
-            for number, offset in enumerate(range(0, entry.size, PART_SIZE), start=1):
-                futures.append(pool.submit(put_part, root / entry.path, key, upload_id, number, offset, held, parts))
-        for future in futures:
-            future.result()  # re-raise the first failure; finished parts stay on the server for a re-run
-    for _entry, key, upload_id, parts in multipart:
-        client.complete_multipart_upload(
-            Bucket=bucket,
-            Key=key,
-            UploadId=upload_id,
-            MultipartUpload={"Parts": sorted(parts, key=lambda p: p["PartNumber"])},
-        )
+    def finish(path: Path, stat_before: str, key: str, upload_id: str, futures: list, digest: LocalDigest) -> None:
+        try:
+            for future in futures:
+                future.result()  # re-raise the first failure; finished parts stay on the server for a re-run
+            if not failed.is_set():
+                client.complete_multipart_upload(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": sorted(completed[key], key=lambda p: p["PartNumber"])},
+                )
+                _remember_digest(path, stat_before, digest)
+        except BaseException:
+            failed.set()
+            raise
+
+    def guarded(entry: artifacts.FileEntry, key: str) -> None:
+        try:
+            upload_file(entry, key)
+        except BaseException:
+            failed.set()
+            raise
+
+    finishing: list = []
+    with (
+        ThreadPoolExecutor(WORKERS) as senders,
+        ThreadPoolExecutor(FINISHERS) as finishers,
+        ThreadPoolExecutor(READERS) as readers,
+    ):
+        errors = [job.exception() for job in [readers.submit(guarded, entry, key) for entry, key in todo]]
+        errors += [job.exception() for job in finishing]
+    first = next((e for e in errors if isinstance(e, ArtifactError)), None) or next((e for e in errors if e), None)
+    if first is not None:
+        raise first
     return sent.value
 
 
@@ -520,35 +687,21 @@ def fetch(uri: str, dest: Path, target: S3Target | None = None) -> FetchResult:
         if body is None:
             raise ArtifactError(f"{uri}: no {artifacts.MANIFEST}; not a (finished) release artifact")
         manifest = body
-
-        def get(entry: artifacts.FileEntry, tmp: Path) -> None:
-            from boto3.s3.transfer import TransferConfig
-
-            with s3_errors(f"{uri.rstrip('/')}/{entry.path}"):
-                client.download_file(
-                    bucket,
-                    f"{prefix.rstrip('/')}/{entry.path}",
-                    str(tmp),
-                    Config=TransferConfig(multipart_chunksize=PART_SIZE, max_concurrency=4),
-                )
+        (dest / artifacts.MANIFEST).unlink(missing_ok=True)  # incomplete until every file is verified
+        progress = Progress(f"fetch {uri}", manifest.total_bytes)
+        fetched, files, skipped = _fetch_s3(
+            client, bucket, prefix.rstrip("/"), uri.rstrip("/"), manifest, dest, progress
+        )
     else:
         src = Path(uri.removeprefix("file://"))
         manifest = artifacts.read_manifest(src)
 
-        def get(entry: artifacts.FileEntry, tmp: Path) -> None:
+        def checked(entry: artifacts.FileEntry, tmp: Path) -> None:
             shutil.copyfile(src / entry.path, tmp)
+            _check_fetched(uri, entry, tmp.stat().st_size, artifacts.sha256_file(tmp))
 
-    def checked(entry: artifacts.FileEntry, tmp: Path) -> None:
-        get(entry, tmp)
-        digest = artifacts.sha256_file(tmp)
-        if tmp.stat().st_size != entry.size or digest != entry.sha256:
-            raise ArtifactError(
-                f"{uri}/{entry.path}: downloaded bytes do not match the manifest "
-                f"(sha256 {digest[:12]}…, expected {entry.sha256[:12]}…); refusing it"
-            )
-
-    (dest / artifacts.MANIFEST).unlink(missing_ok=True)  # incomplete until every file is verified
-    fetched, files, skipped = _place_files(manifest, dest, checked, Progress(f"fetch {uri}", manifest.total_bytes))
+        (dest / artifacts.MANIFEST).unlink(missing_ok=True)
+        fetched, files, skipped = _place_files(manifest, dest, checked, Progress(f"fetch {uri}", manifest.total_bytes))
     atomic_json(dest / artifacts.MANIFEST, json.loads(manifest.model_dump_json()))
     return FetchResult(
         path=str(dest),
@@ -558,6 +711,81 @@ def fetch(uri: str, dest: Path, target: S3Target | None = None) -> FetchResult:
         files_skipped=skipped,
         seconds=round(time.monotonic() - started, 2),
     )
+
+
+def _check_fetched(uri: str, entry: artifacts.FileEntry, size: int, digest: str) -> None:
+    if size != entry.size or digest != entry.sha256:
+        raise ArtifactError(
+            f"{uri}/{entry.path}: downloaded bytes do not match the manifest "
+            f"(sha256 {digest[:12]}…, expected {entry.sha256[:12]}…); refusing it"
+        )
+
+
+@dataclass
+class _Landing:
+    """One file being fetched: its temporary name, open handle and running sha256."""
+
+    entry: artifacts.FileEntry
+    dst: Path
+    tmp: Path
+    handle: Any
+    sha: Any = field(default_factory=hashlib.sha256)
+    size: int = 0
+
+
+def _fetch_s3(
+    client, bucket: str, prefix: str, uri: str, manifest: artifacts.Manifest, dest: Path, progress: Progress
+) -> tuple[int, int, int]:
+    """Download every file not already present: WORKERS ranged GETs in flight, consumed in order, so
+    each range is written once and hashed as it is written (no file is read back to verify it).
+    Memory: at most WORKERS + 1 ranges of FETCH_PART. Returns (bytes, files, skipped)."""
+    todo = []
+    for entry in manifest.files:
+        if artifacts.file_matches(dest / entry.path, entry):
+            progress.add(entry.size)
+        else:
+            todo.append(entry)
+    ranges = iter([(entry, offset) for entry in todo for offset in range(0, max(entry.size, 1), FETCH_PART)])
+
+    def get(entry: artifacts.FileEntry, offset: int) -> bytes:
+        extra = {"Range": f"bytes={offset}-{offset + FETCH_PART - 1}"} if entry.size > FETCH_PART else {}
+        with s3_errors(f"{uri}/{entry.path}"):
+            return client.get_object(Bucket=bucket, Key=f"{prefix}/{entry.path}", **extra)["Body"].read()
+
+    landing: _Landing | None = None
+    fetched = 0
+    pool = ThreadPoolExecutor(WORKERS)
+    pending: deque = deque()
+    try:
+        for entry, offset in itertools.islice(ranges, WORKERS):
+            pending.append((entry, offset, pool.submit(get, entry, offset)))
+        while pending:
+            entry, offset, future = pending.popleft()
+            data = future.result()
+            for nxt_entry, nxt_offset in itertools.islice(ranges, 1):
+                pending.append((nxt_entry, nxt_offset, pool.submit(get, nxt_entry, nxt_offset)))
+            if offset == 0:
+                dst = dest / entry.path
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.part")
+                landing = _Landing(entry, dst, tmp, open(tmp, "wb", buffering=0))
+            assert landing is not None and landing.entry is entry
+            landing.handle.write(data)
+            landing.sha.update(data)
+            landing.size += len(data)
+            progress.add(len(data))
+            if offset + FETCH_PART >= entry.size or not data:
+                landing.handle.close()
+                _check_fetched(uri, entry, landing.size, landing.sha.hexdigest())
+                os.replace(landing.tmp, landing.dst)
+                fetched += entry.size
+                landing = None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if landing is not None:
+            landing.handle.close()
+            landing.tmp.unlink(missing_ok=True)
+    return fetched, len(todo), len(manifest.files) - len(todo)
 
 
 # ---------------------------------------------------------------- verify in place
