@@ -37,3 +37,18 @@ def test_plugin_registers_the_app_and_a_nav_entry():
     plugin = module.ModelReleasesPlugin
     assert plugin.fastapi_apps[0]["url_prefix"] == "/model-releases"
     assert plugin.external_views[0]["destination"] == "nav" and plugin.external_views[0]["href"] == "model-releases/"
+
+
+def test_the_pages_render_through_the_autoescaped_templates(tmp_path):
+    """A release's name or an event's actor is text on the pages, never markup."""
+    from pipeline.airflow.plugin_app import _audit_html, releases_page
+    from pipeline.release.registry import Registry
+
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    rel = reg.open_release("run-a", "<script>alert(1)</script>", "x.yaml", "", "local")
+    reg.record(rel.id, "approved", "<b>reviewer</b>", {"comment": "<i>ok</i>"})
+    page = releases_page(reg)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "approved by &lt;b&gt;reviewer&lt;/b&gt;" in page and f'href="releases/{rel.id}/audit"' in page
+    audit = _audit_html(reg, rel.id)
+    assert "<i>" not in audit and "&lt;i&gt;ok&lt;/i&gt;" in audit and "<title>Release 1: audit trail</title>" in audit

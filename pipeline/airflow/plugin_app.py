@@ -10,12 +10,12 @@ written by the pipeline and the CLI, never through these pages.
 from __future__ import annotations
 
 import asyncio
-import html
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from pipeline.core.html import environment
 from pipeline.release.registry import Registry, UnknownRelease, audit_trail, cached
 
 DAG_ID = "model_release"
@@ -28,15 +28,7 @@ def _auth_dependency():
     return requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID)
 
 
-STYLE = (
-    "body{font-family:system-ui,sans-serif;margin:20px;color:#1d2330} table{border-collapse:collapse}"
-    "td,th{border:1px solid #ddd;padding:5px 9px} th{background:#f4f6fa} .live{color:#0a7a32;font-weight:600}"
-    ".rejected,.failed,.gate_failed,.rolled_back,.degraded{color:#b3261e;font-weight:600} pre{font-size:.85em}"
-)
-
-
-def _e(value) -> str:
-    return html.escape("" if value is None else str(value))
+PAGES = environment(Path(__file__).parent / "templates")
 
 
 def releases_page(reg: Registry) -> str:
@@ -44,23 +36,20 @@ def releases_page(reg: Registry) -> str:
     for rel in reg.releases():
         decision = next((e for e in reversed(reg.events(rel.id)) if e.kind in ("approved", "rejected")), None)
         chosen = rel.data.chosen
-        rate = f"{chosen.rate_per_server:.3g}" if chosen and chosen.rate_per_server is not None else "—"
-        report = f"<a href='releases/{rel.id}'>report</a>" if rel.data.report else "—"
         rows.append(
-            f"<tr><td>{rel.id}</td><td>{_e(rel.name)}</td><td class='{_e(rel.status)}'>{_e(rel.status)}</td>"
-            f"<td>{_e(rel.target)}</td><td>{_e(rel.data.layout or '—')}</td><td>{rate}</td>"
-            f"<td>{_e(f'{decision.kind} by {decision.actor}' if decision else '—')}</td>"
-            f"<td>{rel.created_at:%Y-%m-%d %H:%M}</td><td>{report} · <a href='releases/{rel.id}/audit'>audit trail</a>"
-            f"</td></tr>"
+            {
+                "id": rel.id,
+                "name": rel.name,
+                "status": rel.status,
+                "target": rel.target,
+                "layout": rel.data.layout or "—",
+                "rate": f"{chosen.rate_per_server:.3g}" if chosen and chosen.rate_per_server is not None else "—",
+                "decision": f"{decision.kind} by {decision.actor}" if decision else "—",
+                "created": f"{rel.created_at:%Y-%m-%d %H:%M}",
+                "report": bool(rel.data.report),
+            }
         )
-    body = (
-        "<tr><th>id</th><th>release</th><th>status</th><th>target</th><th>layout</th><th>req/s per server</th>"
-        "<th>decision</th><th>created (UTC)</th><th></th></tr>" + "".join(rows)
-    )
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>Model releases</title><style>{STYLE}</style>"
-        f"</head><body><h1>Model releases</h1><p>Registry: {_e(reg.safe_url)}</p><table>{body}</table></body></html>"
-    )
+    return PAGES.get_template("releases.html.j2").render(registry=reg.safe_url, rows=rows)
 
 
 def create_app() -> FastAPI:
@@ -106,10 +95,7 @@ def create_app() -> FastAPI:
 
 
 def _audit_html(reg: Registry, release_id: int) -> str:
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><style>{STYLE}</style></head><body>"
-        f"<p><a href='/model-releases/'>all releases</a></p><pre>{_e(audit_trail(reg, release_id))}</pre></body></html>"
-    )
+    return PAGES.get_template("audit.html.j2").render(release_id=release_id, trail=audit_trail(reg, release_id))
 
 
 def _or_404(fn):

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import markupsafe
 
 from pipeline.core.files import atomic_write
+from pipeline.core.html import environment
 from pipeline.core.spec import LoadedSpec
 from pipeline.planner import calibration
 from pipeline.records import edge
@@ -65,14 +65,9 @@ def _size(fraction: float | None) -> str:
 
 
 TEMPLATES = Path(__file__).parent / "templates"
-ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(TEMPLATES),
-    autoescape=True,  # every value from a spec, a registry or an engine log is text, never markup
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
+ENV = environment(
+    TEMPLATES, dict(num=_num, pct=_pct, rate=_rate, size=_size, money=capacity.money, g=lambda v: format(v, "g"))
 )
-ENV.filters.update(num=_num, pct=_pct, rate=_rate, size=_size, money=capacity.money, g=lambda v: format(v, "g"))
 
 
 def _macro(name: str, *args: Any) -> str:
@@ -111,14 +106,6 @@ def _spec_rows(loaded: LoadedSpec) -> list[tuple[str, str]]:
         ("reviewers", ", ".join(s.promotion.reviewers) or "—"),
         ("spec file", str(loaded.path)),
     ]
-
-
-def _section_spec(loaded: LoadedSpec) -> str:
-    return _macro("spec_section", _spec_rows(loaded))
-
-
-def _section_accuracy(gate: dict[str, Any] | None) -> str:
-    return _macro("accuracy_section", gate)
 
 
 def _load_view(facts: ChosenFigures, live_id: int | None, theirs: ChosenFigures | None) -> dict[str, Any] | None:
@@ -302,10 +289,6 @@ def _capacity_view(facts: ReleaseData) -> dict[str, Any] | None:
         "rows": capacity.rows(plan),
         "png": png,
     }
-
-
-def _section_capacity(facts: ReleaseData) -> str:
-    return _macro("capacity_section", _capacity_view(facts))
 
 
 def _trend_view(reg: Registry, release_id: int) -> dict[str, Any] | None:
