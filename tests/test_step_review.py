@@ -107,8 +107,8 @@ def test_a_local_rollout_step_holds_its_traffic_until_reviewed_and_an_abort_ends
     monkeypatch.setattr(local_prometheus, "forget", lambda *a: None)
     monkeypatch.setattr(local_target, "_point_front", lambda spec, weights, marker, shares=False: events.append(marker))
     monkeypatch.setattr(local_target, "is_healthy", lambda dep: True)
-    monkeypatch.setattr(local_target, "drain", lambda dep: events.append(f"drain {dep.release_id}"))
-    monkeypatch.setattr(local_target, "_stop_groups", lambda pgids: None)
+    monkeypatch.setattr(local_target, "drain", lambda dep, timeout=None: events.append(f"drain {dep.release_id}"))
+    monkeypatch.setattr(local_target, "_stop_groups", lambda pgids, grace=None: None)
 
     def window(url, new_sel, old_sel, step, fraction, slo, rollout, settle_s):
         events.append(f"analysis {step}")
