@@ -129,7 +129,25 @@ class AirflowClient:
                 raise AirflowError(f"run {run_id}: task {key} is not waiting for an answer")
             time.sleep(1)
         body = {"chosen_options": [option], "params_input": {"comment": comment}}
-        return self._call("PATCH", path, json=body)
+        for attempt in range(1, READ_TRIES + 1):
+            try:
+                return self._call("PATCH", path, json=body)
+            except AirflowError as exc:
+                if "no answer in" not in str(exc):
+                    raise
+                # the API server was starved (Airflow yields the CPU to a measurement for a probe's
+                # length): the answer may have landed. Read back; send again only while it has not.
+                seen = self._call("GET", path, missing_ok=True) or {}
+                if seen.get("response_received"):
+                    if seen.get("chosen_options") != [option]:
+                        raise AirflowError(
+                            f"run {run_id}: task {key} was answered {seen.get('chosen_options')}"
+                        ) from None
+                    return seen
+                if attempt == READ_TRIES:
+                    raise
+                log.info("PATCH %s: no answer in %g s; not recorded yet, sending again", path, self.timeout)
+        raise AssertionError("unreachable")
 
     def wait(
         self,
