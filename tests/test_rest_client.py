@@ -66,3 +66,62 @@ def test_a_write_that_times_out_is_not_sent_again(server):
         client.trigger({"spec": "x"})
     time.sleep(0.5)
     assert [s for s in Slow.seen if s.startswith("POST /api")] == ["POST /api/v2/dags/model_release/dagRuns"]
+
+
+class Review(BaseHTTPRequestHandler):
+    """A human-in-the-loop task waiting for input; a PATCH may stall past the client's timeout,
+    having recorded the answer (`record_then_stall`) or not."""
+
+    record_then_stall = True
+    stall_next_patch = True
+    answered: list[str] | None = None
+    patches = 0
+
+    def _json(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._json({"access_token": "t"})
+
+    def do_GET(self):  # noqa: N802
+        self._json(
+            {
+                "task_instance": {"state": "running" if Review.answered else "awaiting_input"},
+                "created_at": "2026-01-01T00:00:00+00:00",  # asked long ago: no settling wait
+                "response_received": Review.answered is not None,
+                "chosen_options": Review.answered,
+            }
+        )
+
+    def do_PATCH(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        Review.patches += 1
+        stall, Review.stall_next_patch = Review.stall_next_patch, False
+        if not stall or Review.record_then_stall:
+            Review.answered = body["chosen_options"]
+        if stall:
+            time.sleep(0.6)
+        self._json({"chosen_options": body["chosen_options"]})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["answer-recorded", "answer-lost"])
+def test_an_answer_that_times_out_is_read_back_and_sent_again_only_if_it_did_not_land(recorded):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Review)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    Review.record_then_stall, Review.stall_next_patch, Review.answered, Review.patches = recorded, True, None, 0
+    try:
+        client = AirflowClient(f"http://127.0.0.1:{httpd.server_address[1]}", "reviewer", "pw", timeout=0.3)
+        client.answer("r", "Abort", "late", "review_step", 1, dag_id="step_reviews")
+    finally:
+        httpd.shutdown()
+    assert Review.answered == ["Abort"]
+    assert Review.patches == (1 if recorded else 2)  # sent again only when the first did not land
