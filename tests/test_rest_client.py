@@ -13,6 +13,15 @@ import pytest
 from pipeline.airflow.rest import READ_TRIES, AirflowClient, AirflowError
 
 
+def reply_json(handler: BaseHTTPRequestHandler, body: dict) -> None:
+    data = json.dumps(body).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class Slow(BaseHTTPRequestHandler):
     stalls = 0  # how many of the next requests under /api/v2 stall past the client's timeout
     seen: list[str] = []
@@ -22,12 +31,7 @@ class Slow(BaseHTTPRequestHandler):
             Slow.stalls -= 1
             time.sleep(0.6)
         Slow.seen.append(f"{self.command} {self.path}")
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        reply_json(self, body)
 
     def do_POST(self):  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -78,12 +82,7 @@ class Review(BaseHTTPRequestHandler):
     patches = 0
 
     def _json(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        reply_json(self, body)
 
     def do_POST(self):  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
