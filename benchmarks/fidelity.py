@@ -20,6 +20,12 @@ the engine, or its surroundings?
    `--independent-probes` at most) with the independent client measuring every probe. Its answer is
    what the DAG's is compared with (#44: within 15%).
 
+With `--release ID` (or `--release latest`), doors 1-4 are skipped: the release a `make demo` made is
+checked as it stands, the independent client (and vLLM's beside it) at its chosen layout's answer
+and 1.1x on a fresh engine of that layout, from the release's own staged artifact and recorded spec:
+
+    .venv/bin/python benchmarks/fidelity.py --release latest
+
 The target (#61): the answer is a lower bound on what the engine sustains. Under the independent
 client the answer must hold the SLO and 1.1x it must break it: an answer too high (it fails) is
 reported as loudly as one too low (1.1x holds), each with a non-zero exit.
@@ -237,6 +243,67 @@ def other_cpu(result: dict) -> tuple[float, float, str]:
     return statistics.mean(s["other"] for s in seen), max(s["other"] for s in seen), top
 
 
+def check_release(which: str, check_seconds: float) -> int:
+    """The lower-bound target for a release already made (`make demo`): its chosen layout's answer and
+    ABOVE x it under the independent client, nothing searched again. Exit 1 unless met."""
+    reg = cached()
+    if which == "latest":  # releases() lists the newest first
+        rel = next((r for r in reg.releases() if r.data.chosen is not None), None)
+        if rel is None:
+            raise SystemExit(f"--release latest: no release with a chosen layout in {reg.safe_url}; run `make demo`")
+    else:
+        rel = reg.get(int(which))
+    chosen = rel.chosen()
+    if not chosen.max_slo_rate:
+        raise SystemExit(f"release {rel.id}: its chosen layout {chosen.layout} has no max SLO rate to check")
+    loaded = promote.release_spec(rel)
+    os.environ.update(local_s3.env())
+    log.info("local S3 server at %s", local_s3.ensure_running())
+    try:
+        model = promote.serving_dir(loaded, rel.staged())
+    finally:
+        local_s3.stop()
+    work = Path(tempfile.mkdtemp(prefix="fidelity-"))
+    spec = work / "spec.yaml"  # independent_door loads a spec file: the release's recorded one
+    spec.write_text(rel.spec_yaml)
+    log.info("release %d: layout %s, answer %.4g req/s (%s)", rel.id, chosen.layout, chosen.max_slo_rate, rel.name)
+    _, pairs = independent_door(spec, chosen.layout, model, chosen.max_slo_rate, work, check_seconds, 0)
+    print(f"\nrelease {rel.id} ({rel.name}), layout {chosen.layout}: answer {chosen.max_slo_rate:.4g} req/s")
+    print(f"{'client':12} {'rate':>8} {'requests':>8} {'achieved':>8} {'p90 TTFT':>9} {'p90 TPOT':>9}  verdict")
+    for client, p in pairs:
+        print(
+            f"{client:12} {p.rate:8.4g} {p.num_prompts:8d} {p.achieved_rate:8.4g} {p.p90_ttft_ms:9.1f} "
+            f"{p.p90_tpot_ms:9.1f}  {'pass' if p.passed else 'fail: ' + '; '.join(p.reasons)}"
+        )
+    target = lower_bound_verdict(chosen.max_slo_rate, pairs)
+    print(f"\n{target}")
+    path = measurements.record(
+        "lower_bound",
+        {
+            "release": rel.id,
+            "layout": chosen.layout,
+            "answer": chosen.max_slo_rate,
+            "check_seconds": check_seconds,
+            "runs": [
+                {
+                    "client": client,
+                    "rate": p.rate,
+                    "requests": p.num_prompts,
+                    "achieved": p.achieved_rate,
+                    "p90_ttft_ms": p.p90_ttft_ms,
+                    "p90_tpot_ms": p.p90_tpot_ms,
+                    "passed": p.passed,
+                }
+                for client, p in pairs
+            ],
+            "lower_bound": target,
+        },
+        summary=f"{chosen.layout} at {chosen.max_slo_rate:.4g} req/s: {target.split(':')[0]}",
+    )
+    print(f"record: {path}")
+    return 0 if target.startswith("lower-bound target met") else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default=str(ROOT / "configs/releases/tiny-qwen3-moe-cpu.yaml"))
@@ -252,12 +319,18 @@ def main() -> int:
     parser.add_argument(
         "--independent-probes", type=int, default=12, help="probe budget of the independent client's search (0: none)"
     )
+    parser.add_argument(
+        "--release",
+        help="check this release (an id, or 'latest') at its chosen answer and 1.1x only; no door is searched again",
+    )
     args = parser.parse_args()
     if args.check_seconds < MIN_CHECK_SECONDS:
         parser.error(
             f"--check-seconds {args.check_seconds:g}: at least {MIN_CHECK_SECONDS:g} (a shorter run hides a queue)"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    if args.release:
+        return check_release(args.release, args.check_seconds)
     spec = Path(args.spec).resolve()
     os.environ.update(local_s3.env())  # this process fetches the staged artifact from the local S3 server too
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))

@@ -9,6 +9,7 @@ approves as the spec's first reviewer, unattended. Stopping it (Ctrl-C) stops wh
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -17,11 +18,12 @@ from typing import Any
 
 from pipeline.core import measurements
 from pipeline.core.errors import ReleaseError
-from pipeline.core.paths import PROJECT_ROOT
+from pipeline.core.paths import PROJECT_ROOT, run_dir
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
+from pipeline.records.benchmark import LayoutResult
 from pipeline.records.plan import PredictionCheck
 from pipeline.release import local_target
 from pipeline.release.registry import ReleaseData, cached
@@ -55,6 +57,33 @@ def layout_figures(check: PredictionCheck) -> dict[str, Any]:
         "max_slo_rate": check.max_slo_rate,
         "prediction_error": check.prediction_error,
         "bound_only": check.bound_only,
+    }
+
+
+def confirmations(run_id: str) -> dict[str, Any]:
+    """Each layout's confirmation runs (#61), from the run's benchmark.json: length, rate, p90s,
+    verdict; and the minutes they added to the DAG (their runs' wall time, summed over layouts)."""
+    path = run_dir(run_id) / "benchmark" / "benchmark.json"
+    if not path.exists():
+        return {}
+    layouts = [LayoutResult.model_validate(r) for r in json.loads(path.read_text())["layouts"]]
+    runs = {lay.layout: [p for p in lay.probes if p.confirmation] for lay in layouts}
+    return {
+        "layouts": {
+            name: [
+                {
+                    "rate": p.rate,
+                    "requests": p.num_prompts,
+                    "seconds": round(p.duration_s, 1),
+                    "p90_ttft_ms": round(p.p90_ttft_ms, 1),
+                    "p90_tpot_ms": round(p.p90_tpot_ms, 1),
+                    "passed": p.passed,
+                }
+                for p in probes
+            ]
+            for name, probes in runs.items()
+        },
+        "minutes_added": round(sum(p.duration_s for probes in runs.values() for p in probes) / 60, 2),
     }
 
 
@@ -203,7 +232,11 @@ def run(airflow: Standalone, loaded, reviewer: str, auto_approve: bool, typed: f
             log.info("  live endpoint: %s/v1/completions  (model 'model'); a completion just now: %r", url, completion)
         path = measurements.record(
             "demo",
-            {**figures(rel.data, loaded, state, minutes, completion), "approved_unattended": auto_approve},
+            {
+                **figures(rel.data, loaded, state, minutes, completion),
+                "confirmations": confirmations(run_id),
+                "approved_unattended": auto_approve,
+            },
             summary=f"release {rel.id}: {rel.status}, layout {rel.data.layout}",
             command="make demo" + (" ARGS=--yes" if auto_approve else ""),
         )
