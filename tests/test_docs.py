@@ -5,6 +5,7 @@ path the docs name exists, and the site builds with `mkdocs build --strict` (lin
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -169,6 +170,45 @@ def test_a_demo_record_renders_on_the_page_and_in_the_readme(tmp_path: Path) -> 
     page = docs_gen.measurements_page(tmp_path)
     assert "## demo" in page and "| `chosen.rate_per_server` | 340.6 |" in page
     assert "| `minutes.trigger_to_approval_request` | 5.7 |" in page
+
+
+def test_the_demo_record_keeps_each_layouts_confirmation_runs(tmp_path: Path, monkeypatch) -> None:
+    """#61's must-show lives in the demo's record: each layout's confirmation runs (rate, length,
+    p90s, verdict) from the run's benchmark.json, and the minutes they added; the search's probes not."""
+    from pipeline.core.paths import run_dir
+    from pipeline.embedded import demo
+    from pipeline.records.benchmark import LayoutResult, Probe
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
+    assert demo.confirmations("manual__never-ran") == {}
+
+    def probe(rate: float, seconds: float, p90: float, confirmation: bool, passed: bool) -> Probe:
+        return Probe(
+            rate=rate, num_prompts=round(rate * seconds), achieved_rate=rate, completed=round(rate * seconds),
+            failed=0, failed_fraction=0.0, duration_s=seconds, output_tok_s=0.0, p50_ttft_ms=p90 / 2,
+            p90_ttft_ms=p90, p99_ttft_ms=p90 * 1.5, p50_tpot_ms=5, p90_tpot_ms=9, p99_tpot_ms=12, p90_itl_ms=9,
+            p90_e2el_ms=200, confirmation=confirmation, passed=passed,
+        )  # fmt: skip
+
+    def layout(name: str, probes: list[Probe]) -> dict:
+        result = LayoutResult(layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", probes=probes)
+        return json.loads(result.model_dump_json())
+
+    out = run_dir("manual__r1") / "benchmark"
+    out.mkdir(parents=True)
+    layouts = [
+        layout("single", [probe(200, 8, 300, False, True), probe(210, 12.5, 620, True, False),
+                          probe(199.5, 12.0, 410.04, True, True)]),
+        layout("two-replicas", [probe(150, 8, 200, False, True), probe(150, 11.5, 180, True, True)]),
+    ]  # fmt: skip
+    (out / "benchmark.json").write_text(json.dumps({"layouts": layouts}))
+    seen = demo.confirmations("manual__r1")
+    assert [r["rate"] for r in seen["layouts"]["single"]] == [210, 199.5]
+    assert [r["passed"] for r in seen["layouts"]["single"]] == [False, True]
+    assert seen["layouts"]["single"][1] == {
+        "rate": 199.5, "requests": 2394, "seconds": 12.0, "p90_ttft_ms": 410.0, "p90_tpot_ms": 9, "passed": True,
+    }  # fmt: skip
+    assert seen["minutes_added"] == round((12.5 + 12.0 + 11.5) / 60, 2)
 
 
 def _repo(tmp_path: Path) -> Path:
