@@ -31,6 +31,15 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: "tiny_engine" in getattr(item, "fixturenames", ()))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_processes(tmp_path_factory) -> None:
+    """Processes whose command line names this session's temporary root are this session's
+    (tests.processes), beside those naming the checkout."""
+    from tests import processes
+
+    processes.ROOTS.append(f"{tmp_path_factory.getbasetemp()}/")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The shipped reference build; MODEL_RELEASE_TEST_TINY_MODEL names another finished build (a
