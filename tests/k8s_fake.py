@@ -61,10 +61,13 @@ rule whose header matches the request (the most header matches first), else its 
 then that rule's backends by weight, then one of the Service's ready pods (no rule: 404; no
 backend or no ready pod: 503), with the rule's ResponseHeaderModifier applied to the answer. A
 request naming a release (`x-model-release`) is a `Hit` in `named_hits` (and, answered, a `Check`
-of that release); any other, like `send`, one in `hits`. The data plane may lag the route's
-status: with `route_lag_requests` N, the N requests after each change of a route still take its
-previous rules (the status says Accepted at once), as a Gateway whose proxies are reconfigured
-after its controller accepted the route.
+of that release); a GET of /v1/models (what the controller asks to see which weights the data
+plane serves: the default rule's answers carry them in its ResponseHeaderModifier) one in
+`probes`; any other, like `send`, one in `hits`. The data plane may lag the route's status: with
+`route_lag_requests` N, the N requests after each change of a route still take its previous rules,
+and with `route_lag_s` S every request within S seconds on the fake's `clock` of the change does
+(the status says Accepted at once), as a Gateway whose proxies are reconfigured after its
+controller accepted the route. `served_weights` says what the next request would get.
 
 Like a Gateway controller that has not reconciled a change yet, with `route_status_lag_reads` N
 the status of a changed route stays the one written for its previous generation (its conditions'
@@ -126,6 +129,7 @@ class Hit:
     status: int
     named: str | None = None  # the request's x-model-release header (a check of that release)
     answered_as: str | None = None  # the x-model-release header the Gateway's rule set on the answer
+    headers: dict[str, str] = field(default_factory=dict)  # every header the rule set on the answer
 
 
 @dataclass
@@ -186,6 +190,7 @@ class FakeCluster:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.route_lag_requests = 0  # requests that still take a route's previous rules after each change
+        self.route_lag_s = 0.0  # seconds on `clock` after each change during which requests still take them
         # reads of a route after each change that still show the status its Gateway wrote for the
         # previous generation (its controller has not reconciled the change yet)
         self.route_status_lag_reads = 0
@@ -195,6 +200,7 @@ class FakeCluster:
         self.second_writer = 0
         self.planes: dict[tuple, _Plane] = {}  # the data plane's view of each HTTPRoute
         self.named_hits: list[Hit] = []
+        self.probes: list[Hit] = []  # GETs of /v1/models through the Gateway: which weights it serves
         self.data_plane = ThreadingHTTPServer(("127.0.0.1", 0), _gateway_handler(self))
         self.data_thread = threading.Thread(target=self.data_plane.serve_forever, args=(0.05,), daemon=True)
         for gateway in gateways:
@@ -342,9 +348,10 @@ class FakeCluster:
                 weights = {b["name"]: b.get("weight", 1) for r in _default_rules(obj) for b in r.get("backendRefs", [])}
                 self.route_changes.append(RouteChange(self._next(), weights, self.ready_servers_locked()))
                 plane = self.planes.setdefault(key, _Plane())
-                if plane.pending is not None and plane.countdown <= 0:  # a change it had followed already
+                if plane.pending is not None and self._followed(plane):  # a change it had followed already
                     plane.serving = plane.pending
                 plane.pending, plane.countdown = copy.deepcopy(obj["spec"]["rules"]), self.route_lag_requests
+                plane.changed_at = self.clock()
             if obj.get("kind") == "Deployment":
                 self.history.append(self.servers())
                 self._reconcile(key)
@@ -686,16 +693,35 @@ class FakeCluster:
 
     def _rules_served(self, key: tuple) -> list[dict]:
         """The route's rules as the data plane serves them now (lock held): a change is followed only
-        after `route_lag_requests` requests took the previous rules."""
+        after `route_lag_requests` requests took the previous rules, and `route_lag_s` has passed."""
         plane = self.planes.get(key)
         if plane is None:
             return []
         if plane.pending is not None:
             if plane.countdown > 0:
                 plane.countdown -= 1
-            else:
+            elif self._followed(plane):
                 plane.serving, plane.pending = plane.pending, None
         return plane.serving or []
+
+    def _followed(self, plane: _Plane) -> bool:
+        """The data plane serves the route's last change from the next request on (lock held)."""
+        return plane.countdown <= 0 and self.clock() - plane.changed_at >= self.route_lag_s
+
+    def served_weights(self, namespace: str, route: str) -> dict[str, int]:
+        """The default rule's backends and weights the next client request through the Gateway gets
+        (a look: no request is counted)."""
+        with self.lock:
+            plane = self.planes.get((GATEWAY_GROUP, "httproutes", namespace, route))
+            if plane is None:
+                return {}
+            followed = plane.pending is not None and self._followed(plane)
+            rules = (plane.pending if followed else plane.serving) or []
+            return {
+                b["name"]: b.get("weight", 1)
+                for r in _default_rules({"spec": {"rules": rules}})
+                for b in r.get("backendRefs", [])
+            }
 
     def _through_gateway(self, key: tuple, headers: dict[str, str]) -> tuple[Hit, dict]:
         """Route one request (lock held): the Hit, and the rule that took it ({} where none did)."""
@@ -713,15 +739,16 @@ class FakeCluster:
             return Hit(self._next(), None, None, 404, named), {}
         rule = max(matching, key=lambda match: match[0])[1]
         backends = [(b["name"], b.get("weight", 1)) for b in rule.get("backendRefs", []) if b.get("weight", 1) > 0]
-        answered_as = _response_header(rule)
-        hit = Hit(self._next(), None, None, 503, named, answered_as)
+        set_headers = _response_headers(rule)
+        answered_as = set_headers.get(RELEASE_HEADER)
+        hit = Hit(self._next(), None, None, 503, named, answered_as, set_headers)
         if backends:
             (service,) = self.rng.choices([n for n, _ in backends], weights=[w for _, w in backends])
             pods = self._ready_pods_of(key[2], service)
             if pods:
                 pod = self.rng.choice(pods)
                 release = pod["metadata"]["labels"].get(RELEASE_LABEL)
-                hit = Hit(hit.seq, release, pod["metadata"]["name"], 200, named, answered_as)
+                hit = Hit(hit.seq, release, pod["metadata"]["name"], 200, named, answered_as, set_headers)
         return hit, rule
 
     def gateway_request(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict, dict]:
@@ -741,11 +768,12 @@ class FakeCluster:
             else:
                 hit, rule = Hit(self._next(), None, None, 404, headers.get(RELEASE_HEADER)), {}
             named = hit.named is not None
-            (self.named_hits if named else self.hits).append(hit)
+            probe = (method, path) == ("GET", "/v1/models")
+            (self.named_hits if named else self.probes if probe else self.hits).append(hit)
             pod = copy.deepcopy(self.get("pods", keys[0][2], hit.pod)) if hit.pod else None
             if named and hit.status == 200 and hit.release:
                 self.checks.append(Check(hit.seq, hit.release, 200, via="gateway"))
-        answer_headers = {RELEASE_HEADER: hit.answered_as} if hit.answered_as else {}
+        answer_headers = dict(hit.headers)
         if pod is None:
             status = 404 if not rule else 503
             return status, {"message": "no route" if not rule else "no healthy upstream"}, {}
@@ -822,7 +850,10 @@ class FakeCluster:
 
 
 def _completion(method: str, rest: str, raw: bytes, served: set[str]) -> tuple[int, dict]:
-    """What a vLLM engine serving `served` answers: a completion, or its 404 for another path or model."""
+    """What a vLLM engine serving `served` answers: a completion, its model list, or its 404 for another
+    path or model."""
+    if (method, rest) == ("GET", "/v1/models"):
+        return 200, {"object": "list", "data": [{"id": model, "object": "model"} for model in sorted(served)]}
     if (method, rest) != ("POST", "/v1/completions"):
         return 404, _status(404, f"{rest}: this fake answers completions only")
     body = json.loads(raw or b"{}")
@@ -843,20 +874,21 @@ class _Plane:
     serving: list[dict] | None = None
     pending: list[dict] | None = None
     countdown: int = 0
+    changed_at: float = 0.0  # when the route last changed, on the fake's clock
 
 
 def _default_rules(route: dict) -> list[dict]:
     return [r for r in route["spec"]["rules"] if not any(m.get("headers") for m in r.get("matches", []))]
 
 
-def _response_header(rule: dict) -> str | None:
-    """The x-model-release value a rule's ResponseHeaderModifier sets on its answers, if any."""
-    for item in rule.get("filters", []):
-        if item.get("type") == "ResponseHeaderModifier":
-            for header in item["responseHeaderModifier"].get("set", []):
-                if header["name"].lower() == RELEASE_HEADER:
-                    return header["value"]
-    return None
+def _response_headers(rule: dict) -> dict[str, str]:
+    """The headers a rule's ResponseHeaderModifier sets on its answers (names lowercased)."""
+    return {
+        header["name"].lower(): header["value"]
+        for item in rule.get("filters", [])
+        if item.get("type") == "ResponseHeaderModifier"
+        for header in item["responseHeaderModifier"].get("set", [])
+    }
 
 
 def _gateway_handler(fake: FakeCluster):

@@ -30,8 +30,10 @@ from pipeline.k8s.manifests import (
     RELEASE_HEADER,
     RELEASE_LABEL,
     TOKENIZER_INFO_FLAG,
+    WEIGHTS_HEADER,
     named_releases,
     route_weights,
+    weights_tag,
     with_backends,
 )
 from pipeline.records.evaluate import Endpoint
@@ -389,6 +391,49 @@ def named_smoke(
         time.sleep(retry_delay_s)
 
 
+def gateway_serves(
+    api,
+    route: dict,
+    weights: dict[str, int],
+    deadline_s: float = 60.0,
+    retry_delay_s: float = 2.0,
+    confirmations: int = 3,
+) -> int:
+    """Wait until the Gateway's data plane serves the route's default rule with `weights`: a route's
+    status may say Accepted while its proxies still route by the previous rules (they are
+    reconfigured after the controller accepted the change), and a step judged then would judge
+    traffic the new release never got. Asks the Gateway's address as a client does (GET /v1/models,
+    which every engine answers and no request metric counts) until `confirmations` answers in a row
+    carry the rule's WEIGHTS_HEADER for these weights (one answer proves only the proxy that routed
+    it). RolloutFailed past `deadline_s`; returns the requests it took."""
+    import requests
+
+    gateway, base = gateway_url(api, route)
+    want = weights_tag(weights)
+    seen: list[str] = []
+    in_a_row = 0
+    deadline = time.monotonic() + deadline_s
+    while in_a_row < confirmations:
+        try:
+            response = requests.get(f"{base}/v1/models", timeout=(10.0, 30.0))
+            served = response.headers.get(WEIGHTS_HEADER) or f"HTTP {response.status_code} without {WEIGHTS_HEADER}"
+        except requests.RequestException as exc:
+            served = f"no answer ({type(exc).__name__})"
+        seen.append(served)
+        in_a_row = in_a_row + 1 if served == want else 0
+        if in_a_row < confirmations and time.monotonic() > deadline:
+            meta = route["metadata"]
+            raise RolloutFailed(
+                f"HTTPRoute {meta['namespace']}/{meta['name']}: accepted, but Gateway {gateway} ({base}) did not "
+                f"serve its weights {want} within {deadline_s:g} s ({len(seen)} requests, the last answered "
+                f"{seen[-1]}): its data plane has not taken the change, so no traffic moved"
+            )
+        if served != want:
+            time.sleep(retry_delay_s)
+    log.info("Gateway %s serves %s (after %d requests)", gateway, want, len(seen))
+    return len(seen)
+
+
 def _engine_argv(deployment: dict) -> list[str]:
     """The engine command a rendered Deployment's pods run."""
     return deployment["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -481,13 +526,15 @@ class KubernetesTarget:
         smoke_timeout_s: float = 120.0,
         smoke_retry_delay_s: float = 2.0,
         route_timeout_s: float = 60.0,
+        route_confirmations: int = 3,
     ):
         self.api = api
         self.field_manager = field_manager
         self.poll_s = poll_s
         self.smoke_timeout_s = smoke_timeout_s
         self.smoke_retry_delay_s = smoke_retry_delay_s
-        self.route_timeout_s = route_timeout_s
+        self.route_timeout_s = route_timeout_s  # for the Gateway to accept a route, and then to serve it
+        self.route_confirmations = route_confirmations  # answers in a row that show the data plane serves it
 
     @classmethod
     def from_connection(cls, conn_id: str | None = None, **kwargs: Any) -> KubernetesTarget:
@@ -704,8 +751,19 @@ class KubernetesRelease:
 
     def route(self, weights: dict[str, int]) -> None:
         """The default rule's backends and weights; each of them keeps a rule of its own (its checks'
-        address), a release left out has none."""
+        address), a release left out has none. Returns once the Gateway's status accepted them and
+        its data plane serves them (`gateway_serves`, through the Gateway's address): only then has
+        the traffic moved, and only then may a step be judged on it."""
         self._apply_route(weights, list(weights))
+        if any(weight > 0 for weight in weights.values()):
+            gateway_serves(
+                self.api,
+                self.route_obj,
+                weights,
+                self.target.route_timeout_s,
+                self.target.smoke_retry_delay_s,
+                self.target.route_confirmations,
+            )
         log.info(
             "route %s: %s",
             self.route_obj["metadata"]["name"],
