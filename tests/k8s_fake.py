@@ -29,6 +29,14 @@ A Service's proxy reaches only ready pods that match its selector (their endpoin
 of ready pods is kept in `ready_history` (ready servers per release), so a test can check that
 serving capacity, not only what was asked for, never dropped.
 
+Terminating pods: with `terminating_s` S, a pod its ReplicaSet scales away is not gone at once but
+Terminating for S seconds on the fake's `clock` (its preStop drain, up to its grace period): it
+carries `metadata.deletionTimestamp`, is not Ready (no endpoint, no request through the Gateway),
+counts in no ReplicaSet or Deployment status, and still holds the devices it requested. Every
+change of the pods is kept in `devices`: (devices all pods request, those of terminating pods),
+the devices being each container's `*/gpu` limits, so a test can check what a budget of servers
+allows was never exceeded, terminating pods counted.
+
 Every request is recorded (method, path, content type, query, Authorization header) for the tests to inspect.
 
 For preflight: cluster-scoped objects (namespaces, nodes, persistent volumes, CRDs, GatewayClasses,
@@ -163,6 +171,9 @@ class FakeCluster:
     ):
         self.scenario = scenario
         self.load_s, self.clock = load_s, clock
+        self.terminating_s: float | None = None  # how long a pod scaled away stays Terminating (None: gone at once)
+        self.deleted_at: dict[str, float] = {}  # terminating pod -> when its deletion began, on `clock`
+        self.devices: list[tuple[int, int]] = []  # after each change of pods: (devices requested, by terminating)
         self.born: dict[str, float] = {}  # pod name -> when it was created, on `clock`
         self.became_ready: dict[str, float] = {}  # pod name -> when it turned Ready, on `clock`
         self.refuse_routes = 0  # the Gateway refuses this many of the next applied routes
@@ -503,9 +514,9 @@ class FakeCluster:
         for rs_key, rs in self._owned(ns, "replicasets", meta["uid"]):
             rs["spec"]["replicas"] = spec.get("replicas", 1) if rs_key == current else 0
             rs_meta = rs["metadata"]
-            pods = self._owned(ns, "pods", rs_meta["uid"])
-            for pod_key, _ in pods[rs["spec"]["replicas"] :]:
-                del self.objects[pod_key]
+            pods = self._running(ns, rs_meta["uid"])
+            for pod_key, pod in pods[rs["spec"]["replicas"] :]:
+                self._terminate(pod_key, pod)
             for _ in range(rs["spec"]["replicas"] - len(pods)):
                 pod_name = f"{rs_meta['name']}-{uuid.uuid4().hex[:5]}"
                 rs_owner = {
@@ -523,15 +534,15 @@ class FakeCluster:
                     "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]},
                 }
             if ready_now and rs_key == current and self.load_s is None:
-                for _, pod in self._owned(ns, "pods", rs_meta["uid"]):
+                for _, pod in self._running(ns, rs_meta["uid"]):
                     self._set_ready(pod)
         self._kubelet()
         pods = [
             pod
             for _, rs in self._owned(ns, "replicasets", meta["uid"])
-            for _, pod in self._owned(ns, "pods", rs["metadata"]["uid"])
+            for _, pod in self._running(ns, rs["metadata"]["uid"])
         ]
-        updated = [pod for _, pod in self._owned(ns, "pods", self.objects[current]["metadata"]["uid"])]
+        updated = [pod for _, pod in self._running(ns, self.objects[current]["metadata"]["uid"])]
         ready = sum(_ready(pod) for pod in updated)
         want = spec.get("replicas", 1)
         available = ready >= want
@@ -629,8 +640,47 @@ class FakeCluster:
             pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
             self.became_ready[pod["metadata"]["name"]] = self.clock()
 
+    def _running(self, ns: str, rs_uid: str) -> list[tuple[tuple, dict]]:
+        """A ReplicaSet's pods that are not terminating (those it counts)."""
+        return [(k, p) for k, p in self._owned(ns, "pods", rs_uid) if "deletionTimestamp" not in p["metadata"]]
+
+    def _terminate(self, key: tuple, pod: dict) -> None:
+        """A pod scaled away (lock held): gone at once, or Terminating for `terminating_s`."""
+        if self.terminating_s is None:
+            del self.objects[key]
+            return
+        pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
+        self.deleted_at[pod["metadata"]["name"]] = self.clock()
+
+    def _reap(self) -> None:
+        """Terminating pods whose time is up are gone (lock held); `devices` notes any change."""
+        if self.deleted_at:
+            now = self.clock()
+            for key in [k for k in self.objects if k[1] == "pods" and k[3] in self.deleted_at]:
+                if now - self.deleted_at[key[3]] >= (self.terminating_s or 0):
+                    del self.objects[key], self.deleted_at[key[3]]
+        self._note_devices()
+
+    def _note_devices(self) -> None:
+        held = terminating = 0
+        for pod in self._objects("pods"):
+            count = sum(
+                int(value)
+                for container in pod["spec"].get("containers", [])
+                for name, value in ((container.get("resources") or {}).get("limits") or {}).items()
+                if name.endswith("/gpu")
+            )
+            held += count
+            terminating += count if "deletionTimestamp" in pod["metadata"] else 0
+        if not self.devices or self.devices[-1] != (held, terminating):
+            self.devices.append((held, terminating))
+
     def _kubelet(self) -> None:
-        """With a load time: every pod whose engine has loaded by now turns Ready (lock held)."""
+        """Terminating pods whose time is up go; with a load time, every pod whose engine has loaded
+        by now turns Ready (lock held)."""
+        self._reap()
         if self.load_s is None:
             return
         now = self.clock()
@@ -808,6 +858,7 @@ class FakeCluster:
         for plural in ("replicasets", "pods"):
             for key, obj in self._owned(ns, plural, owner_uid):
                 del self.objects[key]
+                self.deleted_at.pop(key[3], None)
                 self._delete_owned(ns, obj["metadata"]["uid"])
 
     def _note_ready(self) -> None:
@@ -999,6 +1050,8 @@ def _handler(fake: FakeCluster):
             gv, plural, name = match["core"] or match["gv"], match["plural"], match["name"]
             if name is None:
                 with fake.lock:
+                    if plural == "pods":
+                        fake._reap()
                     keys = [k for k in fake.objects if k[:3] == (gv, plural, ns)]
                 items = [fake.read(k) for k in keys]
                 items = [

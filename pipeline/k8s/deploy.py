@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -478,6 +479,7 @@ LISTED = {  # plural -> (group/version, kind) of what a deploy lists
     "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
     "services": ("v1", "Service"),
     "scaledobjects": (autoscaler.KEDA_API, "ScaledObject"),
+    "pods": ("v1", "Pod"),
 }
 
 
@@ -588,6 +590,7 @@ class KubernetesRelease:
         self.namespace, self.own, self.port, self.model = _smoke_target(manifests)
         self.route_obj, self.new_deps, self.label, self.instance = _release_objects(manifests)
         self.groups = len(self.new_deps)
+        self.poll_s = target.poll_s  # how often the controller asks again (servers still terminating)
         self.events: list[Event] = []
         self.about = {
             "namespace": self.namespace,
@@ -845,6 +848,20 @@ class KubernetesRelease:
                 return None
             raise
 
+    def terminating(self) -> int:
+        """Servers' worth of devices that pods of the model scaled away still hold. A pod scaled away
+        drains first (its preStop, up to its grace period) and its devices are not free until it is
+        gone, though its Deployment no longer counts it: before the controller starts servers it
+        counts these against live + spare, or the new pods would ask the cluster for devices the
+        budget does not have (Pending, or a GPU node the autoscaler buys). Pods of any release of
+        the model with a deletionTimestamp, their device limits in servers of this release."""
+        pods = listing(self.api, self.namespace, "pods", self.instance)
+        going = [pod for pod in pods if pod["metadata"].get("deletionTimestamp")]
+        per_server = sum(_devices(d["spec"]["template"]["spec"]) for d in self.new_deps)
+        if not per_server:  # no device limits: a server is one pod per replica group
+            return math.ceil(len(going) / self.groups)
+        return math.ceil(sum(_devices(pod["spec"]) for pod in going) / per_server)
+
     def take_down(self) -> bool:
         """After a failure the controller's undo did not see (an error outside it): the release goes
         out of the route and to zero servers unless the route still sends it traffic (then it serves,
@@ -935,6 +952,16 @@ class KubernetesRelease:
 
 def _name(obj: dict) -> str:
     return obj["metadata"]["name"]
+
+
+def _devices(pod_spec: dict) -> int:
+    """The devices (a `*/gpu` resource: amd.com/gpu, nvidia.com/gpu) a pod's containers are limited to."""
+    return sum(
+        int(value)
+        for container in pod_spec.get("containers", [])
+        for name, value in ((container.get("resources") or {}).get("limits") or {}).items()
+        if name.endswith("/gpu")
+    )
 
 
 def _owned(scaler: dict) -> bool:

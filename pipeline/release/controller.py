@@ -11,7 +11,9 @@ Every decision is made here, the same way for both:
   them a share; the route never gives them more than the servers they hold;
 - old servers stop only where the old share, at the route's weights, no longer needs them, and
   only to make room: what takes traffic never holds less than the live fleet did, and no more
-  than the live fleet plus the spare budget run at once;
+  than the live fleet plus the spare budget run at once, servers scaled away that still drain
+  (a Kubernetes pod in its preStop keeps its GPUs) counted until they are gone: a wave starts
+  only once they fit;
 - each step is judged (its analysis, a reviewer) while the old release keeps every server the
   budget leaves it (a first release is judged too, against the SLO alone); a failed step or check
   moves the route back (at once where the old release still holds the traffic, or where the new
@@ -188,6 +190,8 @@ def rollout(
                 else:
                     wave = step.new_servers - new_servers
                 new_servers += wave
+                if old:  # servers scaled away still hold their devices until they are gone
+                    _await_room(target, budget - old_servers - new_servers, number)
                 target.start(new_servers)
             traffic.move(step.fraction, number)
             # the old release keeps every server the budget leaves it while the step is judged (never
@@ -351,7 +355,7 @@ def _undo(
             wave = reload_wave(live, have, new, spare, _terminating(target))
             waiting = time.monotonic() + TERMINATING_WAIT_S
             while wave < 1 and _terminating(target) and time.monotonic() < waiting:
-                time.sleep(TERMINATING_POLL_S)
+                time.sleep(_poll_s(target))
                 wave = reload_wave(live, have, new, spare, _terminating(target))
             if wave < 1:
                 raise RolloutFailed(f"{have} old and {new} new servers leave no room in the spare budget")
@@ -395,6 +399,29 @@ def _terminating(target: Target) -> int:
     preStop drain); a target that stops its servers before it returns has none."""
     count = getattr(target, "terminating", None)
     return int(count()) if callable(count) else 0
+
+
+def _poll_s(target: Target) -> float:
+    return float(getattr(target, "poll_s", TERMINATING_POLL_S))
+
+
+def _await_room(target: Target, room: int, step: int) -> None:
+    """Before servers start: the servers scaled away that still drain (each holding its devices
+    until it is gone) must fit in `room`, what live + spare leaves beside those running and those
+    about to start; waited for up to their drain's bound, then the step fails (RolloutFailed)."""
+    held = _terminating(target)
+    if held <= room:
+        return
+    log.info("step %d: %d servers scaled away still drain; waiting for room for %d", step, held, room)
+    waiting = time.monotonic() + TERMINATING_WAIT_S
+    while held > room:
+        if time.monotonic() > waiting:
+            raise RolloutFailed(
+                f"step {step}: {held} servers scaled away still hold their devices after {TERMINATING_WAIT_S:g} s; "
+                f"live + spare leaves room for {max(room, 0)} beside those running"
+            )
+        time.sleep(_poll_s(target))
+        held = _terminating(target)
 
 
 def _scale_old(target: Target, servers: int, now: int) -> int:
