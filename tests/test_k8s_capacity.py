@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 
 import pytest
 
 from pipeline.k8s.deploy import KubernetesTarget
-from pipeline.release import controller
+from pipeline.release import controller, rollout_plan
+from pipeline.release.rollout_plan import StepPlan
 from tests.k8s_fake import FakeCluster
 from tests.test_k8s_deploy import FAST, STEPS, deploy, live, releases, verdict  # noqa: F401
 
@@ -32,11 +34,13 @@ def fake():
         yield cluster
 
 
-def test_new_servers_start_only_once_those_scaled_away_have_given_back_their_gpus(fake, releases):  # noqa: F811
+def test_new_servers_start_only_once_those_scaled_away_have_given_back_their_gpus(fake, releases, caplog):  # noqa: F811
     """Release 2 replaces release 1 in three steps; each wave past the first needs the room an old
     server scaled away leaves, which it holds until its drain ends. The controller counts the
     terminating pods (KubernetesRelease.terminating: their GPU limits, in servers) and starts the
-    wave only once they fit: never more than live + spare servers' GPUs are asked for."""
+    wave only once they fit: never more than live + spare servers' GPUs are asked for. The waves
+    that waited are the ones `rollout-plan` states for these steps (its `waits` column)."""
+    caplog.set_level(logging.INFO, logger="pipeline.release.controller")
     live(fake, releases["1"], "1")
     fake.terminating_s = DRAIN_TICKS
     fake.devices.clear()
@@ -47,6 +51,30 @@ def test_new_servers_start_only_once_those_scaled_away_have_given_back_their_gpu
     # not vacuous: servers did drain while the budget was full, and the budget was used
     assert any(held == BUDGET and going for held, going in fake.devices), fake.devices
     assert fake.servers() == {"1": 0, "2": 3}
+    waited = [r.getMessage() for r in caplog.records if "still drain; waiting" in r.getMessage()]
+    assert waited == [
+        "step 2: 1 servers scaled away still drain; waiting for room for 0",
+        "step 3: 1 servers scaled away still drain; waiting for room for 0",
+    ]
+    on_paper = [
+        StepPlan(
+            step=n,
+            fraction=s.fraction,
+            old_servers=s.old_servers,
+            new_servers=s.new_servers,
+            at_once=0,
+            waves=0,
+            old_holds_rps=None,
+            new_holds_rps=None,
+            old_share_rps=None,
+            new_share_rps=None,
+            starts_servers=0,
+            seconds=None,
+            ok=True,
+        )
+        for n, s in enumerate(STEPS, 1)
+    ]
+    assert [waits for _, waits in rollout_plan._terminating(on_paper, 3, 1)] == [0, 1, 1]
 
 
 def test_an_undo_reloads_old_servers_only_into_gpus_the_new_release_has_given_back(fake, releases):  # noqa: F811
