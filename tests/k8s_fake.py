@@ -89,7 +89,12 @@ each is kept in `writes` with its holderIdentity.
 KEDA, as far as pausing goes: a ScaledObject with `autoscaling.keda.sh/paused-replicas` (applied,
 or set by a JSON merge patch) reports Paused with that count in its status and has its target
 Deployment scaled to it; a scale of a Deployment whose scaler is not paused at that very count
-(KEDA would put its own back) is kept in `scaled_unpaused`.
+(KEDA would put its own back) is kept in `scaled_unpaused`. KEDA acting on its own: with
+`demand_rps` set (the model's finished requests per second, what Prometheus answers the
+trigger's rate), every scaler that is not paused raises its Deployment, at any look at the cluster,
+to what its trigger's query asks (`ceil(demand / target)`, within its min and max replica counts);
+it never lowers one (the rendered scale-down keeps the highest count for minutes). Each such
+change is kept in `keda_scaled`. FakePrometheus answers the same query from `demand_rps`.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import random
 import re
 import socket
@@ -180,6 +186,8 @@ class FakeCluster:
         self.scaler_changes: list[tuple[int, str, int | None]] = []  # (seq, ScaledObject, paused count or None)
         # (Deployment, replicas set, its scaler's paused count then): a scale its KEDA scaler would undo
         self.scaled_unpaused: list[tuple[str, int, str | None]] = []
+        self.demand_rps: float | None = None  # the model's finished requests per second (None: no scaler acts)
+        self.keda_scaled: list[tuple[int, str, int]] = []  # (seq, Deployment, replicas) KEDA set on its own
         self.scenarios: dict[str, str] = {}  # release-id label value -> scenario, overriding the default
         self.backends: dict[str, str] = {}  # release-id label value -> the engine its pods stand for
         self.objects: dict[tuple[str, str, str, str], dict] = {}
@@ -443,6 +451,38 @@ class FakeCluster:
             self.history.append(self.servers())
             self._reconcile(target)
 
+    def wanted(self, query: str) -> float | None:
+        """What the scalers' query (`ceil(<demand> / <target>)`) answers with `demand_rps`."""
+        target = re.search(r"/ ([0-9.eE+-]+)\)$", query)
+        if self.demand_rps is None or target is None:
+            return None
+        return float(math.ceil(self.demand_rps / float(target[1]) - 1e-9))
+
+    def _autoscale(self) -> None:
+        """KEDA's scalers that are not paused raise their Deployments to what their query asks (lock held)."""
+        if self.demand_rps is None:
+            return
+        for scaler in self._objects("scaledobjects"):
+            annotations = scaler["metadata"].get("annotations") or {}
+            if "autoscaling.keda.sh/paused-replicas" in annotations or "autoscaling.keda.sh/paused" in annotations:
+                continue
+            wanted = self.wanted(scaler["spec"]["triggers"][0]["metadata"]["query"])
+            if wanted is None:
+                continue
+            spec = scaler["spec"]
+            replicas = int(min(max(wanted, spec.get("minReplicaCount", 0)), spec.get("maxReplicaCount", 100)))
+            key = ("apps/v1", "deployments", scaler["metadata"]["namespace"], spec["scaleTargetRef"]["name"])
+            deployment = self.objects.get(key)
+            if deployment is None or deployment["spec"].get("replicas", 0) >= replicas:
+                continue
+            deployment["spec"]["replicas"] = replicas
+            deployment["metadata"]["generation"] += 1
+            deployment["metadata"]["resourceVersion"] = str(int(deployment["metadata"]["resourceVersion"]) + 1)
+            self.reads[key] = 0
+            self.keda_scaled.append((self._next(), key[3], replicas))
+            self.history.append(self.servers())
+            self._reconcile(key)
+
     def scale(self, key: tuple, patch: dict) -> tuple[int, dict]:
         with self.lock:
             obj = self.objects.get(key)
@@ -473,6 +513,7 @@ class FakeCluster:
 
     def read(self, key: tuple) -> dict | None:
         with self.lock:
+            self._autoscale()
             obj = self.objects.get(key)
             if obj is None:
                 return None
@@ -1206,6 +1247,8 @@ class FakePrometheus:
         release = (re.search(r'release="([^"]*)"', promql) or [None, ""])[1]
         if 'finished_reason=~"abort|error"' in promql or 'status=~"5.."' in promql or "== 0" in promql:
             return 0.0  # no aborts, no 5xx, no engine down
+        if promql.startswith("ceil(sum(rate(vllm:request_success_total"):  # the KEDA scalers' query
+            return self.cluster.wanted(promql)
         if promql.startswith("count(up{"):
             return float(self.cluster.ready_pods().get(release, 0))
         if "vllm:request_success_total" in promql:

@@ -591,6 +591,7 @@ class KubernetesRelease:
         self.route_obj, self.new_deps, self.label, self.instance = _release_objects(manifests)
         self.groups = len(self.new_deps)
         self.poll_s = target.poll_s  # how often the controller asks again (servers still terminating)
+        self.demand_unknown = False  # the scalers' query did not answer (said once)
         self.events: list[Event] = []
         self.about = {
             "namespace": self.namespace,
@@ -861,6 +862,34 @@ class KubernetesRelease:
         if not per_server:  # no device limits: a server is one pod per replica group
             return math.ceil(len(going) / self.groups)
         return math.ceil(sum(_devices(pod["spec"]) for pod in going) / per_server)
+
+    def demand(self) -> int | None:
+        """Servers the model's traffic needs now, as its scalers would ask for them were they not
+        paused for the rollout: their trigger's own query (`autoscaler.servers_query`, the same in
+        every scaler of every release of the model) asked of the Prometheus it names, capped at
+        their maxReplicaCount. None without scalers or without an answer: the rollout goes on as
+        sized. The controller grows the fleet to it (`controller.rollout`): while the scalers are
+        paused, a spike is the controller's to meet."""
+        import requests
+
+        scaler = next(iter(self.old_scalers or self.scalers), None)
+        if scaler is None:
+            return None
+        trigger = scaler["spec"]["triggers"][0]["metadata"]
+        try:
+            response = requests.get(
+                f"{trigger['serverAddress']}/api/v1/query", params={"query": trigger["query"]}, timeout=10
+            )
+            result = response.json()["data"]["result"]
+            value = float(result[0]["value"][1]) if result else math.nan
+        except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as exc:
+            if not self.demand_unknown:  # once a rollout: it is asked before every wave
+                log.warning("the scalers' query did not answer (%s): the fleet stays as the rollout sized it", exc)
+            self.demand_unknown = True
+            return None
+        if math.isnan(value):
+            return None
+        return min(math.ceil(value), int(scaler["spec"].get("maxReplicaCount", math.ceil(value))))
 
     def take_down(self) -> bool:
         """After a failure the controller's undo did not see (an error outside it): the release goes
