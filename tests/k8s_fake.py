@@ -29,6 +29,14 @@ A Service's proxy reaches only ready pods that match its selector (their endpoin
 of ready pods is kept in `ready_history` (ready servers per release), so a test can check that
 serving capacity, not only what was asked for, never dropped.
 
+Terminating pods: with `terminating_s` S, a pod its ReplicaSet scales away is not gone at once but
+Terminating for S seconds on the fake's `clock` (its preStop drain, up to its grace period): it
+carries `metadata.deletionTimestamp`, is not Ready (no endpoint, no request through the Gateway),
+counts in no ReplicaSet or Deployment status, and still holds the devices it requested. Every
+change of the pods is kept in `devices`: (devices all pods request, those of terminating pods),
+the devices being each container's `*/gpu` limits, so a test can check what a budget of servers
+allows was never exceeded, terminating pods counted.
+
 Every request is recorded (method, path, content type, query, Authorization header) for the tests to inspect.
 
 For preflight: cluster-scoped objects (namespaces, nodes, persistent volumes, CRDs, GatewayClasses,
@@ -61,10 +69,13 @@ rule whose header matches the request (the most header matches first), else its 
 then that rule's backends by weight, then one of the Service's ready pods (no rule: 404; no
 backend or no ready pod: 503), with the rule's ResponseHeaderModifier applied to the answer. A
 request naming a release (`x-model-release`) is a `Hit` in `named_hits` (and, answered, a `Check`
-of that release); any other, like `send`, one in `hits`. The data plane may lag the route's
-status: with `route_lag_requests` N, the N requests after each change of a route still take its
-previous rules (the status says Accepted at once), as a Gateway whose proxies are reconfigured
-after its controller accepted the route.
+of that release); a GET of /v1/models (what the controller asks to see which weights the data
+plane serves: the default rule's answers carry them in its ResponseHeaderModifier) one in
+`probes`; any other, like `send`, one in `hits`. The data plane may lag the route's status: with
+`route_lag_requests` N, the N requests after each change of a route still take its previous rules,
+and with `route_lag_s` S every request within S seconds on the fake's `clock` of the change does
+(the status says Accepted at once), as a Gateway whose proxies are reconfigured after its
+controller accepted the route. `served_weights` says what the next request would get.
 
 Like a Gateway controller that has not reconciled a change yet, with `route_status_lag_reads` N
 the status of a changed route stays the one written for its previous generation (its conditions'
@@ -78,7 +89,12 @@ each is kept in `writes` with its holderIdentity.
 KEDA, as far as pausing goes: a ScaledObject with `autoscaling.keda.sh/paused-replicas` (applied,
 or set by a JSON merge patch) reports Paused with that count in its status and has its target
 Deployment scaled to it; a scale of a Deployment whose scaler is not paused at that very count
-(KEDA would put its own back) is kept in `scaled_unpaused`.
+(KEDA would put its own back) is kept in `scaled_unpaused`. KEDA acting on its own: with
+`demand_rps` set (the model's finished requests per second, what Prometheus answers the
+trigger's rate), every scaler that is not paused raises its Deployment, at any look at the cluster,
+to what its trigger's query asks (`ceil(demand / target)`, within its min and max replica counts);
+it never lowers one (the rendered scale-down keeps the highest count for minutes). Each such
+change is kept in `keda_scaled`. FakePrometheus answers the same query from `demand_rps`.
 """
 
 from __future__ import annotations
@@ -86,6 +102,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import random
 import re
 import socket
@@ -126,6 +143,7 @@ class Hit:
     status: int
     named: str | None = None  # the request's x-model-release header (a check of that release)
     answered_as: str | None = None  # the x-model-release header the Gateway's rule set on the answer
+    headers: dict[str, str] = field(default_factory=dict)  # every header the rule set on the answer
 
 
 @dataclass
@@ -159,12 +177,17 @@ class FakeCluster:
     ):
         self.scenario = scenario
         self.load_s, self.clock = load_s, clock
+        self.terminating_s: float | None = None  # how long a pod scaled away stays Terminating (None: gone at once)
+        self.deleted_at: dict[str, float] = {}  # terminating pod -> when its deletion began, on `clock`
+        self.devices: list[tuple[int, int]] = []  # after each change of pods: (devices requested, by terminating)
         self.born: dict[str, float] = {}  # pod name -> when it was created, on `clock`
         self.became_ready: dict[str, float] = {}  # pod name -> when it turned Ready, on `clock`
         self.refuse_routes = 0  # the Gateway refuses this many of the next applied routes
         self.scaler_changes: list[tuple[int, str, int | None]] = []  # (seq, ScaledObject, paused count or None)
         # (Deployment, replicas set, its scaler's paused count then): a scale its KEDA scaler would undo
         self.scaled_unpaused: list[tuple[str, int, str | None]] = []
+        self.demand_rps: float | None = None  # the model's finished requests per second (None: no scaler acts)
+        self.keda_scaled: list[tuple[int, str, int]] = []  # (seq, Deployment, replicas) KEDA set on its own
         self.scenarios: dict[str, str] = {}  # release-id label value -> scenario, overriding the default
         self.backends: dict[str, str] = {}  # release-id label value -> the engine its pods stand for
         self.objects: dict[tuple[str, str, str, str], dict] = {}
@@ -186,6 +209,7 @@ class FakeCluster:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.route_lag_requests = 0  # requests that still take a route's previous rules after each change
+        self.route_lag_s = 0.0  # seconds on `clock` after each change during which requests still take them
         # reads of a route after each change that still show the status its Gateway wrote for the
         # previous generation (its controller has not reconciled the change yet)
         self.route_status_lag_reads = 0
@@ -195,6 +219,7 @@ class FakeCluster:
         self.second_writer = 0
         self.planes: dict[tuple, _Plane] = {}  # the data plane's view of each HTTPRoute
         self.named_hits: list[Hit] = []
+        self.probes: list[Hit] = []  # GETs of /v1/models through the Gateway: which weights it serves
         self.data_plane = ThreadingHTTPServer(("127.0.0.1", 0), _gateway_handler(self))
         self.data_thread = threading.Thread(target=self.data_plane.serve_forever, args=(0.05,), daemon=True)
         for gateway in gateways:
@@ -342,9 +367,10 @@ class FakeCluster:
                 weights = {b["name"]: b.get("weight", 1) for r in _default_rules(obj) for b in r.get("backendRefs", [])}
                 self.route_changes.append(RouteChange(self._next(), weights, self.ready_servers_locked()))
                 plane = self.planes.setdefault(key, _Plane())
-                if plane.pending is not None and plane.countdown <= 0:  # a change it had followed already
+                if plane.pending is not None and self._followed(plane):  # a change it had followed already
                     plane.serving = plane.pending
                 plane.pending, plane.countdown = copy.deepcopy(obj["spec"]["rules"]), self.route_lag_requests
+                plane.changed_at = self.clock()
             if obj.get("kind") == "Deployment":
                 self.history.append(self.servers())
                 self._reconcile(key)
@@ -425,6 +451,38 @@ class FakeCluster:
             self.history.append(self.servers())
             self._reconcile(target)
 
+    def wanted(self, query: str) -> float | None:
+        """What the scalers' query (`ceil(<demand> / <target>)`) answers with `demand_rps`."""
+        target = re.search(r"/ ([0-9.eE+-]+)\)$", query)
+        if self.demand_rps is None or target is None:
+            return None
+        return float(math.ceil(self.demand_rps / float(target[1]) - 1e-9))
+
+    def _autoscale(self) -> None:
+        """KEDA's scalers that are not paused raise their Deployments to what their query asks (lock held)."""
+        if self.demand_rps is None:
+            return
+        for scaler in self._objects("scaledobjects"):
+            annotations = scaler["metadata"].get("annotations") or {}
+            if "autoscaling.keda.sh/paused-replicas" in annotations or "autoscaling.keda.sh/paused" in annotations:
+                continue
+            wanted = self.wanted(scaler["spec"]["triggers"][0]["metadata"]["query"])
+            if wanted is None:
+                continue
+            spec = scaler["spec"]
+            replicas = int(min(max(wanted, spec.get("minReplicaCount", 0)), spec.get("maxReplicaCount", 100)))
+            key = ("apps/v1", "deployments", scaler["metadata"]["namespace"], spec["scaleTargetRef"]["name"])
+            deployment = self.objects.get(key)
+            if deployment is None or deployment["spec"].get("replicas", 0) >= replicas:
+                continue
+            deployment["spec"]["replicas"] = replicas
+            deployment["metadata"]["generation"] += 1
+            deployment["metadata"]["resourceVersion"] = str(int(deployment["metadata"]["resourceVersion"]) + 1)
+            self.reads[key] = 0
+            self.keda_scaled.append((self._next(), key[3], replicas))
+            self.history.append(self.servers())
+            self._reconcile(key)
+
     def scale(self, key: tuple, patch: dict) -> tuple[int, dict]:
         with self.lock:
             obj = self.objects.get(key)
@@ -455,6 +513,7 @@ class FakeCluster:
 
     def read(self, key: tuple) -> dict | None:
         with self.lock:
+            self._autoscale()
             obj = self.objects.get(key)
             if obj is None:
                 return None
@@ -496,9 +555,9 @@ class FakeCluster:
         for rs_key, rs in self._owned(ns, "replicasets", meta["uid"]):
             rs["spec"]["replicas"] = spec.get("replicas", 1) if rs_key == current else 0
             rs_meta = rs["metadata"]
-            pods = self._owned(ns, "pods", rs_meta["uid"])
-            for pod_key, _ in pods[rs["spec"]["replicas"] :]:
-                del self.objects[pod_key]
+            pods = self._running(ns, rs_meta["uid"])
+            for pod_key, pod in pods[rs["spec"]["replicas"] :]:
+                self._terminate(pod_key, pod)
             for _ in range(rs["spec"]["replicas"] - len(pods)):
                 pod_name = f"{rs_meta['name']}-{uuid.uuid4().hex[:5]}"
                 rs_owner = {
@@ -516,15 +575,15 @@ class FakeCluster:
                     "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]},
                 }
             if ready_now and rs_key == current and self.load_s is None:
-                for _, pod in self._owned(ns, "pods", rs_meta["uid"]):
+                for _, pod in self._running(ns, rs_meta["uid"]):
                     self._set_ready(pod)
         self._kubelet()
         pods = [
             pod
             for _, rs in self._owned(ns, "replicasets", meta["uid"])
-            for _, pod in self._owned(ns, "pods", rs["metadata"]["uid"])
+            for _, pod in self._running(ns, rs["metadata"]["uid"])
         ]
-        updated = [pod for _, pod in self._owned(ns, "pods", self.objects[current]["metadata"]["uid"])]
+        updated = [pod for _, pod in self._running(ns, self.objects[current]["metadata"]["uid"])]
         ready = sum(_ready(pod) for pod in updated)
         want = spec.get("replicas", 1)
         available = ready >= want
@@ -622,8 +681,47 @@ class FakeCluster:
             pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
             self.became_ready[pod["metadata"]["name"]] = self.clock()
 
+    def _running(self, ns: str, rs_uid: str) -> list[tuple[tuple, dict]]:
+        """A ReplicaSet's pods that are not terminating (those it counts)."""
+        return [(k, p) for k, p in self._owned(ns, "pods", rs_uid) if "deletionTimestamp" not in p["metadata"]]
+
+    def _terminate(self, key: tuple, pod: dict) -> None:
+        """A pod scaled away (lock held): gone at once, or Terminating for `terminating_s`."""
+        if self.terminating_s is None:
+            del self.objects[key]
+            return
+        pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
+        self.deleted_at[pod["metadata"]["name"]] = self.clock()
+
+    def _reap(self) -> None:
+        """Terminating pods whose time is up are gone (lock held); `devices` notes any change."""
+        if self.deleted_at:
+            now = self.clock()
+            for key in [k for k in self.objects if k[1] == "pods" and k[3] in self.deleted_at]:
+                if now - self.deleted_at[key[3]] >= (self.terminating_s or 0):
+                    del self.objects[key], self.deleted_at[key[3]]
+        self._note_devices()
+
+    def _note_devices(self) -> None:
+        held = terminating = 0
+        for pod in self._objects("pods"):
+            count = sum(
+                int(value)
+                for container in pod["spec"].get("containers", [])
+                for name, value in ((container.get("resources") or {}).get("limits") or {}).items()
+                if name.endswith("/gpu")
+            )
+            held += count
+            terminating += count if "deletionTimestamp" in pod["metadata"] else 0
+        if not self.devices or self.devices[-1] != (held, terminating):
+            self.devices.append((held, terminating))
+
     def _kubelet(self) -> None:
-        """With a load time: every pod whose engine has loaded by now turns Ready (lock held)."""
+        """Terminating pods whose time is up go; with a load time, every pod whose engine has loaded
+        by now turns Ready (lock held)."""
+        self._reap()
         if self.load_s is None:
             return
         now = self.clock()
@@ -686,16 +784,35 @@ class FakeCluster:
 
     def _rules_served(self, key: tuple) -> list[dict]:
         """The route's rules as the data plane serves them now (lock held): a change is followed only
-        after `route_lag_requests` requests took the previous rules."""
+        after `route_lag_requests` requests took the previous rules, and `route_lag_s` has passed."""
         plane = self.planes.get(key)
         if plane is None:
             return []
         if plane.pending is not None:
             if plane.countdown > 0:
                 plane.countdown -= 1
-            else:
+            elif self._followed(plane):
                 plane.serving, plane.pending = plane.pending, None
         return plane.serving or []
+
+    def _followed(self, plane: _Plane) -> bool:
+        """The data plane serves the route's last change from the next request on (lock held)."""
+        return plane.countdown <= 0 and self.clock() - plane.changed_at >= self.route_lag_s
+
+    def served_weights(self, namespace: str, route: str) -> dict[str, int]:
+        """The default rule's backends and weights the next client request through the Gateway gets
+        (a look: no request is counted)."""
+        with self.lock:
+            plane = self.planes.get((GATEWAY_GROUP, "httproutes", namespace, route))
+            if plane is None:
+                return {}
+            followed = plane.pending is not None and self._followed(plane)
+            rules = (plane.pending if followed else plane.serving) or []
+            return {
+                b["name"]: b.get("weight", 1)
+                for r in _default_rules({"spec": {"rules": rules}})
+                for b in r.get("backendRefs", [])
+            }
 
     def _through_gateway(self, key: tuple, headers: dict[str, str]) -> tuple[Hit, dict]:
         """Route one request (lock held): the Hit, and the rule that took it ({} where none did)."""
@@ -713,15 +830,16 @@ class FakeCluster:
             return Hit(self._next(), None, None, 404, named), {}
         rule = max(matching, key=lambda match: match[0])[1]
         backends = [(b["name"], b.get("weight", 1)) for b in rule.get("backendRefs", []) if b.get("weight", 1) > 0]
-        answered_as = _response_header(rule)
-        hit = Hit(self._next(), None, None, 503, named, answered_as)
+        set_headers = _response_headers(rule)
+        answered_as = set_headers.get(RELEASE_HEADER)
+        hit = Hit(self._next(), None, None, 503, named, answered_as, set_headers)
         if backends:
             (service,) = self.rng.choices([n for n, _ in backends], weights=[w for _, w in backends])
             pods = self._ready_pods_of(key[2], service)
             if pods:
                 pod = self.rng.choice(pods)
                 release = pod["metadata"]["labels"].get(RELEASE_LABEL)
-                hit = Hit(hit.seq, release, pod["metadata"]["name"], 200, named, answered_as)
+                hit = Hit(hit.seq, release, pod["metadata"]["name"], 200, named, answered_as, set_headers)
         return hit, rule
 
     def gateway_request(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict, dict]:
@@ -741,11 +859,12 @@ class FakeCluster:
             else:
                 hit, rule = Hit(self._next(), None, None, 404, headers.get(RELEASE_HEADER)), {}
             named = hit.named is not None
-            (self.named_hits if named else self.hits).append(hit)
+            probe = (method, path) == ("GET", "/v1/models")
+            (self.named_hits if named else self.probes if probe else self.hits).append(hit)
             pod = copy.deepcopy(self.get("pods", keys[0][2], hit.pod)) if hit.pod else None
             if named and hit.status == 200 and hit.release:
                 self.checks.append(Check(hit.seq, hit.release, 200, via="gateway"))
-        answer_headers = {RELEASE_HEADER: hit.answered_as} if hit.answered_as else {}
+        answer_headers = dict(hit.headers)
         if pod is None:
             status = 404 if not rule else 503
             return status, {"message": "no route" if not rule else "no healthy upstream"}, {}
@@ -780,6 +899,7 @@ class FakeCluster:
         for plural in ("replicasets", "pods"):
             for key, obj in self._owned(ns, plural, owner_uid):
                 del self.objects[key]
+                self.deleted_at.pop(key[3], None)
                 self._delete_owned(ns, obj["metadata"]["uid"])
 
     def _note_ready(self) -> None:
@@ -822,7 +942,10 @@ class FakeCluster:
 
 
 def _completion(method: str, rest: str, raw: bytes, served: set[str]) -> tuple[int, dict]:
-    """What a vLLM engine serving `served` answers: a completion, or its 404 for another path or model."""
+    """What a vLLM engine serving `served` answers: a completion, its model list, or its 404 for another
+    path or model."""
+    if (method, rest) == ("GET", "/v1/models"):
+        return 200, {"object": "list", "data": [{"id": model, "object": "model"} for model in sorted(served)]}
     if (method, rest) != ("POST", "/v1/completions"):
         return 404, _status(404, f"{rest}: this fake answers completions only")
     body = json.loads(raw or b"{}")
@@ -843,20 +966,21 @@ class _Plane:
     serving: list[dict] | None = None
     pending: list[dict] | None = None
     countdown: int = 0
+    changed_at: float = 0.0  # when the route last changed, on the fake's clock
 
 
 def _default_rules(route: dict) -> list[dict]:
     return [r for r in route["spec"]["rules"] if not any(m.get("headers") for m in r.get("matches", []))]
 
 
-def _response_header(rule: dict) -> str | None:
-    """The x-model-release value a rule's ResponseHeaderModifier sets on its answers, if any."""
-    for item in rule.get("filters", []):
-        if item.get("type") == "ResponseHeaderModifier":
-            for header in item["responseHeaderModifier"].get("set", []):
-                if header["name"].lower() == RELEASE_HEADER:
-                    return header["value"]
-    return None
+def _response_headers(rule: dict) -> dict[str, str]:
+    """The headers a rule's ResponseHeaderModifier sets on its answers (names lowercased)."""
+    return {
+        header["name"].lower(): header["value"]
+        for item in rule.get("filters", [])
+        if item.get("type") == "ResponseHeaderModifier"
+        for header in item["responseHeaderModifier"].get("set", [])
+    }
 
 
 def _gateway_handler(fake: FakeCluster):
@@ -967,6 +1091,8 @@ def _handler(fake: FakeCluster):
             gv, plural, name = match["core"] or match["gv"], match["plural"], match["name"]
             if name is None:
                 with fake.lock:
+                    if plural == "pods":
+                        fake._reap()
                     keys = [k for k in fake.objects if k[:3] == (gv, plural, ns)]
                 items = [fake.read(k) for k in keys]
                 items = [
@@ -1121,6 +1247,8 @@ class FakePrometheus:
         release = (re.search(r'release="([^"]*)"', promql) or [None, ""])[1]
         if 'finished_reason=~"abort|error"' in promql or 'status=~"5.."' in promql or "== 0" in promql:
             return 0.0  # no aborts, no 5xx, no engine down
+        if promql.startswith("ceil(sum(rate(vllm:request_success_total"):  # the KEDA scalers' query
+            return self.cluster.wanted(promql)
         if promql.startswith("count(up{"):
             return float(self.cluster.ready_pods().get(release, 0))
         if "vllm:request_success_total" in promql:

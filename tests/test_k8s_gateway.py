@@ -4,6 +4,7 @@ on the fake API server, whose Gateway routes by the HTTPRoute's rules (and may l
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 
@@ -108,6 +109,84 @@ def test_an_answer_from_another_release_fails_the_check_and_the_new_release_is_t
             fake.servers() == {"1": 3, "2": 0} and len([n for n in fake.names("deployments", NS) if "-r2-" in n]) == 2
         )
         assert all(h["1"] == 3 for h in fake.history)
+
+
+STEPS = [
+    ServerStep(fraction=0.5, old_servers=2, new_servers=2),
+    ServerStep(fraction=1.0, old_servers=0, new_servers=3),
+]
+
+
+@pytest.mark.parametrize("lag", ["requests", "seconds"])
+def test_a_step_is_judged_only_once_the_gateways_data_plane_serves_its_weights(releases, lag):
+    """The Gateway accepts each route change at once (its status), but its data plane keeps routing
+    by the previous weights for LAG requests, or for a while on its clock. The controller asks the
+    Gateway's address (GET /v1/models; the default rule's answers carry its weights) until it
+    serves the step's weights, so each step's analysis judges traffic the new release does get.
+    Without that check the first step would be judged while every request still went to release 1."""
+    seen: list[tuple[int, dict[str, int], dict[str, int]]] = []
+
+    def judge(step: int, fraction: float, pods: int) -> StepAnalysis:
+        seen.append((step, fake.served_weights(NS, ROUTE), route_now(fake)[0]))
+        return StepAnalysis(step=step, fraction=fraction, window_s=1, passed=True, queries={})
+
+    with FakeCluster() as fake:
+        target = KubernetesTarget(fake.client(), **FAST, route_timeout_s=30)
+        assert controller.rollout(target.release("1", copy.deepcopy(releases["1"]), None, 5)).status == "live"
+        if lag == "requests":
+            fake.route_lag_requests = LAG
+        else:
+            fake.route_lag_s = 0.2
+        fake.probes.clear()
+        outcome = controller.rollout(target.release("2", copy.deepcopy(releases["2"]), None, 5), STEPS, judge)
+        assert outcome.status == "live", outcome.error
+        half = {R1: 5000, R2: 5000}
+        last = {R1: 0, R2: 10_000}
+        assert seen == [(1, half, half), (2, last, last)]
+        # after each change the checks saw the previous weights first, then the new ones (three
+        # answers in a row before the next change): runs of one tag, in the order the route took them
+        tags = [p.headers[manifests.WEIGHTS_HEADER] for p in fake.probes]
+        runs = [(tag, len(list(group))) for tag, group in itertools.groupby(tags)]
+        moved = [manifests.weights_tag(d["weights"]) for kind, d in outcome.events if kind == "traffic"]
+        assert [tag for tag, _ in runs] == [
+            manifests.weights_tag({R1: 10_000}),
+            *[t for t, _ in itertools.groupby(moved)],
+        ]
+        assert all(n > 3 for _, n in runs[1:-1])
+        # the last two changes send traffic alike (release 1 at 0, then out of the default rule): the
+        # answers of either rule prove the second, three of each
+        assert moved[-2:] == [f"{R2}=10000"] * 2 and runs[-1] == (f"{R2}=10000", 6)
+        assert not fake.hits  # the checks are no client requests (no request metric counts them)
+
+
+def test_a_data_plane_that_never_serves_the_steps_weights_fails_the_step_clearly(releases, monkeypatch):
+    """After release 2's smoke passed, the Gateway's data plane stops following the route (its status
+    still says Accepted): the first share never reaches release 2, so the step fails within the
+    route timeout, naming the Gateway and what it served, before any analysis; the undo's weights
+    (everything on release 1) are what the data plane still serves, so release 1 serves on."""
+    real = k8s_deploy.named_smoke
+    judged: list = []
+
+    def then_stuck(*args, **kwargs):
+        smoked = real(*args, **kwargs)
+        fake.route_lag_requests = 10**9
+        return smoked
+
+    with FakeCluster() as fake:
+        target = KubernetesTarget(fake.client(), **FAST, route_timeout_s=0.3)
+        assert controller.rollout(target.release("1", copy.deepcopy(releases["1"]), None, 5)).status == "live"
+        monkeypatch.setattr(k8s_deploy, "named_smoke", then_stuck)
+        outcome = controller.rollout(target.release("2", copy.deepcopy(releases["2"]), None, 5), STEPS, passes(judged))
+        assert outcome.status == "rolled_back" and judged == []
+        assert outcome.error.startswith(
+            f"HTTPRoute {NS}/{ROUTE}: accepted, but Gateway gateway-system/inference "
+            f"(http://127.0.0.1:{fake.data_plane.server_address[1]}) did not serve its weights "
+            f"{R1}=6667,{R2}=3333 within 0.3 s"
+        ), outcome.error
+        assert outcome.error.endswith(
+            f"the last answered {R1}=10000): its data plane has not taken the change, so no traffic moved"
+        )
+        assert fake.served_weights(NS, ROUTE) == {R1: 10_000} and fake.servers() == {"1": 3, "2": 0}
 
 
 def test_take_down_keeps_a_release_the_route_sends_traffic_to_and_zeroes_one_it_does_not(releases):

@@ -257,6 +257,9 @@ def test_labels_carry_release_id_and_manifest_hash_and_names_are_dns_safe(prod):
     assert rule["backendRefs"] == [
         {"group": "", "kind": "Service", "name": own["metadata"]["name"], "port": 8000, "weight": 10_000}
     ]
+    # its answers carry the weights it routes by (what the rollout asks the Gateway's data plane for)
+    tag = {"name": manifests.WEIGHTS_HEADER, "value": f"{own['metadata']['name']}=10000"}
+    assert rule["filters"] == [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": [tag]}}]
     # and a rule of its own, which a request naming the release takes (the rollout's checks through the
     # Gateway), whose answers the Gateway marks with the same name
     header = {"type": "Exact", "name": manifests.RELEASE_HEADER, "value": own["metadata"]["name"]}

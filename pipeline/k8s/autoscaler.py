@@ -28,6 +28,8 @@ count (the peak's servers), never fewer than are running.
 During a rollout the controller owns replica counts: a release's ScaledObjects are applied born
 paused (`paused-replicas`) and every count the controller sets goes through `pause` first; `resume`
 hands the count back to the scaler once the release carries the traffic (docs/production.md).
+Meanwhile a spike is the controller's to meet: it asks the paused scalers' own query
+(`KubernetesRelease.demand`) and grows the fleet to what it needs.
 """
 
 from __future__ import annotations

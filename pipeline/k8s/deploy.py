@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -30,8 +31,10 @@ from pipeline.k8s.manifests import (
     RELEASE_HEADER,
     RELEASE_LABEL,
     TOKENIZER_INFO_FLAG,
+    WEIGHTS_HEADER,
     named_releases,
     route_weights,
+    weights_tag,
     with_backends,
 )
 from pipeline.records.evaluate import Endpoint
@@ -389,6 +392,49 @@ def named_smoke(
         time.sleep(retry_delay_s)
 
 
+def gateway_serves(
+    api,
+    route: dict,
+    weights: dict[str, int],
+    deadline_s: float = 60.0,
+    retry_delay_s: float = 2.0,
+    confirmations: int = 3,
+) -> int:
+    """Wait until the Gateway's data plane serves the route's default rule with `weights`: a route's
+    status may say Accepted while its proxies still route by the previous rules (they are
+    reconfigured after the controller accepted the change), and a step judged then would judge
+    traffic the new release never got. Asks the Gateway's address as a client does (GET /v1/models,
+    which every engine answers and no request metric counts) until `confirmations` answers in a row
+    carry the rule's WEIGHTS_HEADER for these weights (one answer proves only the proxy that routed
+    it). RolloutFailed past `deadline_s`; returns the requests it took."""
+    import requests
+
+    gateway, base = gateway_url(api, route)
+    want = weights_tag(weights)
+    seen: list[str] = []
+    in_a_row = 0
+    deadline = time.monotonic() + deadline_s
+    while in_a_row < confirmations:
+        try:
+            response = requests.get(f"{base}/v1/models", timeout=(10.0, 30.0))
+            served = response.headers.get(WEIGHTS_HEADER) or f"HTTP {response.status_code} without {WEIGHTS_HEADER}"
+        except requests.RequestException as exc:
+            served = f"no answer ({type(exc).__name__})"
+        seen.append(served)
+        in_a_row = in_a_row + 1 if served == want else 0
+        if in_a_row < confirmations and time.monotonic() > deadline:
+            meta = route["metadata"]
+            raise RolloutFailed(
+                f"HTTPRoute {meta['namespace']}/{meta['name']}: accepted, but Gateway {gateway} ({base}) did not "
+                f"serve its weights {want} within {deadline_s:g} s ({len(seen)} requests, the last answered "
+                f"{seen[-1]}): its data plane has not taken the change, so no traffic moved"
+            )
+        if served != want:
+            time.sleep(retry_delay_s)
+    log.info("Gateway %s serves %s (after %d requests)", gateway, want, len(seen))
+    return len(seen)
+
+
 def _engine_argv(deployment: dict) -> list[str]:
     """The engine command a rendered Deployment's pods run."""
     return deployment["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -433,6 +479,7 @@ LISTED = {  # plural -> (group/version, kind) of what a deploy lists
     "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
     "services": ("v1", "Service"),
     "scaledobjects": (autoscaler.KEDA_API, "ScaledObject"),
+    "pods": ("v1", "Pod"),
 }
 
 
@@ -481,13 +528,15 @@ class KubernetesTarget:
         smoke_timeout_s: float = 120.0,
         smoke_retry_delay_s: float = 2.0,
         route_timeout_s: float = 60.0,
+        route_confirmations: int = 3,
     ):
         self.api = api
         self.field_manager = field_manager
         self.poll_s = poll_s
         self.smoke_timeout_s = smoke_timeout_s
         self.smoke_retry_delay_s = smoke_retry_delay_s
-        self.route_timeout_s = route_timeout_s
+        self.route_timeout_s = route_timeout_s  # for the Gateway to accept a route, and then to serve it
+        self.route_confirmations = route_confirmations  # answers in a row that show the data plane serves it
 
     @classmethod
     def from_connection(cls, conn_id: str | None = None, **kwargs: Any) -> KubernetesTarget:
@@ -541,6 +590,8 @@ class KubernetesRelease:
         self.namespace, self.own, self.port, self.model = _smoke_target(manifests)
         self.route_obj, self.new_deps, self.label, self.instance = _release_objects(manifests)
         self.groups = len(self.new_deps)
+        self.poll_s = target.poll_s  # how often the controller asks again (servers still terminating)
+        self.demand_unknown = False  # the scalers' query did not answer (said once)
         self.events: list[Event] = []
         self.about = {
             "namespace": self.namespace,
@@ -704,8 +755,19 @@ class KubernetesRelease:
 
     def route(self, weights: dict[str, int]) -> None:
         """The default rule's backends and weights; each of them keeps a rule of its own (its checks'
-        address), a release left out has none."""
+        address), a release left out has none. Returns once the Gateway's status accepted them and
+        its data plane serves them (`gateway_serves`, through the Gateway's address): only then has
+        the traffic moved, and only then may a step be judged on it."""
         self._apply_route(weights, list(weights))
+        if any(weight > 0 for weight in weights.values()):
+            gateway_serves(
+                self.api,
+                self.route_obj,
+                weights,
+                self.target.route_timeout_s,
+                self.target.smoke_retry_delay_s,
+                self.target.route_confirmations,
+            )
         log.info(
             "route %s: %s",
             self.route_obj["metadata"]["name"],
@@ -786,6 +848,48 @@ class KubernetesRelease:
             if exc.status == 404:
                 return None
             raise
+
+    def terminating(self) -> int:
+        """Servers' worth of devices that pods of the model scaled away still hold. A pod scaled away
+        drains first (its preStop, up to its grace period) and its devices are not free until it is
+        gone, though its Deployment no longer counts it: before the controller starts servers it
+        counts these against live + spare, or the new pods would ask the cluster for devices the
+        budget does not have (Pending, or a GPU node the autoscaler buys). Pods of any release of
+        the model with a deletionTimestamp, their device limits in servers of this release."""
+        pods = listing(self.api, self.namespace, "pods", self.instance)
+        going = [pod for pod in pods if pod["metadata"].get("deletionTimestamp")]
+        per_server = sum(_devices(d["spec"]["template"]["spec"]) for d in self.new_deps)
+        if not per_server:  # no device limits: a server is one pod per replica group
+            return math.ceil(len(going) / self.groups)
+        return math.ceil(sum(_devices(pod["spec"]) for pod in going) / per_server)
+
+    def demand(self) -> int | None:
+        """Servers the model's traffic needs now, as its scalers would ask for them were they not
+        paused for the rollout: their trigger's own query (`autoscaler.servers_query`, the same in
+        every scaler of every release of the model) asked of the Prometheus it names, capped at
+        their maxReplicaCount. None without scalers or without an answer: the rollout goes on as
+        sized. The controller grows the fleet to it (`controller.rollout`): while the scalers are
+        paused, a spike is the controller's to meet."""
+        import requests
+
+        scaler = next(iter(self.old_scalers or self.scalers), None)
+        if scaler is None:
+            return None
+        trigger = scaler["spec"]["triggers"][0]["metadata"]
+        try:
+            response = requests.get(
+                f"{trigger['serverAddress']}/api/v1/query", params={"query": trigger["query"]}, timeout=10
+            )
+            result = response.json()["data"]["result"]
+            value = float(result[0]["value"][1]) if result else math.nan
+        except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as exc:
+            if not self.demand_unknown:  # once a rollout: it is asked before every wave
+                log.warning("the scalers' query did not answer (%s): the fleet stays as the rollout sized it", exc)
+            self.demand_unknown = True
+            return None
+        if math.isnan(value):
+            return None
+        return min(math.ceil(value), int(scaler["spec"].get("maxReplicaCount", math.ceil(value))))
 
     def take_down(self) -> bool:
         """After a failure the controller's undo did not see (an error outside it): the release goes
@@ -877,6 +981,16 @@ class KubernetesRelease:
 
 def _name(obj: dict) -> str:
     return obj["metadata"]["name"]
+
+
+def _devices(pod_spec: dict) -> int:
+    """The devices (a `*/gpu` resource: amd.com/gpu, nvidia.com/gpu) a pod's containers are limited to."""
+    return sum(
+        int(value)
+        for container in pod_spec.get("containers", [])
+        for name, value in ((container.get("resources") or {}).get("limits") or {}).items()
+        if name.endswith("/gpu")
+    )
 
 
 def _owned(scaler: dict) -> bool:

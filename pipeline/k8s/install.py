@@ -83,6 +83,8 @@ WORKER_ACCESS: tuple[Access, ...] = (
     Access("promotion", "policy", "poddisruptionbudgets", ("get", "list", "create", "patch", "delete")),
     Access("promotion", "gateway.networking.k8s.io", "httproutes", ("get", "create", "patch")),
     Access("promotion", "keda.sh", "scaledobjects", ("get", "list", "create", "patch", "delete")),
+    # pods scaled away that still drain hold their GPUs: counted against the budget (issue #60)
+    Access("promotion", "", "pods", ("list",)),
     # one controller per model at a time (issue #60): the rollout lock, compare-and-swap
     Access("promotion", "coordination.k8s.io", "leases", ("get", "create", "update")),
     # the step pods (KubernetesPodOperator: create, watch, logs, the XCom sidecar's exec, delete)

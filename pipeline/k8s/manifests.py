@@ -56,6 +56,9 @@ TERMINATION_GRACE_S = drain.ENDPOINT_LAG_S + drain.REQUEST_TIMEOUT_S + drain.SHU
 # a request naming a release's Service in this header reaches that release only, through the model's
 # HTTPRoute on the Gateway, and its answer carries the header back, set by the Gateway's rule
 RELEASE_HEADER = "x-model-release"
+# the default rule's answers carry its weights (`weights_tag`), set by the Gateway's rule: a client's
+# answer says which weights the data plane that routed it serves, whatever the route's status says
+WEIGHTS_HEADER = "x-model-release-weights"
 # served by every rendered engine: the rollout's accuracy check uses the engine's own tokenizer
 TOKENIZER_INFO_FLAG = "--enable-tokenizer-info-endpoint"
 # vLLM start-up: engine init, graph capture and kernel warm-up, then reading the weights at a
@@ -261,10 +264,20 @@ def with_backends(route: dict, weights: dict[str, int], named: list[str]) -> dic
     a request naming it in RELEASE_HEADER takes, sent to that Service only, whose answer carries
     RELEASE_HEADER set to it by the Gateway (ResponseHeaderModifier, Extended support). The rollout's
     checks go through the named rules: the Gateway's own address, to one release, and the answer
-    says which rule served it. The backend template (group, kind, port) is the route's first."""
+    says which rule served it. The default rule's answers carry WEIGHTS_HEADER (`weights_tag`): the
+    rollout counts a change of weights as made only once the Gateway's answers say it serves them.
+    The backend template (group, kind, port) is the route's first."""
     out = copy.deepcopy(route)
     template = next(b for rule in route["spec"]["rules"] for b in rule.get("backendRefs", []))
-    default: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]}
+    default: dict[str, Any] = {
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "filters": [
+            {
+                "type": "ResponseHeaderModifier",
+                "responseHeaderModifier": {"set": [{"name": WEIGHTS_HEADER, "value": weights_tag(weights)}]},
+            }
+        ],
+    }
     if weights:
         default["backendRefs"] = [{**template, "name": name, "weight": weight} for name, weight in weights.items()]
     out["spec"]["rules"] = [{**default, "timeouts": {"request": ROUTE_REQUEST_TIMEOUT}}] + [
@@ -287,6 +300,12 @@ def with_backends(route: dict, weights: dict[str, int], named: list[str]) -> dic
         for name in named
     ]
     return out
+
+
+def weights_tag(weights: dict[str, int]) -> str:
+    """What the default rule's answers carry in WEIGHTS_HEADER: its backends that take traffic, with
+    their weights ("none" without one), so that two rules sending traffic alike carry the same tag."""
+    return ",".join(f"{name}={weight}" for name, weight in sorted(weights.items()) if weight > 0) or "none"
 
 
 def route_weights(route: dict) -> dict[str, int]:

@@ -11,7 +11,14 @@ Every decision is made here, the same way for both:
   them a share; the route never gives them more than the servers they hold;
 - old servers stop only where the old share, at the route's weights, no longer needs them, and
   only to make room: what takes traffic never holds less than the live fleet did, and no more
-  than the live fleet plus the spare budget run at once;
+  than the live fleet plus the spare budget run at once, servers scaled away that still drain
+  (a Kubernetes pod in its preStop keeps its GPUs) counted until they are gone: a wave starts
+  only once they fit;
+- a spike meets no fixed fleet: while the rollout holds the scalers paused the controller answers
+  for them, asking the target before every wave what the demand needs (`demand`: on Kubernetes,
+  the paused scalers' own query) and growing the fleet to it where it needs more than the
+  rollout was sized for (the budget that + spare; the old side at once to its share, the steps
+  not yet taken to theirs); after the rollout the resumed scalers do;
 - each step is judged (its analysis, a reviewer) while the old release keeps every server the
   budget leaves it (a first release is judged too, against the SLO alone); a failed step or check
   moves the route back (at once where the old release still holds the traffic, or where the new
@@ -143,6 +150,7 @@ def rollout(
     new_servers = fleet.new_servers
     if not old or not steps:
         steps = [ServerStep(fraction=1.0, old_servers=0, new_servers=fleet.full)]
+    steps = list(steps)  # a spike grows the steps not yet taken (`_resized`)
     full = max(fleet.full, steps[-1].new_servers)
     events.append(
         (
@@ -168,11 +176,27 @@ def rollout(
             raise RolloutFailed(f"release {fleet.old_release} serves but has no backend (its own Service is gone)")
         target.mark(record)
         target.prune()
-        for number, step in enumerate(steps, 1):
+        for number in range(1, len(steps) + 1):
+            step = steps[number - 1]
             step_started = time.monotonic()
             budget = live_servers + spare_servers  # servers that may run at once
             checked = False
             while new_servers < step.new_servers or not checked:
+                want = _demand(target) if old else None
+                if want is not None and want > live_servers:  # a spike: the fleet as its paused scalers would grow it
+                    events.append(("fleet_resized", {"step": number, "servers": want, "sized_for": live_servers}))
+                    log.warning(
+                        "step %d: the demand needs %d servers, the rollout was sized for %d", number, want, live_servers
+                    )
+                    live_servers, budget = want, want + spare_servers
+                    steps[number - 1 :] = _resized(steps[number - 1 :], want)
+                    step, full = steps[number - 1], max(full, steps[-1].new_servers)
+                    grow = min(
+                        servers_for(1 - traffic.new_share, live_servers) - old_servers,
+                        budget - old_servers - new_servers - _terminating(target),
+                    )
+                    if grow > 0:  # the old side holds its share of the demand now
+                        old_servers = _scale_old(target, old_servers + grow, old_servers)
                 if new_servers and not checked:  # the step's checks, before its share rises
                     target.check(number, new_servers)
                     checked = True
@@ -188,6 +212,8 @@ def rollout(
                 else:
                     wave = step.new_servers - new_servers
                 new_servers += wave
+                if old:  # servers scaled away still hold their devices until they are gone
+                    _await_room(target, budget - old_servers - new_servers, number)
                 target.start(new_servers)
             traffic.move(step.fraction, number)
             # the old release keeps every server the budget leaves it while the step is judged (never
@@ -351,7 +377,7 @@ def _undo(
             wave = reload_wave(live, have, new, spare, _terminating(target))
             waiting = time.monotonic() + TERMINATING_WAIT_S
             while wave < 1 and _terminating(target) and time.monotonic() < waiting:
-                time.sleep(TERMINATING_POLL_S)
+                time.sleep(_poll_s(target))
                 wave = reload_wave(live, have, new, spare, _terminating(target))
             if wave < 1:
                 raise RolloutFailed(f"{have} old and {new} new servers leave no room in the spare budget")
@@ -395,6 +421,50 @@ def _terminating(target: Target) -> int:
     preStop drain); a target that stops its servers before it returns has none."""
     count = getattr(target, "terminating", None)
     return int(count()) if callable(count) else 0
+
+
+def _demand(target: Target) -> int | None:
+    """Servers the model's traffic needs now, as the target's paused scalers would ask for them
+    (None: the target cannot say, or has no scalers): a target without `demand` has none."""
+    ask = getattr(target, "demand", None)
+    return ask() if callable(ask) else None
+
+
+def _resized(steps: list[ServerStep], live: int) -> list[ServerStep]:
+    """Steps not yet done, for a fleet of `live` servers: each side at least its share of it (the
+    last step's new servers all of it), never fewer than planned."""
+    return [
+        step.model_copy(
+            update={
+                "new_servers": max(step.new_servers, math.ceil(step.fraction * live - 1e-6)),
+                "old_servers": max(step.old_servers, servers_for(1 - step.fraction, live)),
+            }
+        )
+        for step in steps
+    ]
+
+
+def _poll_s(target: Target) -> float:
+    return float(getattr(target, "poll_s", TERMINATING_POLL_S))
+
+
+def _await_room(target: Target, room: int, step: int) -> None:
+    """Before servers start: the servers scaled away that still drain (each holding its devices
+    until it is gone) must fit in `room`, what live + spare leaves beside those running and those
+    about to start; waited for up to their drain's bound, then the step fails (RolloutFailed)."""
+    held = _terminating(target)
+    if held <= room:
+        return
+    log.info("step %d: %d servers scaled away still drain; waiting for room for %d", step, held, room)
+    waiting = time.monotonic() + TERMINATING_WAIT_S
+    while held > room:
+        if time.monotonic() > waiting:
+            raise RolloutFailed(
+                f"step {step}: {held} servers scaled away still hold their devices after {TERMINATING_WAIT_S:g} s; "
+                f"live + spare leaves room for {max(room, 0)} beside those running"
+            )
+        time.sleep(_poll_s(target))
+        held = _terminating(target)
 
 
 def _scale_old(target: Target, servers: int, now: int) -> int:
