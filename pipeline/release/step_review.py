@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from pipeline.records.events import JudgedStep
+from pipeline.records.events import JudgedStep, StepReviewed
 from pipeline.records.rollout import PendingStep, StepAnalysis, StepReview
 from pipeline.release.registry import Registry
 
@@ -44,9 +44,7 @@ def registry_reviewer(
     the review's timeout and `grace_s`, the analysis verdict stands."""
 
     def review(verdict: StepAnalysis) -> StepReview:
-        judged = reg.record(
-            release_id, JUDGED, "pipeline", JudgedStep(**verdict.model_dump(), review_timeout_s=timeout_s)
-        )
+        judged = reg.record(release_id, JudgedStep(**verdict.model_dump(), review_timeout_s=timeout_s), "pipeline")
         log.info(
             "release %d, step %d: analysis %s; waiting up to %.0f s for a reviewer's Continue / Abort",
             release_id,
@@ -105,4 +103,4 @@ def pending(reg: Registry, release_id: int, step: int) -> PendingStep | None | b
 
 
 def record(reg: Registry, release_id: int, review: StepReview) -> None:
-    reg.record(release_id, REVIEWED, review.actor, review.model_dump())
+    reg.record(release_id, StepReviewed(**review.model_dump()), review.actor)
