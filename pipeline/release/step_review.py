@@ -58,12 +58,12 @@ def registry_reviewer(
                 (
                     e
                     for e in reversed(reg.events(release_id))
-                    if e.id > judged.id and e.kind == REVIEWED and e.detail_as(StepReview).step == verdict.step
+                    if e.id > judged.id and e.kind == REVIEWED and e.detail_as(StepReviewed).step == verdict.step
                 ),
                 None,
             )
             if answer is not None:
-                decided = answer.detail_as(StepReview)
+                decided = StepReview.model_validate(answer.detail_as(StepReviewed).model_dump(exclude={"kind"}))
                 log.info(
                     "release %d, step %d: %s (%s)",
                     release_id,
@@ -93,7 +93,7 @@ def pending(reg: Registry, release_id: int, step: int) -> PendingStep | None | b
     starts), so an earlier attempt's steps or failure are never taken for this one's."""
     for e in reversed(reg.events(release_id)):
         if e.kind == JUDGED and (judged := e.detail_as(JudgedStep)).step == step:
-            analysis = StepAnalysis.model_validate(judged.model_dump(exclude={"review_timeout_s"}))
+            analysis = StepAnalysis.model_validate(judged.model_dump(exclude={"kind", "review_timeout_s"}))
             return PendingStep(analysis=analysis, timeout_s=judged.review_timeout_s)
         if e.kind in ENDED:
             return None
