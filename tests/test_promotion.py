@@ -484,7 +484,11 @@ def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_sp
             StepAnalysis(step=n, fraction=f, window_s=6, passed=True, inconclusive=True, reasons=[], queries={})
             for n, f in enumerate(loaded.spec.rollout.steps, 1)
         ]
-        events = [("rollout_step", {"step": q.step, "passed": True, "analysis": q.model_dump()}) for q in quiet]
+        step = {"old_servers": 0, "new_servers": 1, "seconds": 1.0, "passed": True}  # the controller's shape
+        events = [
+            ("rollout_step", {"step": q.step, "fraction": q.fraction, **step, "analysis": q.model_dump()})
+            for q in quiet
+        ]
         return RolloutOutcome(status="live", events=events + [("rollout_complete", {"all_traffic_after_s": 1.0})])
 
     monkeypatch.setattr(promote, "_run", run)

@@ -241,7 +241,7 @@ def test_only_live_releases_are_rebenchmarked(spec_file, s3, small_artifact):
     assert flow.live_release_ids("tiny-qwen3-moe-fp8") == []  # none live: nothing to do, not an error
     artifact = small_artifact
     old = live_release(reg, spec, artifact, 10.0, run="old")
-    reg.record(old.id, detail_of("superseded", None), "test", status="superseded")
+    reg.record(old.id, detail_of("superseded", {"by": old.id + 1}), "test", status="superseded")
     rejected = reg.open_release("rejected", "tiny-qwen3-moe-fp8", str(spec), "", "local")
     reg.record(rejected.id, detail_of("rejected", None), "reviewer", status="rejected")
     assert flow.live_release_ids("tiny-qwen3-moe-fp8") == []

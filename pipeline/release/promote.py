@@ -224,7 +224,7 @@ def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Rel
     # a rollback whose controller died: undone, its release is back to what it was before it (read
     # now: the undo's own events follow on the trail)
     started = last_event(reg, rel.id, "rollback_started", "deploy_started")
-    was = started.detail_as(RollbackStarted).was if started is not None and started.kind == "rollback_started" else None
+    was = started.detail.was if started is not None and isinstance(started.detail, RollbackStarted) else None
     reg.record(rel.id, ev.RecoveryStarted(target=rel.target), actor)
     with _opened(reg, rel, loaded, previous, actor, k8s_client, "recover") as opened:
         outcome = controller.recover(opened.target) if opened.target is not None else None
