@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import PROJECT_ROOT
+from pipeline.core.rollout import ServerStep
 from pipeline.records import events
 from pipeline.records.events import (
     Approved,
@@ -33,6 +34,7 @@ from pipeline.records.events import (
     UnreadEvent,
     detail_of,
 )
+from pipeline.records.rollout import GatewaySmoke, StepAnalysis
 from pipeline.records.selection import ChosenFigures
 from pipeline.release import registry, step_review
 from pipeline.release.registry import Event, Registry, Release, ReleaseData
@@ -186,6 +188,60 @@ def test_a_detail_of_the_wrong_shape_is_refused_naming_the_kind_and_field(tmp_pa
         with pytest.raises(TypeError, match=rf"release {rel.id}: .* is no event record"):
             reg.record(rel.id, wrong, "reviewer", status="approved")  # type: ignore[arg-type]
     assert [e.kind for e in reg.events(rel.id)] == ["created"] and reg.get(rel.id).status == "candidate"
+
+
+def _writers_shapes() -> list[tuple[str, dict]]:
+    """The (kind, JSON) pairs the controller, the targets and promotion make, each key in the order
+    its writer puts it (pipeline/release/controller.py, local_target.py, k8s/deploy.py, promote.py)."""
+    steps = [ServerStep(fraction=0.5, old_servers=2, new_servers=1).model_dump()]
+    query = {"promql": "sum(rate(x[1m]))", "value": 0.2}
+    analysis = StepAnalysis(step=1, fraction=0.5, window_s=6, passed=True, queries={"p90": query}).model_dump()
+    smoked = GatewaySmoke(gateway="ns/gw", url="http://gw", release="r-2", answered_by="r-2", tries=2, text="46")
+    return [
+        ("deploy_started", {"target": "local", "layout": "single", "replacing": None}),
+        ("deploy_started", {"release_id": "2", "live_release": "1", "live_servers": 2, "kept_servers": None,
+                            "steps": steps, "front": "http://127.0.0.1:8100"}),
+        ("deploy_started", {"release_id": "2", "live_release": None, "live_servers": 0, "kept_servers": 1,
+                            "steps": steps, "namespace": "ns", "server": "https://k8s", "objects": ["Deployment/a"]}),
+        ("smoke_test", {"ok": True, "ports": [8001], "prompt": "12+34=", "text": "46"}),
+        ("smoke_test", {"ok": True, "step": 1, **smoked.model_dump()}),
+        ("smoke_test", {"ok": False, "error": "no answer"}),
+        ("rollout_accuracy", {"step": 1, "new_servers": 2, "skipped": "rendered before the flag: not checked"}),
+        ("traffic", {"weights": {"1": 5000, "2": 5000}, "at_s": 3.2, "step": 1}),
+        ("traffic", {"weights": {"1": 10_000, "2": 0}, "at_s": 4.0, "seconds": 0.5}),
+        ("rollout_step", {"step": 1, "fraction": 0.5, "old_servers": 2, "new_servers": 1, "seconds": 3.0}),
+        ("rollout_step", {"step": 1, "fraction": 0.5, "old_servers": 2, "new_servers": 1, "seconds": 3.0,
+                          "analysis": analysis, "passed": True}),
+        ("rollout_complete", {"kept_at_zero": "1", "seconds": 9.0, "all_traffic_after_s": 5.0, "servers": 2}),
+        ("rollout_complete", {"keep_window": "finished by recover", "scaled_to_zero": "1"}),
+        ("recovered", {"state": "nothing of the release was applied", "release_id": "2"}),
+        ("recovered", {"state": "undone", "release_id": "2", "replacing": "1", "weights": {"1": 10_000},
+                       "old_servers": 1, "new_servers": 1}),
+        ("rollout_aborted", {"error": "step 1: p90 TTFT over", "seconds": 1.0}),
+        ("rollout_failed", {"error": "engine exited", "seconds": 1.0}),
+        ("scaled_to_zero", {"release": "2"}),
+        ("rollback_started", {"to_release": "1", "reason": "answers worse",
+                              "overload": {"servers": 1, "load_of_servers": 2, "factor": 2.0}}),
+        ("rollback_started", {"reason": "p90 up", "from": 2, "was": "superseded"}),
+        ("rollback_failed", {"to_release": "1", "error": "scale refused"}),
+        ("rollback_failed", {"reason": "p90 up", "error": "DeployFailed: x"}),
+        ("rollback_complete", {"to_release": "1", "servers": 2, "seconds": 1.5}),
+        ("scale_down_delay", {"seconds": 60.0, "old_servers": 2, "until": 1_800_000_000.5}),
+        ("scale_down_skipped", {"reason": "the route changed during the keep window"}),
+        ("pruned", {"engines": ["release-1/engine-0.pid"]}),
+        ("pruned", {"objects": ["Deployment/a"]}),
+        ("stopped", {"release": 1, "drain": {"waited_s": 0.5, "in_flight": None}, "front_failed": 0}),
+        ("autoscaler_resumed", {"scaled_objects": ["a"]}),
+        ("autoscaler_left_paused", {"scaled_objects": ["a"], "by": "an operator"}),
+        ("autoscaler_missing", {"scaled_object": "a"}),
+    ]  # fmt: skip
+
+
+def test_each_writers_evidence_is_stored_as_it_made_it():
+    """A (kind, JSON) pair read as its record is stored back the same, keys in the writer's order: the
+    audit trail shows an event as its writer made it, whichever writer of a shared kind it was."""
+    for kind, made in _writers_shapes():
+        assert list(detail_of(kind, made).stored().items()) == list(made.items()), kind
 
 
 def _string_constants(node: ast.AST) -> list[str]:

@@ -244,7 +244,6 @@ class SmokeTest(EventRecord):
     error: str | None = Field(None, description="why not")
     ports: list[int] | None = Field(None, description="local target: the engines asked")
     prompt: str | None = Field(None, description="local target: the prompt")
-    text: str | None = Field(None, description="local target: the completion")
     step: int | None = Field(None, description="kubernetes target: the step it checked")
     gateway: str | None = Field(None, description=GatewaySmoke.model_fields["gateway"].description)
     url: str | None = Field(None, description=GatewaySmoke.model_fields["url"].description)
@@ -252,6 +251,7 @@ class SmokeTest(EventRecord):
     answered_by: str | None = Field(None, description=GatewaySmoke.model_fields["answered_by"].description)
     tries: int | None = Field(None, description=GatewaySmoke.model_fields["tries"].description)
     wrong: list[str] | None = Field(None, description=GatewaySmoke.model_fields["wrong"].description)
+    text: str | None = Field(None, description="the completion")
 
 
 class RolloutAccuracy(EventRecord):
@@ -348,10 +348,10 @@ class RollbackStarted(EventRecord):
     had before: a dead rollback's release goes back to it), or the controller's undo of a rollout."""
 
     kind: Literal["rollback_started"] = Field("rollback_started", description="the event's kind")
+    to_release: str | None = Field(None, description="controller: the release the undo goes back to")
     reason: str | None = Field(None, description="why")
     from_release: int | None = Field(None, alias="from", description="promotion: the live release rolled back from")
     was: str | None = Field(None, description="promotion: the release's status before; None: an undo's start")
-    to_release: str | None = Field(None, description="controller: the release the undo goes back to")
     overload: Overload | None = Field(None, description="controller: the old servers' overload meanwhile")
 
 
@@ -359,8 +359,8 @@ class RollbackFailed(EventRecord):
     """A rollback (promotion's) or an undo (the controller's) that failed."""
 
     kind: Literal["rollback_failed"] = Field("rollback_failed", description="the event's kind")
-    reason: str | None = Field(None, description="promotion: why it was rolled back")
     to_release: str | None = Field(None, description="controller: the release it went back to")
+    reason: str | None = Field(None, description="promotion: why it was rolled back")
     error: str = Field(description="what went wrong")
 
 
