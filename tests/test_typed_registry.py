@@ -230,7 +230,7 @@ def _writers_shapes() -> list[tuple[str, dict]]:
         ("scale_down_skipped", {"reason": "the route changed during the keep window"}),
         ("pruned", {"engines": ["release-1/engine-0.pid"]}),
         ("pruned", {"objects": ["Deployment/a"]}),
-        ("stopped", {"release": 1, "drain": {"waited_s": 0.5, "in_flight": None}, "front_failed": 0}),
+        ("stopped", {"release": 1, "drain": {"in_flight": None, "left": 0, "seconds": 0.5}, "front_failed": 0}),
         ("autoscaler_resumed", {"scaled_objects": ["a"]}),
         ("autoscaler_left_paused", {"scaled_objects": ["a"], "by": "an operator"}),
         ("autoscaler_missing", {"scaled_object": "a"}),
@@ -265,8 +265,8 @@ def _reads_events(node: ast.AST) -> bool:
 
 
 def _kinds_in(source: str) -> set[str]:
-    """Event kinds a module writes or reads by name: the controller's and the targets' `(kind, detail)`
-    pairs appended to their `events` (a `kind = ...` chosen between names there too), the kinds
+    """Event kinds a module writes or reads by name: literal `(kind, detail)` pairs appended to an
+    `events` list (a `kind = ...` chosen between names there too), the kinds
     `last_event(reg, id, kind, ...)` looks for, and `e.kind == kind` / `e.kind in (kinds)` where `e`
     is an event read from the registry."""
     tree = ast.parse(source)
@@ -308,35 +308,39 @@ def _kinds_in(source: str) -> set[str]:
     return found
 
 
+def _raw_pairs(source: str) -> list[int]:
+    """Lines appending a literal `(kind, JSON)` pair to an `events` list (not one made by a record's `pair()`)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "append"
+        and ((isinstance(o := node.func.value, ast.Name) and o.id == "events") or getattr(o, "attr", None) == "events")
+        and node.args
+        and isinstance(node.args[0], ast.Tuple)
+    ]
+
+
 def test_every_kind_the_package_writes_or_reads_has_its_record():
     """The registry's API takes only records, each naming its kind; the rollout controller and the
-    targets make `(kind, JSON)` pairs that promotion reads as records when it records them: every
-    kind they name, and every kind a reader looks for, is a member of the union."""
+    targets make their events as records too (`pair()`: the (kind, JSON) they keep until promotion
+    records it), so mypy checks each field's name where it is written. No literal pair is left, and
+    every kind a reader looks for by name (or a pair would name) is a member of the union."""
     sample = (
         'events.append(("traffic", {}))\nkind = "a" if x else "b"\n[e for e in reg.events(1) if e.kind in ("c",)]\n'
     )
-    assert _kinds_in(sample + 'if notify.kind == "smtp": pass\n') == {
-        "traffic",
-        "a",
-        "b",
-        "c",
-    }  # the scan finds them where they are
-    named = {
-        kind: f"{path.relative_to(PROJECT_ROOT)}"
-        for path in sorted((PROJECT_ROOT / "pipeline").rglob("*.py"))
-        for kind in _kinds_in(path.read_text())
-    }
-    assert {"rollout_step", "rollback_started", "smoke_test", "autoscaler_missing", "stopped", "recovered"} <= set(
-        named
-    )
+    assert _kinds_in(sample + 'if notify.kind == "smtp": pass\n') == {"traffic", "a", "b", "c"}  # the scan finds them
+    assert _raw_pairs(sample + "self.events.append(ev.Traffic(weights={}, at_s=0.0).pair())\n") == [1]
+    sources = {path: path.read_text() for path in sorted((PROJECT_ROOT / "pipeline").rglob("*.py"))}
+    raw = [f"{path.relative_to(PROJECT_ROOT)}:{line}" for path, text in sources.items() for line in _raw_pairs(text)]
+    assert raw == []
+    named = {kind: f"{path.relative_to(PROJECT_ROOT)}" for path, text in sources.items() for kind in _kinds_in(text)}
+    assert {"rollback_started", "deploy_started", "recovered", "scale_down_delay", "slo_gate", "approved"} <= set(named)
     named |= {step_review.JUDGED: "step_review.JUDGED", step_review.REVIEWED: "step_review.REVIEWED"}
     assert {kind: where for kind, where in named.items() if kind not in events.KINDS} == {}
     for kind, record in events.KINDS.items():  # each record names the kind it is recorded under
-        assert record().kind == kind if not _required(record) else record.model_fields["kind"].default == kind
-
-
-def _required(record: type[BaseModel]) -> bool:
-    return any(f.is_required() for f in record.model_fields.values())
+        assert record.model_fields["kind"].default == kind
 
 
 def test_no_record_in_pipeline_records_holds_an_untyped_field():

@@ -100,6 +100,11 @@ class EventRecord(BaseModel):
         """The JSON the registry keeps for it: the fields its writer set, under their stored names."""
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"kind"})
 
+    def pair(self) -> tuple[str, dict[str, JsonValue]]:
+        """(kind, stored JSON): an event as the rollout controller and the targets keep it until
+        promotion records it (core.rollout.Event; core imports no records)."""
+        return self.kind, self.stored()
+
 
 class Created(EventRecord):
     """A release opened for a run (`Registry.open_release`)."""
@@ -417,7 +422,9 @@ class Stopped(EventRecord):
 
     kind: Literal["stopped"] = Field("stopped", description="the event's kind")
     release: int = Field(description="the release stopped")
-    drain: dict[str, float | None] = Field(description="what the drain saw (local_target.drain)")
+    drain: dict[str, int | float | None] | None = Field(
+        description="what the drain saw (local_target.drain); None: nothing"
+    )
     front_failed: int = Field(description="requests the front failed meanwhile")
 
 
