@@ -13,6 +13,7 @@ from pipeline.core.spec import CapacitySpec, WorkloadSpec, load_spec
 from pipeline.entry import flow
 from pipeline.records import edge
 from pipeline.records.benchmark import LayoutResult
+from pipeline.records.events import detail_of
 from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import capacity
 from tests.conftest import PROD_SPEC, TINY_SPEC
@@ -99,7 +100,7 @@ def _measured_against_live(path, live_rate: float):
     live = reg.open_release("run-0", loaded.spec.name, str(path), path.read_text(), "local")
     reg.record(
         live.id,
-        "promoted",
+        detail_of("deploy_finished", None),
         "pipeline",
         status="live",
         data=ReleaseData(chosen=chosen("single", rate_per_server=live_rate)),
@@ -136,7 +137,10 @@ def test_a_candidate_needing_more_than_max_servers_is_refused_at_the_slo_gate(
     plan = after.data.capacity
     assert plan.live and plan.live.servers == 3 and plan.candidate and plan.candidate.servers == 4
     gate = [e for e in reg.events(rel.id) if e.kind == "slo_gate"][-1]
-    assert gate.detail["servers"] == 4 and gate.detail["vs_live"] == "3 -> 4 servers, +33% $/M output tokens"
+    assert (
+        gate.detail.stored()["servers"] == 4
+        and gate.detail.stored()["vs_live"] == "3 -> 4 servers, +33% $/M output tokens"
+    )
 
 
 def test_the_fleet_reaches_the_report_the_approval_and_releases_show(spec_file, release_env, monkeypatch, tmp_path):
@@ -198,7 +202,7 @@ def test_capacity_command_from_a_given_and_a_recorded_rate(spec_file, release_en
     reg = Registry()
     rel = reg.open_release("run-9", loaded.spec.name, str(path), path.read_text(), "local")
     data = {"layout": "two-replicas", "rate_per_server": 120.0, "load_seconds": [38.5, 42.0]}
-    reg.record(rel.id, "slo_gate", "gate", data=ReleaseData.model_validate(data))
+    reg.record(rel.id, detail_of("slo_gate", None), "gate", data=ReleaseData.model_validate(data))
     recorded = cli(str(path))
     assert recorded.returncode == 0, recorded.stderr
     assert f"measured by release {rel.id}" in recorded.stdout and "candidate (two-replicas)" in recorded.stdout

@@ -27,6 +27,7 @@ from pipeline.core.paths import home
 from pipeline.core.spec import load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
+from pipeline.records.events import detail_of
 from pipeline.release import local_target, step_review
 from pipeline.release.registry import Registry
 from testkit.s3server import MotoServer, free_port
@@ -225,7 +226,7 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     second = reg.by_run(run_id2)
     assert second.status == "rejected"
     assert any(
-        e.kind == "rejected" and e.actor == "reviewer" and e.detail["comment"] == "not this week"
+        e.kind == "rejected" and e.actor == "reviewer" and e.detail.stored()["comment"] == "not this week"
         for e in reg.events(second.id)
     )
     assert not any(e.kind.startswith("deploy") for e in reg.events(second.id))
@@ -233,7 +234,7 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     # release's layout; the two ranked below it are on record with their predictions
     seconds = second.data.predictions or []
     measured = [c.layout for c in seconds]
-    chosen = next(e.detail for e in reg.events(second.id) if e.kind == "layouts_chosen")
+    chosen = next(e.detail.stored() for e in reg.events(second.id) if e.kind == "layouts_chosen")
     assert measured == [first.data.layout], (measured, chosen)
     ranked = {layout.name for layout in load_spec(next_spec).spec.layouts}
     assert set(chosen["skipped"]) == ranked - set(measured) and len(ranked) == 3, (ranked, chosen)
@@ -283,7 +284,7 @@ def step_review_run(airflow: Standalone, registry_url: str, root: Path) -> tuple
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     reg = Registry(registry_url)
     live = reg.open_release("run-0", data["name"], str(spec_path), spec_path.read_text(), "local")
-    reg.record(live.id, "deploy_finished", "pipeline", status="live")
+    reg.record(live.id, detail_of("deploy_finished", None), "pipeline", status="live")
     rel = reg.open_release("run-1", data["name"], str(spec_path), spec_path.read_text(), "local")
 
     admin, reviewer = airflow.client("admin"), airflow.client("reviewer")
@@ -314,12 +315,14 @@ def test_each_rollout_step_is_a_task_a_reviewer_answers_and_no_answer_is_the_ver
     assert "p90 TTFT" in asked[1]["body"] and f"No answer in {REVIEW_S} s: **Continue**" in asked[1]["body"]
 
     reviews = [e for e in reg.events(rel.id) if e.kind == step_review.REVIEWED]
-    assert [(e.detail["step"], e.detail["decision"], e.detail["by_default"]) for e in reviews] == [
+    assert [
+        (e.detail.stored()["step"], e.detail.stored()["decision"], e.detail.stored()["by_default"]) for e in reviews
+    ] == [
         (1, "continue", True),
         (2, "abort", False),
     ]
-    assert reviews[1].actor == "reviewer" and reviews[1].detail["comment"] == "p90 TPOT creeping up"
-    aborted = next(e.detail for e in reg.events(rel.id) if e.kind == "rollout_aborted")
+    assert reviews[1].actor == "reviewer" and reviews[1].detail.stored()["comment"] == "p90 TPOT creeping up"
+    aborted = next(e.detail.stored() for e in reg.events(rel.id) if e.kind == "rollout_aborted")
     assert [(s["step"], s["passed"], s["analysis_passed"]) for s in aborted["steps"]] == [
         (1, True, None),
         (2, False, True),

@@ -19,6 +19,7 @@ import pytest
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import load_spec
 from pipeline.records.benchmark import BenchmarkFile
+from pipeline.records.events import detail_of
 from pipeline.release import registry, report
 from pipeline.release.registry import Registry, ReleaseData
 from tests.conftest import TINY_SPEC
@@ -40,9 +41,8 @@ def replayed(tmp_path: Path) -> tuple[Registry, list[int], BenchmarkFile]:
         for ev in release["events"]:
             reg.record(
                 rel.id,
-                ev["kind"],
+                detail_of(ev["kind"], ev.get("detail")),
                 ev["actor"],
-                ev.get("detail"),
                 status=ev.get("status"),
                 data=ReleaseData.model_validate(ev["data"]) if ev.get("data") else None,
             )
@@ -91,7 +91,7 @@ def test_the_report_escapes_what_it_shows(tmp_path):
     reg, ids, bench = replayed(tmp_path)
     bench.layouts[0].layout = "<script>alert(1)</script>"
     bench.layouts[0].stop_reason = "a 'quoted' & <b>bold</b> reason"
-    reg.record(ids[-1], "note", "<img src=x onerror=alert(1)>", {"said": "<script>x</script>"})
+    reg.record(ids[-1], detail_of("approved", {"comment": "<script>x</script>"}), "<img src=x onerror=alert(1)>")
     page = report.render(reg, reg.get(ids[-1]), load_spec(TINY_SPEC), bench, None)
     assert "<script>" not in page and "<img src=x" not in page and "<b>bold</b>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page

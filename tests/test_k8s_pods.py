@@ -29,6 +29,7 @@ from pipeline.k8s.manifests import s3_secret_name
 from pipeline.records import edge
 from pipeline.records.benchmark import LayoutResult, Probe
 from pipeline.records.evaluate import EvalResult
+from pipeline.records.events import detail_of
 from pipeline.records.pods import Remeasured
 from pipeline.records.release import StagedRef
 from pipeline.release.registry import ReleaseData
@@ -451,7 +452,7 @@ def test_the_plan_is_stored_before_the_pods_and_only_the_top_k_layouts_get_one(s
         if p["predicted_low"] <= best["predicted_high"] and best["predicted_low"] <= p["predicted_high"]
     ][:4]
     assert sorted(names) == sorted([p["layout"] for p in ranked[:2]] + overlapping)
-    chosen = next(e.detail for e in flow.registry().events(release) if e.kind == "layouts_chosen")
+    chosen = next(e.detail.stored() for e in flow.registry().events(release) if e.kind == "layouts_chosen")
     assert set(chosen["skipped"]) == {p["layout"] for p in ranked} - set(names)
     assert len(names) < len(ranked)  # the bound left some out
 
@@ -590,9 +591,8 @@ def live_prod_release(loaded, staged: dict, rate: float = 2.2, layout: str = "tp
     )
     reg.record(
         rel.id,
-        "slo_gate",
+        detail_of("slo_gate", {"passed": True}),
         "gate",
-        {"passed": True},
         data=ReleaseData.model_validate(
             {
                 "layout": layout,
@@ -605,7 +605,7 @@ def live_prod_release(loaded, staged: dict, rate: float = 2.2, layout: str = "tp
             }
         ),
     )
-    reg.record(rel.id, "deploy_finished", "pipeline", status="live")
+    reg.record(rel.id, detail_of("deploy_finished", None), "pipeline", status="live")
     return reg, reg.get(rel.id)
 
 
@@ -683,7 +683,7 @@ def test_rebenchmark_pod_holds_the_fresh_answers_to_the_gate_results_the_release
         return found.model_dump(mode="json")
 
     gate = {"baseline": side("bf16", 0.9), "candidate": side("fp8", 0.88)}
-    reg.record(rel.id, "accuracy_gate", "gate", {"passed": True}, data=ReleaseData(evaluation=gate))
+    reg.record(rel.id, detail_of("accuracy_gate", {"passed": True}), "gate", data=ReleaseData(evaluation=gate))
 
     checked, plain = pod_steps.remeasure_arguments([rel.id, unchecked.id], RUN_ID)
     args = cli.parser().parse_args(script_argv(checked))
@@ -772,7 +772,7 @@ def test_rebenchmark_judge_reads_the_pod_result_and_degrades_or_fails_loudly(
     assert verdict.status == "degraded" and reg.get(rel.id).status == "degraded"
     assert any("SLO fails at the promoted rate" in r for r in verdict.reasons)
     point = [e for e in reg.events(rel.id) if e.kind == "trend_point"][-1]
-    assert point.detail["max_slo_rate"] == 0.7 and point.detail["engine"] == "vllm 0.32.0+rocm"
+    assert point.detail.stored()["max_slo_rate"] == 0.7 and point.detail.stored()["engine"] == "vllm 0.32.0+rocm"
 
     # a pod that crashed before writing anything: a failed measurement, named
     (nfs / "runs" / flow.run_dir(RUN_ID).name / "rebenchmark" / f"release-{rel.id}.json").unlink()

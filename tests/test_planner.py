@@ -19,6 +19,7 @@ from pipeline.planner import plan as planner
 from pipeline.planner import simulate as sim
 from pipeline.planner.step_time import Batch, StepModel
 from pipeline.records import edge
+from pipeline.records.events import detail_of
 from pipeline.records.plan import LayoutPrediction, PredictionCheck
 from pipeline.records.release import Overrides
 from pipeline.release.registry import ReleaseData
@@ -258,7 +259,7 @@ def test_the_release_runs_plan_task_publishes_every_layout_before_any_measuremen
         PredictionCheck(layout="two-replicas", prediction=two, max_slo_rate=30.0, bound_only=True),  # teaches nothing
     ]  # fmt: skip
     rel = reg.open_release("earlier", loaded.spec.name, str(TINY_SPEC), TINY_SPEC.read_text(), "local")
-    reg.record(rel.id, "slo_gate", "gate", {}, data=ReleaseData(predictions=measured))
+    reg.record(rel.id, detail_of("slo_gate", {}), "gate", data=ReleaseData(predictions=measured))
     again = flow.plan_layouts(flow.validate_spec(str(TINY_SPEC)), "manual__calibrated")
     single2, two2 = again.layouts
     assert single2.calibrated and single2.predicted_max_slo_rate == pytest.approx(single.planner_rate * 0.4, 1e-3)
@@ -339,7 +340,7 @@ def test_the_report_shows_the_planners_error_across_releases(tmp_path):
     for i, (planner_rate, predicted, calibrated, rate) in enumerate(measured):
         rel = reg.open_release(f"run-{i}", "tiny", "spec.yaml", "name: tiny", "local")
         record = checked(key, planner_rate, rate, predicted=predicted, calibration=calibrated)
-        reg.record(rel.id, "slo_gate", "gate", {}, data=ReleaseData(predictions=[record]))
+        reg.record(rel.id, detail_of("slo_gate", {}), "gate", data=ReleaseData(predictions=[record]))
         releases.append(reg.get(rel.id))
     html = report._section_planner(reg, releases[-1])
     assert "Planner error across releases" in html and html.count("<tr><td>") == 3
@@ -405,11 +406,13 @@ def test_top_k_measures_the_best_predicted_and_always_the_live_layout(spec_file,
     reg = flow.registry()
     worst = ranked[-1].layout
     live = reg.open_release("live", load_spec(path).spec.name, str(path), path.read_text(), "local")
-    reg.record(live.id, "promoted", "test", {}, status="live", data=ReleaseData(chosen=chosen_figures(worst)))
+    reg.record(
+        live.id, detail_of("deploy_finished", {}), "test", status="live", data=ReleaseData(chosen=chosen_figures(worst))
+    )
     rel = reg.open_release("now", load_spec(path).spec.name, str(path), path.read_text(), "local")
     measured = edge.call(flow.layouts_to_measure, {**release, "release_id": rel.id}, points)
     assert measured == [n for n in names if n in {*two, worst}]
-    [chosen] = [e.detail for e in reg.events(rel.id) if e.kind == "layouts_chosen"]
+    [chosen] = [e.detail.stored() for e in reg.events(rel.id) if e.kind == "layouts_chosen"]
     assert set(chosen["skipped"]) == set(names) - {*two, worst} and "live release's" in chosen["reason"]
 
     # without top_k every layout is measured; naming layouts in the run's params measures exactly those

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from pipeline.airflow.plugin_app import create_app
+from pipeline.records.events import detail_of
 
 
 def test_anonymous_requests_are_refused_on_every_route():
@@ -46,7 +47,7 @@ def test_the_pages_render_through_the_autoescaped_templates(tmp_path):
 
     reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
     rel = reg.open_release("run-a", "<script>alert(1)</script>", "x.yaml", "", "local")
-    reg.record(rel.id, "approved", "<b>reviewer</b>", {"comment": "<i>ok</i>"})
+    reg.record(rel.id, detail_of("approved", {"comment": "<i>ok</i>"}), "<b>reviewer</b>")
     page = releases_page(reg)
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "approved by &lt;b&gt;reviewer&lt;/b&gt;" in page and f'href="releases/{rel.id}/audit"' in page

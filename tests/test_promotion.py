@@ -13,6 +13,7 @@ from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import RolloutOutcome
 from pipeline.core.spec import load_spec
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, SelectionVerdict
+from pipeline.records.events import detail_of
 from pipeline.records.plan import LayoutPrediction
 from pipeline.release import local_target, promote, report
 from pipeline.release.registry import Registry, ReleaseData, audit_trail, inputs_of
@@ -110,15 +111,25 @@ def candidate(
     target = loaded.spec.promotion.target
     rel = reg.open_release(run, loaded.spec.name, str(loaded.path), loaded.path.read_text(), target, inputs_of(loaded))
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
-    reg.record(rel.id, "staged", "pipeline", data=ReleaseData(s3_uri=staged.s3_uri, manifest_hash=staged.manifest_hash))
+    reg.record(
+        rel.id,
+        detail_of("staged", None),
+        "pipeline",
+        data=ReleaseData(s3_uri=staged.s3_uri, manifest_hash=staged.manifest_hash),
+    )
     if accuracy is not None:
-        reg.record(rel.id, "accuracy_gate", "gate", {"passed": accuracy}, data=ReleaseData(evaluation=evaluation))
+        reg.record(
+            rel.id, detail_of("accuracy_gate", {"passed": accuracy}), "gate", data=ReleaseData(evaluation=evaluation)
+        )
     if slo is not None:
         reg.record(
-            rel.id, "slo_gate", "gate", {"passed": slo}, data=ReleaseData(chosen=chosen(layout, rate_per_server=rate))
+            rel.id,
+            detail_of("slo_gate", {"passed": slo}),
+            "gate",
+            data=ReleaseData(chosen=chosen(layout, rate_per_server=rate)),
         )
     if approver:
-        reg.record(rel.id, "approved", approver, {"comment": "ok"}, status="approved")
+        reg.record(rel.id, detail_of("approved", {"comment": "ok"}), approver, status="approved")
     return rel, staged
 
 
@@ -154,7 +165,7 @@ def test_promote_refuses_without_every_gate_and_records_why(missing, reason, tin
     assert reason in str(err.value)
     assert reg.get(rel.id).status == before
     refused = [e for e in reg.events(rel.id) if e.kind == "promotion_refused"]
-    assert len(refused) == 1 and any(reason in r for r in refused[0].detail["reasons"])
+    assert len(refused) == 1 and any(reason in r for r in refused[0].detail.stored()["reasons"])
     assert not any(e.kind == "deploy_started" for e in reg.events(rel.id))
     assert local_target.current(load_spec(spec).spec.name) is None
 
@@ -162,7 +173,7 @@ def test_promote_refuses_without_every_gate_and_records_why(missing, reason, tin
 def test_rejected_release_is_refused_and_the_rejection_is_on_record(tiny_spec, small_artifact):
     reg = Registry()
     rel, _ = candidate(reg, tiny_spec(), small_artifact, approver=None)
-    reg.record(rel.id, "rejected", "reviewer", {"comment": "TPOT too close to the limit"}, status="rejected")
+    reg.record(rel.id, detail_of("rejected", {"comment": "TPOT too close to the limit"}), "reviewer", status="rejected")
     with pytest.raises(promote.PromotionRefused, match="rejected by reviewer"):
         promote.promote(reg, rel.id)
     trail = audit_trail(reg, rel.id)
@@ -205,9 +216,8 @@ def test_report_is_self_contained_and_shows_the_evidence(tiny_spec, small_artifa
     rel, staged = candidate(reg, spec, small_artifact, approver=None)
     reg.record(
         rel.id,
-        "accuracy_gate",
+        detail_of("accuracy_gate", {"passed": True}),
         "gate",
-        {"passed": True},
         data=ReleaseData(
             accuracy={
                 "passed": True,
@@ -350,9 +360,9 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
             second, _ = candidate(reg, second_spec, artifact, run="second", evaluation=scores)
             assert promote.promote(reg, second.id).status == "live"
             assert reg.get(first.id).status == "superseded" and completion(url)
-            checked = [e.detail for e in reg.events(second.id) if e.kind == "rollout_accuracy"]
+            checked = [e.detail.stored() for e in reg.events(second.id) if e.kind == "rollout_accuracy"]
             assert [(c["step"], c["passed"]) for c in checked] == [(1, True), (2, True)], checked
-            steps = [e.detail for e in reg.events(second.id) if e.kind == "rollout_step"]
+            steps = [e.detail.stored() for e in reg.events(second.id) if e.kind == "rollout_step"]
             assert [(s["fraction"], s["passed"], s["analysis"]["inconclusive"]) for s in steps] == [
                 (0.5, True, False),
                 (1.0, True, False),
@@ -383,7 +393,7 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
             ):
                 promote.promote(reg, strict.id)
             assert reg.get(strict.id).status == "rolled_back" and reg.get(second.id).status == "live"
-            judged = next(e.detail for e in reg.events(strict.id) if e.kind == "rollout_step")
+            judged = next(e.detail.stored() for e in reg.events(strict.id) if e.kind == "rollout_step")
             assert judged["analysis"]["queries"]["new_p90_ttft"]["value"] > 0.002, judged  # the query result kept
             assert any(e.kind == "rollout_aborted" for e in reg.events(strict.id))
             assert local_target.current(name).release_id == second.id and completion(url)
@@ -474,7 +484,11 @@ def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_sp
             StepAnalysis(step=n, fraction=f, window_s=6, passed=True, inconclusive=True, reasons=[], queries={})
             for n, f in enumerate(loaded.spec.rollout.steps, 1)
         ]
-        events = [("rollout_step", {"step": q.step, "passed": True, "analysis": q.model_dump()}) for q in quiet]
+        step = {"old_servers": 0, "new_servers": 1, "seconds": 1.0, "passed": True}  # the controller's shape
+        events = [
+            ("rollout_step", {"step": q.step, "fraction": q.fraction, **step, "analysis": q.model_dump()})
+            for q in quiet
+        ]
         return RolloutOutcome(status="live", events=events + [("rollout_complete", {"all_traffic_after_s": 1.0})])
 
     monkeypatch.setattr(promote, "_run", run)
@@ -489,9 +503,9 @@ def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_sp
     # the first release's own layout and serving copy, rolled out again over the live one in the spec's
     # steps (its engines no longer run; no gate scores on record here, so no answers to check)
     assert deployed[-1] == (first.id, "single", "/models/serving-copy", False, len(loaded.spec.rollout.steps))
-    steps = [e.detail for e in reg.events(first.id) if e.kind == "rollout_step"]
+    steps = [e.detail.stored() for e in reg.events(first.id) if e.kind == "rollout_step"]
     assert [(s["passed"], s["analysis"]["inconclusive"]) for s in steps][-2:] == [(True, True), (True, True)]
-    finished = promote.last_event(reg, first.id, "rollback_finished").detail
+    finished = promote.last_event(reg, first.id, "rollback_finished").detail.stored()
     assert finished["path"] == "re-rollout" and finished["all_traffic_after_s"] == 1.0
     trail = audit_trail(reg, first.id)
     assert "rollback_finished" in trail and "sre-oncall" in trail and "p90 TPOT regression" in trail
@@ -513,7 +527,7 @@ def test_cli_releases_show_prints_the_audit_trail(tiny_spec, small_artifact, cap
     reg = Registry()
     rel, staged = candidate(reg, tiny_spec(), small_artifact)
     with pytest.raises(promote.PromotionRefused):
-        reg.record(rel.id, "rejected", "reviewer", {"comment": "p90 TPOT too close"}, status="rejected")
+        reg.record(rel.id, detail_of("rejected", {"comment": "p90 TPOT too close"}), "reviewer", status="rejected")
         promote.promote(reg, rel.id, actor="ml-ops")
     assert cli.main(["releases", "show", str(rel.id)]) == 0
     out = capsys.readouterr().out
@@ -579,14 +593,14 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
         restored = promote.rollback(reg, rel.name, "kubernetes", "sre-oncall", "p90 TTFT up", k8s_client=fake.client())
         assert restored.id == rel.id and restored.status == "live" and reg.get(third.id).status == "rolled_back"
         assert fake.servers() == {str(rel.id): 3, str(third.id): 0}
-        finished = promote.last_event(reg, rel.id, "rollback_finished").detail
+        finished = promote.last_event(reg, rel.id, "rollback_finished").detail.stored()
         assert finished["path"] == "kept objects" and finished["all_traffic_after_s"] is not None
         trail = reg.events(rel.id)
         since = max(i for i, e in enumerate(trail) if e.kind == "rollback_started")
         # (its first promotion was judged: a first release runs the analysis too)
-        assert any(e.detail.get("analysis") for e in trail[:since] if e.kind == "rollout_step")
+        assert any(e.detail.stored().get("analysis") for e in trail[:since] if e.kind == "rollout_step")
         assert "rollout_step" in finished["events"] and not any(
-            e.detail.get("analysis") for e in trail[since:] if e.kind == "rollout_step"
+            e.detail.stored().get("analysis") for e in trail[since:] if e.kind == "rollout_step"
         )
         applied = {r.path.rsplit("/", 2)[-2] for r in fake.requests if r.content_type == "application/apply-patch+yaml"}
         # its objects were there: the Deployments take the rollout's record (same pod template, so the
@@ -639,7 +653,7 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(pr
         answering.join(5)
         assert reg.get(live.id).status == "live" and reg.get(new.id).status == "rolled_back"
         assert fake.servers() == {str(live.id): 3, str(new.id): 0}
-        steps = [e.detail for e in reg.events(new.id) if e.kind == "rollout_step"]
+        steps = [e.detail.stored() for e in reg.events(new.id) if e.kind == "rollout_step"]
         assert [(s["analysis"]["passed"], s["analysis"]["analysis_passed"]) for s in steps] == [
             (True, None),
             (False, True),
@@ -689,7 +703,7 @@ def test_a_first_kubernetes_release_too_slow_under_load_through_the_gateway_is_t
             stop.set()
             load.join()
         assert reg.get(rel.id).status == "failed"
-        (step,) = [e.detail for e in reg.events(rel.id) if e.kind == "rollout_step"]
+        (step,) = [e.detail.stored() for e in reg.events(rel.id) if e.kind == "rollout_step"]
         queries = step["analysis"]["queries"]
         assert step["passed"] is False and queries["new_p90_ttft"]["value"] == 3.1
         assert queries["new_requests"]["value"] > 0  # it served the clients' requests in its window
@@ -769,7 +783,7 @@ def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_ret
         assert reg.get(second.id).status == "rolled_back" and reg.get(first.id).status == "live"
         assert {r: n for r, n in fake.servers().items() if n} == {str(first.id): 3}
         assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{first.id}": 10_000}  # and out of it
-        recovered = promote.last_event(reg, second.id, "recovered").detail
+        recovered = promote.last_event(reg, second.id, "recovered").detail.stored()
         assert recovered["state"] == "undone" and recovered["replacing"] == str(first.id)
         with pytest.raises(promote.PromotionRefused, match="this promotion already ran"):
             promote.promote(reg, second.id, k8s_client=fake.client(), first_try=False)
@@ -813,8 +827,8 @@ def test_the_report_escapes_what_people_typed(tiny_spec, small_artifact, tmp_pat
     spec = tiny_spec()
     rel, _ = candidate(reg, spec, small_artifact, approver=None)
     script = "<script>alert(1)</script>"
-    reg.record(rel.id, "approved", "reviewer", {"comment": f"fine {script}"}, status="approved")
-    reg.record(rel.id, "rollback", "sre <b>oncall</b>", {"reason": f"p90 up {script}"})
+    reg.record(rel.id, detail_of("approved", {"comment": f"fine {script}"}), "reviewer", status="approved")
+    reg.record(rel.id, detail_of("rollback_started", {"reason": f"p90 up {script}"}), "sre <b>oncall</b>")
     page = report.render(reg, reg.get(rel.id), load_spec(spec), None, None)
     assert "<script>alert" not in page and "<b>oncall" not in page
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 2  # the comment and the reason, as text

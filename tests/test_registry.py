@@ -16,6 +16,7 @@ import sqlalchemy
 from pydantic import ValidationError
 
 from pipeline.core.paths import PROJECT_ROOT
+from pipeline.records.events import detail_of
 from pipeline.records.selection import ChosenFigures
 from pipeline.release import migrations
 from pipeline.release.registry import STATUSES, Registry, ReleaseData, with_driver
@@ -76,12 +77,21 @@ def test_the_registry_refuses_data_outside_its_schema(reg):
     rel = reg.open_release("run-s", "x", "x.yaml", "", "local")
     # what a step writes is a ReleaseData: a misspelt fact or a wrong type is refused, named, before any write
     with pytest.raises(ValidationError, match=r"ReleaseData\nartifact_url\n  Extra inputs are not permitted"):
-        reg.record(rel.id, "staged", "pipeline", data=ReleaseData(artifact_url="s3://b/k"))  # type: ignore[call-arg]
+        reg.record(rel.id, detail_of("staged", None), "pipeline", data=ReleaseData(artifact_url="s3://b/k"))  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match=r"ReleaseData\nchosen.rate_per_server\n  Input should be a valid number"):
-        reg.record(rel.id, "slo_gate", "gate", data=ReleaseData(chosen={"layout": "x", "rate_per_server": "fast"}))  # type: ignore[arg-type]
+        reg.record(
+            rel.id,
+            detail_of("slo_gate", None),
+            "gate",
+            data=ReleaseData(chosen={"layout": "x", "rate_per_server": "fast"}),
+        )  # type: ignore[arg-type]
     assert reg.get(rel.id).data == ReleaseData() and [e.kind for e in reg.events(rel.id)] == ["created"]
-    reg.record(rel.id, "slo_gate", "gate", data=ReleaseData(chosen=chosen("single", rate_per_server=12.5)))
-    reg.record(rel.id, "staged", "pipeline", data=ReleaseData(s3_uri="s3://b/k"))  # merged, not replaced
+    reg.record(
+        rel.id, detail_of("slo_gate", None), "gate", data=ReleaseData(chosen=chosen("single", rate_per_server=12.5))
+    )
+    reg.record(
+        rel.id, detail_of("staged", None), "pipeline", data=ReleaseData(s3_uri="s3://b/k")
+    )  # merged, not replaced
     data = reg.get(rel.id).data
     assert data.chosen and data.chosen.rate_per_server == 12.5 and data.s3_uri == "s3://b/k"
 
@@ -104,20 +114,22 @@ def test_a_release_keeps_its_inputs_and_they_never_change(urls, reg):
 
 def test_a_status_change_is_conditional_and_always_leaves_its_event(reg):
     rel = reg.open_release("run-c", "x", "x.yaml", "", "local")
-    moved = reg.record(rel.id, "approved", "reviewer", status="approved", only_from=("candidate",))
-    late = reg.record(rel.id, "slo_gate", "gate", {"passed": True}, status="candidate", only_from=("candidate",))
+    moved = reg.record(rel.id, detail_of("approved", None), "reviewer", status="approved", only_from=("candidate",))
+    late = reg.record(
+        rel.id, detail_of("slo_gate", {"passed": True}), "gate", status="candidate", only_from=("candidate",)
+    )
     assert moved.status_after == "approved" and late.status_after is None  # the late verdict revives nothing
     assert reg.get(rel.id).status == "approved"
     assert [(e.kind, e.status_after) for e in reg.events(rel.id)][1:] == [("approved", "approved"), ("slo_gate", None)]
     with pytest.raises(ValueError, match="status 'aproved': expected one of candidate"):
-        reg.record(rel.id, "approved", "reviewer", status="aproved")
+        reg.record(rel.id, detail_of("approved", None), "reviewer", status="aproved")
     assert "live" in STATUSES
 
 
 def test_the_event_log_is_append_only_in_the_database(urls, reg):
     """For every role: SQLite's triggers; Postgres' trigger, which refuses the owner too."""
     rel = reg.open_release("run-e", "x", "x.yaml", "", "local")
-    reg.record(rel.id, "approved", "reviewer", {"comment": "ok"}, status="approved")
+    reg.record(rel.id, detail_of("approved", {"comment": "ok"}), "reviewer", status="approved")
     owner = Registry(urls.owner)
     statements = ["UPDATE release_events SET actor = 'someone-else'", "DELETE FROM release_events"]
     if urls.engine == "postgres":
@@ -136,7 +148,9 @@ def test_the_runtime_role_cannot_change_or_unguard_the_event_log_on_postgres(pos
     Registry(postgres.url(OWNER, database)).engine.dispose()
     app = Registry(postgres.url(APP, database))
     rel = app.open_release("run-p", "x", "x.yaml", "spec: 1", "local")
-    app.record(rel.id, "approved", "reviewer", status="approved", data=ReleaseData(chosen=chosen("single")))
+    app.record(
+        rel.id, detail_of("approved", None), "reviewer", status="approved", data=ReleaseData(chosen=chosen("single"))
+    )
     lines = {
         statement: refused(app, statement)
         for statement in (
@@ -167,7 +181,7 @@ def _racer(url: str, release_ids: list[int], barrier, results, who: str) -> None
     reg = Registry(url)
     for rid in release_ids:
         barrier.wait(timeout=120)
-        ev = reg.record(rid, "approved", who, {"comment": who}, status="approved", only_from=("candidate",))
+        ev = reg.record(rid, detail_of("approved", {"comment": who}), who, status="approved", only_from=("candidate",))
         results.put((rid, who, ev.status_after))
 
 

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from pipeline.core.spec import RolloutSpec, SloSpec, load_spec
+from pipeline.records.events import detail_of
 from pipeline.release import analysis, local_prometheus, local_target
 from pipeline.release.registry import ReleaseData
 from testkit import http_stub
@@ -342,12 +343,12 @@ def test_rollout_plan_of_a_registered_release_on_the_local_target(tmp_path, monk
         rel = reg.open_release(run, loaded.spec.name, str(TINY_SPEC), TINY_SPEC.read_text(), "local")
         reg.record(
             rel.id,
-            "slo_gate",
+            detail_of("slo_gate", None),
             "gate",
             data=ReleaseData(chosen=chosen("single", rate_per_server=rate, load_seconds=load)),
         )
         ids.append(rel.id)
-    reg.record(ids[0], "deploy_finished", "pipeline", status="live")
+    reg.record(ids[0], detail_of("deploy_finished", None), "pipeline", status="live")
     assert cli.main(["rollout-plan", str(TINY_SPEC), "--release", str(ids[1])]) == 0
     out = capsys.readouterr().out
     assert f"rollout of release {ids[1]} (single, 55 req/s per server) on local, replacing live release {ids[0]}" in out

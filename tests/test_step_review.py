@@ -8,6 +8,7 @@ import textwrap
 import threading
 import time
 
+from pipeline.records.events import detail_of
 from pipeline.records.rollout import Query, StepAnalysis, StepReview
 from pipeline.release import step_review
 from pipeline.release.registry import Registry
@@ -72,18 +73,18 @@ def test_a_review_task_sees_only_its_own_rollout(tmp_path):
     reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
     rel = reg.open_release("run-1", "tiny", "spec.yaml", "name: tiny\n", "local")
     step1 = {**judged(1).model_dump(), "review_timeout_s": 30}
-    reg.record(rel.id, "approved", "reviewer")
+    reg.record(rel.id, detail_of("approved", None), "reviewer")
     assert step_review.pending(reg, rel.id, 1) is False  # approved, the rollout not yet at step 1
-    reg.record(rel.id, "deploy_started", "pipeline")
-    reg.record(rel.id, step_review.JUDGED, "pipeline", step1)
+    reg.record(rel.id, detail_of("deploy_started", None), "pipeline")
+    reg.record(rel.id, detail_of(step_review.JUDGED, step1), "pipeline")
     found = step_review.pending(reg, rel.id, 1)
     assert isinstance(found, step_review.PendingStep) and found.timeout_s == 30
     assert step_review.pending(reg, rel.id, 2) is False
-    reg.record(rel.id, "deploy_failed", "pipeline", {"error": "aborted at step 1"})
+    reg.record(rel.id, detail_of("deploy_failed", {"error": "aborted at step 1"}), "pipeline")
     assert step_review.pending(reg, rel.id, 2) is None  # never reached: its review task skips
     # a second attempt of the same release: the first attempt's step 1 is not this one's
-    reg.record(rel.id, "approved", "reviewer")
-    reg.record(rel.id, "deploy_started", "pipeline")
+    reg.record(rel.id, detail_of("approved", None), "reviewer")
+    reg.record(rel.id, detail_of("deploy_started", None), "pipeline")
     assert step_review.pending(reg, rel.id, 1) is False
 
 

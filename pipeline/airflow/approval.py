@@ -19,6 +19,7 @@ from airflow.sdk.definitions.param import ParamsDict
 from pipeline.core import platform
 from pipeline.core.spec import LoadedSpec, duration_seconds
 from pipeline.records import edge
+from pipeline.records.events import ApprovalRequested, Approved, Rejected
 from pipeline.records.release import ReleaseRef
 from pipeline.records.selection import ChosenFigures
 from pipeline.release.registry import NOTHING_CHOSEN, Release, ReleaseData
@@ -153,11 +154,7 @@ class ReleaseApproval(ApprovalOperator):
         promotion = loaded.spec.promotion
         if not promotion.requires_approval:
             reg.record(
-                rel.id,
-                "approved",
-                "policy",
-                {"comment": "spec: promotion.requires_approval is false"},
-                status="approved",
+                rel.id, Approved(comment="spec: promotion.requires_approval is false"), "policy", status="approved"
             )
             return {"chosen_options": [self.APPROVE], "params_input": {}, "responded_by_user": None}
         live = reg.live(rel.name, rel.target)
@@ -171,12 +168,10 @@ class ReleaseApproval(ApprovalOperator):
         from datetime import timedelta
 
         self.response_timeout = timedelta(seconds=duration_seconds(promotion.approval_timeout))
-        reg.record(
-            rel.id,
-            "approval_requested",
-            "pipeline",
-            {"reviewers": promotion.reviewers, "timeout": promotion.approval_timeout, "subject": self.subject},
+        asked = ApprovalRequested(
+            reviewers=promotion.reviewers, timeout=promotion.approval_timeout, subject=self.subject
         )
+        reg.record(rel.id, asked, "pipeline")
         log.info(
             "waiting for one of %s to approve release %d (timeout %s, then Reject)",
             promotion.reviewers,
@@ -192,7 +187,7 @@ class ReleaseApproval(ApprovalOperator):
         reg = flow.registry()
         release_id = self._release_id(context)
         if "error" in event:
-            reg.record(release_id, "rejected", "timeout", {"error": event.get("error_type")}, status="rejected")
+            reg.record(release_id, Rejected(error=event.get("error_type")), "timeout", status="rejected")
             return super().execute_complete(context, event)
         user = event.get("responded_by_user") or {}
         # Airflow authorises assigned users by id; record the id (the name goes in the detail)
@@ -200,13 +195,10 @@ class ReleaseApproval(ApprovalOperator):
         chosen = (event.get("chosen_options") or [self.REJECT])[0]
         comment = (event.get("params_input") or {}).get("comment", "")
         approved = chosen == self.APPROVE
-        reg.record(
-            release_id,
-            "approved" if approved else "rejected",
-            actor,
-            {"comment": comment, "responded_at": str(event.get("responded_at")), "user_name": user.get("name")},
-            status="approved" if approved else "rejected",
+        decision = (Approved if approved else Rejected)(
+            comment=comment, responded_at=str(event.get("responded_at")), user_name=user.get("name")
         )
+        reg.record(release_id, decision, actor, status="approved" if approved else "rejected")
         log.info(
             "release %d %s by %s%s",
             release_id,

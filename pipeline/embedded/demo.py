@@ -24,6 +24,7 @@ from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow
 from pipeline.records.benchmark import LayoutResult
+from pipeline.records.events import ServingStopped
 from pipeline.records.plan import PredictionCheck
 from pipeline.release import local_target
 from pipeline.release.registry import ReleaseData, cached
@@ -139,11 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             rel = cached().live(name, "local")
             if rel:
                 cached().record(
-                    rel.id,
-                    "serving_stopped",
-                    "make demo",
-                    {"why": "the demo stopped what it started"},
-                    status="stopped",
+                    rel.id, ServingStopped(why="the demo stopped what it started"), "make demo", status="stopped"
                 )
 
 

@@ -23,7 +23,7 @@ from pipeline.planner.profile import Profile
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.cluster import ClusterReady
 from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
-from pipeline.records.events import SloGate
+from pipeline.records.events import AccuracyGate, LayoutsChosen, Predicted, ReportWritten, SloGate, Staged
 from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, Predictions
 from pipeline.records.quantize import QuantizedArtifact
 from pipeline.records.rebenchmark import Verdict
@@ -167,9 +167,8 @@ def _record_staged(release_id: int, staged: storage.StagedArtifact, quantized_pa
     """Where the release's weights are, by manifest hash: what promotion re-verifies and deploys."""
     registry().record(
         release_id,
-        "staged",
+        Staged(**staged.model_dump(include={"s3_uri", "nfs_path", "manifest_hash", "bytes_sent"})),
         "pipeline",
-        staged.model_dump(include={"s3_uri", "nfs_path", "manifest_hash", "bytes_sent"}),
         data=ReleaseData(
             s3_uri=staged.s3_uri,
             nfs_path=staged.nfs_path,
@@ -205,9 +204,8 @@ def accuracy_gate(release: ValidatedRelease, baseline: EvalResult, candidate: Ev
     if release.release_id is not None:
         registry().record(
             release.release_id,
-            "accuracy_gate",
+            AccuracyGate(passed=decision.passed, failures=decision.failures),
             "gate",
-            {"passed": decision.passed, "failures": decision.failures},
             status="candidate" if decision.passed else "gate_failed",
             only_from=("candidate", "gate_failed"),
             data=ReleaseData(
@@ -299,12 +297,7 @@ def plan_layouts(release: ValidatedRelease, run_id: str) -> Predictions:
     out = Predictions(layouts=found, file=str(path), step_times=planner.coefficients(loaded.hardware, fitted))
     atomic_write(path, out.model_dump_json(indent=2))
     if release_id is not None:
-        registry().record(
-            release_id,
-            "predicted",
-            "planner",
-            {"layouts": [p.model_dump() for p in found], "step_times": out.step_times},
-        )
+        registry().record(release_id, Predicted(layouts=found, step_times=out.step_times), "planner")
     return out
 
 
@@ -337,7 +330,7 @@ def layouts_to_measure(release: ValidatedRelease, predictions: Predictions) -> l
         ", ".join(f"{n} ({r:.4g} req/s/server predicted)" for n, r in chosen.skipped.items()) or "none",
     )
     if release.release_id is not None and chosen.skipped:
-        registry().record(release.release_id, "layouts_chosen", "planner", chosen.model_dump())
+        registry().record(release.release_id, LayoutsChosen(**chosen.model_dump()), "planner")
     return chosen.measure
 
 
@@ -449,9 +442,8 @@ def slo_gate(release: ValidatedRelease, selection: LayoutSelection) -> LayoutSel
                 gate.vs_live = fleet.change.summary()
         registry().record(
             release.release_id,
-            "slo_gate",
-            "gate",
             gate,
+            "gate",
             status="candidate" if selection.passed else "gate_failed",
             only_from=("candidate", "gate_failed"),
             data=ReleaseData(
@@ -477,7 +469,7 @@ def report(release: ReleaseRef | int, run_id: str) -> ReportPage:
     rel = reg.get(release_id)
     path = report_page.write(reg, rel, release_spec(rel), run_dir(run_id))
     if rel.data.report != str(path):
-        reg.record(release_id, "report", "pipeline", {"path": str(path)}, data=ReleaseData(report=str(path)))
+        reg.record(release_id, ReportWritten(path=str(path)), "pipeline", data=ReleaseData(report=str(path)))
     log.info("reviewer report: %s", path)
     return ReportPage(release_id=release_id, path=str(path))
 

@@ -37,6 +37,7 @@ from pipeline.k8s.manifests import (
     weights_tag,
     with_backends,
 )
+from pipeline.records import events as ev
 from pipeline.records.evaluate import Endpoint
 from pipeline.records.rollout import GatewaySmoke
 from pipeline.stages.served_accuracy import Answers
@@ -668,7 +669,7 @@ class KubernetesRelease:
     def prune(self) -> None:
         removed = self._remove_releases(self.stale)
         if removed:
-            self.events.append(("pruned", {"objects": removed}))
+            self.events.append(ev.Pruned(objects=removed).pair())
 
     def start(self, servers: int) -> None:
         """Apply the release's objects with `servers` pods per group (first wave), or scale them."""
@@ -731,20 +732,17 @@ class KubernetesRelease:
             self.target.route_timeout_s,
             self.target.smoke_retry_delay_s,
         )
-        self.events.append(("smoke_test", {"ok": True, "step": step, **smoked.model_dump()}))
+        self.events.append(ev.SmokeTest(ok=True, step=step, **smoked.model_dump()).pair())
         if self.answers is None:
             return
         if TOKENIZER_INFO_FLAG not in _engine_argv(self.new_deps[0]):
             reason = f"the release's pods run without {TOKENIZER_INFO_FLAG} (rendered before it): not checked"
-            self.events.append(("rollout_accuracy", {"step": step, "new_servers": servers, "skipped": reason}))
+            self.events.append(ev.RolloutAccuracy(step=step, new_servers=servers, skipped=reason).pair())
             log.warning("step %d: served answers %s", step, reason)
             return
         checked = self.answers(step, service_endpoint(self.api, self.namespace, self.own, self.port), self.model)
         self.events.append(
-            (
-                "rollout_accuracy",
-                {"step": step, "new_servers": servers, "summary": checked.summary(), **checked.model_dump(mode="json")},
-            )
+            ev.RolloutAccuracy(step=step, new_servers=servers, summary=checked.summary(), **checked.model_dump()).pair()
         )
         log.info("step %d: served answers %s: %s", step, "pass" if checked.passed else "FAIL", checked.summary())
         if not checked.passed:
@@ -899,7 +897,7 @@ class KubernetesRelease:
             log.warning("release %s keeps its servers: the route sends it traffic", self.release_id)
             return False
         self.scale_new(0)
-        self.events.append(("scaled_to_zero", {"release": self.own}))
+        self.events.append(ev.ScaledToZero(release=self.own).pair())
         return True
 
     def settle(self, live: bool) -> None:
@@ -913,10 +911,10 @@ class KubernetesRelease:
             if self._patch_scaler(patch):
                 resumed.append(_name(scaler))
         if resumed:
-            self.events.append(("autoscaler_resumed", {"scaled_objects": resumed}))
+            self.events.append(ev.AutoscalerResumed(scaled_objects=resumed).pair())
         left = [_name(s) for s in scalers if autoscaler.operator_paused(s)]
         if left:
-            self.events.append(("autoscaler_left_paused", {"scaled_objects": left, "by": "an operator"}))
+            self.events.append(ev.AutoscalerLeftPaused(scaled_objects=left, by="an operator").pair())
 
     def _hold(self, scalers: list[dict], servers: int) -> None:
         """Before the controller sets a release's count: its scalers paused at that count (marked as
@@ -949,7 +947,7 @@ class KubernetesRelease:
             except KubernetesError as exc:
                 if exc.status != 404:
                     raise
-                self.events.append(("autoscaler_missing", {"scaled_object": _name(scaler)}))
+                self.events.append(ev.AutoscalerMissing(scaled_object=_name(scaler)).pair())
                 continue
             found.append({"kind": "ScaledObject", "apiVersion": autoscaler.KEDA_API, **now})
         return found

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.core import platform
 from pipeline.core.spec import LoadedSpec
+from pipeline.records.events import Alert
 from pipeline.records.rebenchmark import Promoted, Remeasure, Verdict
 from pipeline.release.registry import Registry, Release
 from pipeline.stages import benchmark
@@ -56,14 +57,14 @@ def text(rel: Release, verdict: Verdict, base_url: str) -> tuple[str, str]:
     return subject, "\n".join(lines)
 
 
-def send(reg: Registry, rel: Release, loaded: LoadedSpec, verdict: Verdict, context: Any = None) -> dict[str, Any]:
+def send(reg: Registry, rel: Release, loaded: LoadedSpec, verdict: Verdict, context: Any = None) -> Alert:
     notify = loaded.spec.rebenchmark.notify
     subject, body = text(rel, verdict, platform.current().base_url())
     log.warning("ALERT %s", body)
-    sent: dict[str, Any] = {"channel": notify.kind, "subject": subject}
+    sent = Alert(channel=notify.kind, subject=subject, body=body)
     if notify.kind != "log" and notify.connection_id:
         if notify.kind == "smtp":
-            sent["to"] = notify.to
+            sent.to = notify.to
         platform.current().notify(
             notify.kind,
             notify.connection_id,
@@ -73,5 +74,5 @@ def send(reg: Registry, rel: Release, loaded: LoadedSpec, verdict: Verdict, cont
             notify.from_email or "model-release@localhost",
             context,
         )
-    reg.record(rel.id, "alert", "rebenchmark", {**sent, "body": body})
+    reg.record(rel.id, sent, "rebenchmark")
     return sent

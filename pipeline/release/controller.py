@@ -44,6 +44,8 @@ from typing import Any, Protocol
 
 from pipeline.core.errors import AnswersWorse, LeaseLost, ReleaseError, RolloutAborted, RolloutFailed, SmokeFailed
 from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
+from pipeline.records import events as ev
+from pipeline.records.rollout import StepAnalysis
 from pipeline.stages import drain
 
 log = logging.getLogger(__name__)
@@ -153,17 +155,14 @@ def rollout(
     steps = list(steps)  # a spike grows the steps not yet taken (`_resized`)
     full = max(fleet.full, steps[-1].new_servers)
     events.append(
-        (
-            "deploy_started",
-            {
-                "release_id": fleet.release,
-                "live_release": fleet.old_release if old else None,
-                "live_servers": old_servers,
-                "kept_servers": new_servers or None,
-                "steps": [s.model_dump() for s in steps],
-                **target.about,
-            },
-        )
+        ev.DeployStarted(
+            release_id=fleet.release,
+            live_release=fleet.old_release if old else None,
+            live_servers=old_servers,
+            kept_servers=new_servers or None,
+            steps=steps,
+            **target.about,
+        ).pair()
     )
     started = time.monotonic()
     record = RolloutRecord(
@@ -184,7 +183,7 @@ def rollout(
             while new_servers < step.new_servers or not checked:
                 want = _demand(target) if old else None
                 if want is not None and want > live_servers:  # a spike: the fleet as its paused scalers would grow it
-                    events.append(("fleet_resized", {"step": number, "servers": want, "sized_for": live_servers}))
+                    events.append(ev.FleetResized(step=number, servers=want, sized_for=live_servers).pair())
                     log.warning(
                         "step %d: the demand needs %d servers, the rollout was sized for %d", number, want, live_servers
                     )
@@ -220,18 +219,19 @@ def rollout(
             # fewer than its share needs): at the last step it still serves beside the new one
             keep = kept_while_judged(step, live_servers, budget)
             old_servers = _scale_old(target, min(keep, old_servers), old_servers)
-            detail: dict[str, Any] = {
-                "step": number,
-                "fraction": step.fraction,
-                "old_servers": old_servers,
-                "new_servers": new_servers,
-                "seconds": round(time.monotonic() - step_started, 1),
-            }
+            detail = ev.RolloutStep(
+                step=number,
+                fraction=step.fraction,
+                old_servers=old_servers,
+                new_servers=new_servers,
+                seconds=round(time.monotonic() - step_started, 1),
+            )
             if judge is not None:  # a first release too: against the SLO's own limits, with nothing to compare
                 verdict = judge(number, step.fraction, new_servers * target.groups)
                 analyses.append(verdict)
-                detail |= {"analysis": verdict.model_dump(), "passed": verdict.passed}
-                events.append(("rollout_step", detail))
+                detail.analysis = StepAnalysis.model_validate(verdict.model_dump())
+                detail.passed = verdict.passed
+                events.append(detail.pair())
                 if not verdict.passed:
                     raise RolloutAborted(
                         f"rollout of release {fleet.release} aborted at step {number} "
@@ -239,7 +239,7 @@ def rollout(
                         list(analyses),
                     )
             else:
-                events.append(("rollout_step", detail))
+                events.append(detail.pair())
             log.info(
                 "release %s, step %d/%d done: %d new and %d old servers",
                 fleet.release,
@@ -263,15 +263,12 @@ def rollout(
     if old and old_servers and _keep(target, scale_down_delay_s, old_servers, traffic, wait):
         old_servers = _scale_old(target, 0, old_servers)
     events.append(
-        (
-            "rollout_complete",
-            {
-                "kept_at_zero": fleet.old_release if old and not old_servers else None,
-                "seconds": round(time.monotonic() - started, 1),
-                "all_traffic_after_s": traffic.all_new_after_s,
-                "servers": new_servers,
-            },
-        )
+        ev.RolloutComplete(
+            kept_at_zero=fleet.old_release if old and not old_servers else None,
+            seconds=round(time.monotonic() - started, 1),
+            all_traffic_after_s=traffic.all_new_after_s,
+            servers=new_servers,
+        ).pair()
     )
     log.info("release %s is live on %d servers", fleet.release, new_servers)
     return RolloutOutcome(status="live", events=events, steps=analyses)
@@ -286,28 +283,30 @@ def recover(target: Target) -> RolloutOutcome:
     events = target.events
     fleet = target.state(recovering=True)
     if fleet.record is None:
-        events.append(("recovered", {"state": "nothing of the release was applied", "release_id": fleet.release}))
+        events.append(ev.Recovered(state="nothing of the release was applied", release_id=fleet.release).pair())
         target.settle(live=False)
         return RolloutOutcome(status="rolled_back", events=events, error="the rollout had changed nothing")
     record = fleet.record
     traffic = _Traffic(target, fleet.old_backend, fleet.backend)
     traffic.load(fleet.weights)
-    state = {
-        "release_id": fleet.release,
-        "replacing": record.replacing,
-        "weights": fleet.weights,
-        "old_servers": fleet.old_servers,
-        "new_servers": fleet.new_started,
-    }
-    log.warning("recovering the rollout of release %s from %s", fleet.release, state)
+    state = ev.Recovered(
+        release_id=fleet.release,
+        replacing=record.replacing,
+        weights=fleet.weights,
+        old_servers=fleet.old_servers,
+        new_servers=fleet.new_started,
+    )
+    log.warning("recovering the rollout of release %s from %s", fleet.release, state.stored())
     if fleet.weights == {fleet.backend: WEIGHT_TOTAL} and fleet.new_servers >= record.full:
-        events.append(("recovered", {"state": "complete", **state}))
+        events.append(state.model_copy(update={"state": "complete"}).pair())
         target.settle(live=True)
         if fleet.old_servers:
             _scale_old(target, 0, fleet.old_servers)
         return RolloutOutcome(status="live", events=events)
-    events.append(("recovered", {"state": "undone", **state}))
-    died = RolloutFailed(f"the controller of release {fleet.release}'s rollout died mid-rollout; undone from {state}")
+    events.append(state.model_copy(update={"state": "undone"}).pair())
+    died = RolloutFailed(
+        f"the controller of release {fleet.release}'s rollout died mid-rollout; undone from {state.stored()}"
+    )
     servers = _Servers(record.live_servers, fleet.old_servers, fleet.new_started, record.full, record.spare)
     return _undo(target, died, record.replacing, servers, time.monotonic(), traffic)
 
@@ -338,28 +337,28 @@ def _undo(
         log.error("rollout failed on an unexpected error", exc_info=exc)
     error = str(exc)
     if isinstance(exc, SmokeFailed):
-        events.append(("smoke_test", {"ok": False, "error": error}))
-    kind = "rollout_aborted" if isinstance(exc, RolloutAborted | AnswersWorse) else "rollout_failed"
-    events.append((kind, {"error": error, "seconds": round(time.monotonic() - started, 1)}))
+        events.append(ev.SmokeTest(ok=False, error=error).pair())
+    stopped = ev.RolloutAbort if isinstance(exc, RolloutAborted | AnswersWorse) else ev.RolloutFailure
+    events.append(stopped(error=error, seconds=round(time.monotonic() - started, 1)).pair())
     if old_release is None:
         # nothing served before it: a release that failed serves nothing either (no answers rather than
         # worse or slower ones), and its pods, Pending ones included, give back their GPUs
         log.error("rollout failed and no earlier release serves: %s", error)
         try:
             target.scale_new(0)
-            events.append(("scaled_to_zero", {"release": traffic.own}))
+            events.append(ev.ScaledToZero(release=traffic.own).pair())
         finally:
             target.settle(live=False)
         return RolloutOutcome(status="failed", events=events, error=error)
     live, have, new, full, spare = servers.live, servers.old, servers.new, servers.full, servers.spare
     log.warning("rollout failed (%s); release %s back to %d servers", error, old_release, live)
     wrong = isinstance(exc, AnswersWorse)
-    started_detail: dict[str, Any] = {"to_release": old_release, "reason": error}
+    undo = ev.RollbackStarted(to_release=old_release, reason=error)
     if wrong and traffic.exposed and have < live:
         # wrong answers leave the new release at once: the old servers still running take what the
         # whole live fleet held until the reloads come (the record says how far over they run)
-        started_detail["overload"] = {"servers": have, "load_of_servers": live, "factor": round(live / max(have, 1), 2)}
-    events.append(("rollback_started", started_detail))
+        undo.overload = ev.Overload(servers=have, load_of_servers=live, factor=round(live / max(have, 1), 2))
+    events.append(undo.pair())
     aborted = time.monotonic()
     try:
         if traffic.exposed:
@@ -390,11 +389,11 @@ def _undo(
     except Exception as undo_exc:
         if isinstance(undo_exc, LeaseLost):
             raise
-        events.append(("rollback_failed", {"to_release": old_release, "error": str(undo_exc)}))
+        events.append(ev.RollbackFailed(to_release=old_release, error=str(undo_exc)).pair())
         if not traffic.exposed:  # it takes no traffic: it gives back its servers all the same
             try:
                 target.scale_new(0)
-                events.append(("scaled_to_zero", {"release": traffic.own}))
+                events.append(ev.ScaledToZero(release=traffic.own).pair())
             except Exception as down_exc:
                 log.error("release %s could not be scaled to zero: %s", traffic.own, down_exc)
         return RolloutOutcome(
@@ -402,10 +401,7 @@ def _undo(
         )
     target.settle(live=False)
     events.append(
-        (
-            "rollback_complete",
-            {"to_release": old_release, "servers": live, "seconds": round(time.monotonic() - aborted, 1)},
-        )
+        ev.RollbackComplete(to_release=old_release, servers=live, seconds=round(time.monotonic() - aborted, 1)).pair()
     )
     return RolloutOutcome(status="rolled_back", events=events, error=error)
 
@@ -486,15 +482,15 @@ def _keep(
     sends everything to the new release: nobody rolled back meanwhile)."""
     if delay_s > 0:
         target.events.append(
-            ("scale_down_delay", {"seconds": delay_s, "old_servers": old_servers, "until": time.time() + delay_s})
+            ev.KeepWindow(seconds=delay_s, old_servers=old_servers, until=time.time() + delay_s).pair()
         )
         log.info("keeping %d old servers for %.0f s (rollout.scale_down_delay)", old_servers, delay_s)
         if wait(delay_s) is False:
-            target.events.append(("scale_down_skipped", {"reason": "another controller took the model meanwhile"}))
+            target.events.append(ev.ScaleDownSkipped(reason="another controller took the model meanwhile").pair())
             log.warning("another controller took the model during the keep window; it decides the old servers")
             return False
     if target.routed() != {traffic.own: WEIGHT_TOTAL}:
-        target.events.append(("scale_down_skipped", {"reason": "the route changed during the keep window"}))
+        target.events.append(ev.ScaleDownSkipped(reason="the route changed during the keep window").pair())
         log.warning("the route changed during the keep window; the old release keeps its servers")
         return False
     return True
@@ -540,7 +536,7 @@ class _Traffic:
         self.new_share = weights.get(self.own, 0) / WEIGHT_TOTAL
         self.exposed = self.new_share > 0
 
-    def _set(self, weights: dict[str, int], **detail: Any) -> None:
+    def _set(self, weights: dict[str, int], step: int | None = None, seconds: float | None = None) -> None:
         if weights == self.weights:
             return
         try:
@@ -558,7 +554,12 @@ class _Traffic:
         at_s = round(time.monotonic() - self.started, 1)
         if self.new_share >= 1 and self.all_new_after_s is None:
             self.all_new_after_s = at_s
-        self.target.events.append(("traffic", {"weights": weights, "at_s": at_s, **detail}))
+        moved = ev.Traffic(weights=weights, at_s=at_s)
+        if step is not None:
+            moved.step = step
+        if seconds is not None:
+            moved.seconds = seconds
+        self.target.events.append(moved.pair())
 
 
 # ---------------------------------------------------------------- the rules, also played on paper

@@ -30,6 +30,7 @@ from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.rollout import WEIGHT_TOTAL, Deployment, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+from pipeline.records import events as ev
 from pipeline.release import analysis, controller, local_prometheus, step_review
 from pipeline.release.controller import Judge
 from pipeline.stages import drain as drain_engine
@@ -516,7 +517,7 @@ class LocalRelease:
                 _stop_groups([pgid])
                 stopped.append(str(pid_file.relative_to(state_dir(self.spec.name))))
         if stopped:
-            self.events.append(("pruned", {"engines": stopped}))
+            self.events.append(ev.Pruned(engines=stopped).pair())
 
     def start(self, servers: int) -> None:
         if servers < 1 or self.new is not None:
@@ -537,16 +538,12 @@ class LocalRelease:
         if not any(kind == "smoke_test" for kind, _ in self.events):
             for replica, port in enumerate(dep.ports):
                 self.smoke_text = _smoke_replica(dep, replica, port)
-            self.events.append(
-                ("smoke_test", {"ok": True, "ports": dep.ports, "prompt": SMOKE_PROMPT, "text": self.smoke_text})
-            )
+            self.events.append(ev.SmokeTest(ok=True, ports=dep.ports, prompt=SMOKE_PROMPT, text=self.smoke_text).pair())
         if self.answers is None:
             return
         url = f"http://127.0.0.1:{dep.ports[(step - 1) % len(dep.ports)]}"
         checked = self.answers(step, url, serving.SERVED_NAME)
-        self.events.append(
-            ("rollout_accuracy", {"step": step, "summary": checked.summary(), **checked.model_dump(mode="json")})
-        )
+        self.events.append(ev.RolloutAccuracy(step=step, summary=checked.summary(), **checked.model_dump()).pair())
         log.info(
             "release %d, step %d: serving-path accuracy %s: %s",
             dep.release_id,
@@ -599,7 +596,7 @@ class LocalRelease:
         seen = drain(dep, self.drain_s)
         _stop_groups(dep.pgids, grace=drain_engine.SHUTDOWN_TIMEOUT_S + 10)
         failed = front_failures(self.spec.name, since, time.time())
-        self.events.append(("stopped", {"release": dep.release_id, "drain": seen, "front_failed": failed}))
+        self.events.append(ev.Stopped(release=dep.release_id, drain=seen, front_failed=failed).pair())
         log.info(
             "release %d stopped after its drain %s; the front failed %d requests meanwhile",
             dep.release_id,

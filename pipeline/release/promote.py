@@ -26,6 +26,7 @@ from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, loa
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.k8s.lease import LeaseHeld
+from pipeline.records import events as ev
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
 from pipeline.records.events import GateVerdict, KeepWindow, Recovered, RollbackStarted
 from pipeline.records.release import StagedRef, Verification
@@ -85,10 +86,10 @@ def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
     """Every reason this release may not be promoted; empty when it may."""
     problems = []
     acc = last_event(reg, rel.id, "accuracy_gate")
-    if acc is None or not acc.detail_as(GateVerdict).passed:
+    if acc is None or not (isinstance(acc.detail, GateVerdict) and acc.detail.passed):  # unread: not passed
         problems.append("accuracy gate: " + ("not run" if acc is None else "failed"))
     slo = last_event(reg, rel.id, "slo_gate")
-    if slo is None or not slo.detail_as(GateVerdict).passed:
+    if slo is None or not (isinstance(slo.detail, GateVerdict) and slo.detail.passed):
         problems.append("SLO gate: " + ("not run" if slo is None else "failed"))
     promotion = loaded.spec.promotion
     if promotion.requires_approval:
@@ -157,14 +158,13 @@ def _promote(
     loaded = release_spec(rel)
     problems = gate_problems(reg, rel, loaded)
     if problems:
-        reg.record(rel.id, "promotion_refused", actor, {"reasons": problems})
+        reg.record(rel.id, ev.PromotionRefusal(reasons=problems), actor)
         raise PromotionRefused(f"release {rel.id} ({rel.name}) not promoted:\n  " + "\n  ".join(problems))
     previous = reg.live(rel.name, rel.target)
     reg.record(
         rel.id,
-        "deploy_started",
+        ev.DeployStarted(target=rel.target, layout=rel.data.layout, replacing=previous.id if previous else None),
         actor,
-        {"target": rel.target, "layout": rel.data.layout, "replacing": previous.id if previous else None},
         status="deploying",
     )
     review = reviewer(reg, rel, loaded) if step_reviews else None
@@ -172,17 +172,16 @@ def _promote(
         _deploy(reg, rel, loaded, previous, actor, held, review)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # the task terminated (SIGTERM, ^C): the target may be mid-rollout
-            reg.record(rel.id, "controller_interrupted", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+            reg.record(rel.id, ev.ControllerInterrupted(error=f"{type(exc).__name__}: {exc}"[:2000]), actor)
             raise  # left "deploying": the task's retry (or `recover`) brings it to a safe end
         if isinstance(exc, LeaseLost):  # another controller holds the model now: its record is its own
-            reg.record(rel.id, "lease_lost", actor, {"error": str(exc)[:2000]})
+            reg.record(rel.id, ev.LeaseLoss(error=str(exc)[:2000]), actor)
             raise
         # whatever else went wrong (a bug), the release must not stay "deploying" (one conditional update)
         reg.record(
             rel.id,
-            "deploy_failed",
+            ev.DeployFailure(error=f"{type(exc).__name__}: {exc}"[:2000]),
             actor,
-            {"error": f"{type(exc).__name__}: {exc}"[:2000]},
             status="failed",
             only_from=("deploying",),
         )
@@ -190,20 +189,16 @@ def _promote(
     return reg.get(rel.id)
 
 
-def _went_live(reg: Registry, rel: Release, previous: Release | None, actor: str, detail: dict[str, Any]) -> None:
+def _went_live(
+    reg: Registry, rel: Release, previous: Release | None, actor: str, live: ReleaseData, recovered: bool = False
+) -> None:
     """The release carries all the traffic: live on record now (keep window or not), its
-    predecessor superseded, each by one conditional update."""
-    reg.record(
-        rel.id,
-        "deploy_finished",
-        actor,
-        detail,
-        status="live",
-        data=ReleaseData.model_validate({k: v for k, v in detail.items() if k != "target"}),
-        only_from=("deploying",),
-    )
+    predecessor superseded, each by one conditional update. `live`: where it serves (Opened.live_data)."""
+    said = {"recovered": True} if recovered else {"target": rel.target}
+    finished = ev.DeployFinished.model_validate({**said, **live.model_dump(exclude_unset=True)})
+    reg.record(rel.id, finished, actor, status="live", data=live, only_from=("deploying",))
     if previous and previous.id != rel.id:
-        reg.record(previous.id, "superseded", actor, {"by": rel.id}, status="superseded", only_from=("live",))
+        reg.record(previous.id, ev.Superseded(by=rel.id), actor, status="superseded", only_from=("live",))
 
 
 def recover(
@@ -229,28 +224,27 @@ def _recover(reg: Registry, release_id: int, actor: str, held: lock.Held) -> Rel
     # a rollback whose controller died: undone, its release is back to what it was before it (read
     # now: the undo's own events follow on the trail)
     started = last_event(reg, rel.id, "rollback_started", "deploy_started")
-    was = started.detail_as(RollbackStarted).was if started is not None and started.kind == "rollback_started" else None
-    reg.record(rel.id, "recovery_started", actor, {"target": rel.target})
+    was = started.detail.was if started is not None and isinstance(started.detail, RollbackStarted) else None
+    reg.record(rel.id, ev.RecoveryStarted(target=rel.target), actor)
     with _opened(reg, rel, loaded, previous, actor, k8s_client, "recover") as opened:
         outcome = controller.recover(opened.target) if opened.target is not None else None
         if outcome is not None:
-            _record_events(reg, rel.id, outcome, actor)
+            _record_events(reg, rel.id, outcome.events, actor)
         live = outcome is not None and outcome.status == "live"
-        data = opened.live_data() if live else {}
+        data = opened.live_data() if live else ReleaseData()
     restored = previous is not None and previous.id != rel.id and not live
     if live:
-        _went_live(reg, rel, previous, actor, {"recovered": True, **data})
+        _went_live(reg, rel, previous, actor, data, recovered=True)
         if was is not None and previous and previous.id != rel.id:  # a rollback's: the other was rolled back
-            reg.record(previous.id, "rolled_back", actor, {"restored": rel.id}, status="rolled_back")
+            reg.record(previous.id, ev.RolledBack(restored=rel.id), actor, status="rolled_back")
     else:
         reg.record(
             rel.id,
-            "deploy_failed",
+            ev.DeployFailure(
+                error="the rollout's controller died; undone",
+                previous_serving=previous.id if restored and previous else None,
+            ),
             actor,
-            {
-                "error": "the rollout's controller died; undone",
-                "previous_serving": previous.id if restored and previous else None,
-            },
             status=was or ("rolled_back" if restored else "failed"),
             only_from=("deploying",),
         )
@@ -361,7 +355,7 @@ class Opened:
     judge: controller.Judge | None
     spare: int
     scale_down_delay_s: float
-    live_data: Callable[[], dict[str, Any]]  # the release's data once live (its endpoint, its engines)
+    live_data: Callable[[], ReleaseData]  # the release's data once live (its endpoint, its engines)
     smoke: Callable[[], tuple[str, str]]  # (url, completion text) through the live address
     on_live: Callable[[list[ControllerEvent]], None] | None = None  # told once the release carries all the traffic
     wait: Callable[[float], bool | None] = time.sleep  # sleeps the keep window
@@ -395,9 +389,8 @@ def _opened_local(
         target = local_target.LocalRelease(spec, rel.id)
     kept = purpose == "rollback" and target.state().new_servers > 0  # its engines still run: no steps
 
-    def live_data() -> dict[str, Any]:
-        dep = local_target.current(rel.name)
-        return {"endpoint": local_target.endpoint(spec), "deployment": dep.model_dump() if dep else None}
+    def live_data() -> ReleaseData:
+        return ReleaseData(endpoint=local_target.endpoint(spec), deployment=local_target.current(rel.name))
 
     def smoke() -> tuple[str, str]:
         dep = local_target.current(rel.name)
@@ -450,7 +443,7 @@ def _opened_kubernetes(
         return f"{checked.url} ({k8s_deploy.RELEASE_HEADER}: {checked.release})", checked.text
 
     if purpose == "verify" or (purpose == "recover" and not objs):  # nothing to roll out or recover
-        yield Opened(None, None, None, 0, 0.0, lambda: {"endpoint": endpoint}, smoke)
+        yield Opened(None, None, None, 0, 0.0, lambda: ReleaseData(endpoint=endpoint), smoke)
         return
     if not objs:
         raise ReleaseError(f"release {rel.id}: no rendered manifests on record; nothing to {purpose}")
@@ -466,7 +459,7 @@ def _opened_kubernetes(
             judge=judge,
             spare=plan.spare_servers if plan else spec.rollout.spare_servers,
             scale_down_delay_s=duration_seconds(spec.rollout.scale_down_delay) if purpose == "promote" else 0.0,
-            live_data=lambda: {"endpoint": endpoint},
+            live_data=lambda: ReleaseData(endpoint=endpoint),
             smoke=smoke,
         )
     except Exception:
@@ -507,17 +500,16 @@ def _rendered(reg: Registry, rel: Release, loaded: LoadedSpec, actor: str, serve
     objs = manifests.render(loaded, rel.chosen().layout, str(rel.id), artifact, options)
     problems = manifests.validate(objs)
     if problems:
-        reg.record(
-            rel.id, "deploy_failed", actor, {"error": "manifests invalid", "problems": problems}, status="failed"
-        )
+        reg.record(rel.id, ev.DeployFailure(error="manifests invalid", problems=problems), actor, status="failed")
         raise DeployFailed(f"release {rel.id}: rendered manifests fail schema validation:\n  " + "\n  ".join(problems))
     kept = home() / "releases" / str(rel.id) / "manifests.yaml"  # the exact objects applied, for humans and audits
     atomic_write(kept, manifests.to_yaml(objs))
     reg.record(
         rel.id,
-        "manifests_rendered",
+        ev.ManifestsRendered(
+            objects=[f"{o['kind']}/{o['metadata']['name']}" for o in objs], file=str(kept), servers=servers
+        ),
         actor,
-        {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objs], "file": str(kept), "servers": servers},
         data=ReleaseData(manifests=objs, manifests_file=str(kept)),
     )
     return objs
@@ -529,9 +521,11 @@ def _run(opened: Opened) -> RolloutOutcome:
     )
 
 
-def _record_events(reg: Registry, release_id: int, outcome: RolloutOutcome, actor: str) -> None:
-    for kind, detail in outcome.events:
-        reg.record(release_id, kind, actor, detail)
+def _record_events(reg: Registry, release_id: int, made: list[ControllerEvent], actor: str) -> None:
+    """The controller's and the target's events, each read as its kind's record (a detail that does
+    not fit is refused, naming the kind and the field), recorded in order."""
+    for kind, detail in made:
+        reg.record(release_id, ev.detail_of(kind, detail), actor)
 
 
 def _deploy(
@@ -553,15 +547,13 @@ def _deploy(
 
         def on_live(events: list[ControllerEvent]) -> None:
             nonlocal recorded
-            for kind, detail in events[recorded:]:
-                reg.record(rel.id, kind, actor, detail)
+            _record_events(reg, rel.id, events[recorded:], actor)
             recorded = len(events)
-            _went_live(reg, rel, previous, actor, {"target": rel.target, **opened.live_data()})
+            _went_live(reg, rel, previous, actor, opened.live_data())
 
         def keep(delay_s: float) -> bool:
             nonlocal recorded
-            for kind, detail in opened.target.events[recorded:]:  # scale_down_delay, with its end
-                reg.record(rel.id, kind, actor, detail)
+            _record_events(reg, rel.id, opened.target.events[recorded:], actor)  # scale_down_delay, with its end
             recorded = len(opened.target.events)
             try:
                 with held.released(lock.WAIT_S):
@@ -575,15 +567,15 @@ def _deploy(
         outcome = _run(opened)
         if outcome.status == "live" and reg.get(rel.id).status == "deploying":  # live, and not told so
             on_live(outcome.events)
-        for kind, detail in outcome.events[recorded:]:
-            reg.record(rel.id, kind, actor, detail)
+        _record_events(reg, rel.id, outcome.events[recorded:], actor)
     if outcome.status != "live":
         restored = outcome.status == "rolled_back"
         reg.record(
             rel.id,
-            "deploy_failed",
+            ev.DeployFailure(
+                error=(outcome.error or "")[:2000], previous_serving=previous.id if restored and previous else None
+            ),
             actor,
-            {"error": (outcome.error or "")[:2000], "previous_serving": previous.id if restored and previous else None},
             status=outcome.status,
             only_from=("deploying",),
         )
@@ -605,9 +597,9 @@ def verify(reg: Registry, release_id: int, actor: str = "pipeline", k8s_client: 
             url, text = opened.smoke()
     except ReleaseError as exc:
         # evidence, not a verdict: a retry may pass, and a re-benchmark or a human decides the rest
-        reg.record(rel.id, "verify_failed", actor, {"error": str(exc)[:2000]})
+        reg.record(rel.id, ev.VerifyFailed(error=str(exc)[:2000]), actor)
         raise
-    reg.record(rel.id, "verified", actor, {"url": url, "text": text})
+    reg.record(rel.id, ev.Verified(url=url, text=text), actor)
     return Verification(release_id=rel.id, endpoint=url, text=text)
 
 
@@ -650,7 +642,7 @@ def _rollback(
         resumed = _recover(reg, stuck.id, actor, held)
         if resumed.status == "live" and started is not None and started.kind == "rollback_started":
             if to is None or to == stuck.id:
-                reg.record(stuck.id, "rollback_finished", actor, {"reason": reason, "path": "resumed"})
+                reg.record(stuck.id, ev.RollbackFinished(reason=reason, path="resumed"), actor)
                 return resumed
     live = reg.live(name, target)
     if to is None:
@@ -669,16 +661,15 @@ def _rollback(
     before = rel.status
     reg.record(
         rel.id,
-        "rollback_started",
+        ev.RollbackStarted(reason=reason, from_release=live.id if live else None, was=before),
         actor,
-        {"reason": reason, "from": live.id if live else None, "was": before},
         status="deploying",
     )
     try:
         with _opened(reg, rel, loaded, live, actor, k8s_client, "rollback") as opened:
             path = "re-rollout" if opened.steps else "kept objects"
             outcome = _run(opened)
-            _record_events(reg, rel.id, outcome, actor)
+            _record_events(reg, rel.id, outcome.events, actor)
             if outcome.status != "live":
                 raise DeployFailed(f"rollback to release {rel.id} ({path}) failed: {outcome.error}")
             data = opened.live_data()
@@ -686,41 +677,35 @@ def _rollback(
         if not isinstance(exc, Exception) or isinstance(exc, LeaseLost):
             # killed (or fenced off) mid-rollback: left "deploying" with its record on the target, for
             # the task's retry (or `recover`) to bring to a safe end
-            reg.record(rel.id, "controller_interrupted", actor, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+            reg.record(rel.id, ev.ControllerInterrupted(error=f"{type(exc).__name__}: {exc}"[:2000]), actor)
             raise
         reg.record(
             rel.id,
-            "rollback_failed",
+            ev.RollbackFailed(reason=reason, error=f"{type(exc).__name__}: {exc}"[:2000]),
             actor,
-            {"reason": reason, "error": f"{type(exc).__name__}: {exc}"[:2000]},
             status=before,
             only_from=("deploying",),
         )  # back to what it was: a failed rollback changes nothing on record
         raise
-    complete = dict(outcome.events).get("rollout_complete", {})
-    detail = {
-        "path": path,
-        "all_traffic_after_s": complete.get("all_traffic_after_s"),
-        "seconds": complete.get("seconds"),
-        "events": [k for k, _ in outcome.events],
-        **data,
-    }
-    reg.record(
-        rel.id,
-        "rollback_finished",
-        actor,
-        {"reason": reason, **detail},
-        status="live",
-        data=ReleaseData.model_validate(data),
-        only_from=("deploying",),
+    made = [ev.detail_of(kind, detail) for kind, detail in outcome.events]
+    complete = next((d for d in made if isinstance(d, ev.RolloutComplete)), ev.RolloutComplete())
+    finished = ev.RollbackFinished.model_validate(
+        {
+            "reason": reason,
+            "path": path,
+            "all_traffic_after_s": complete.all_traffic_after_s,
+            "seconds": complete.seconds,
+            "events": [d.kind for d in made],
+            **data.model_dump(exclude_unset=True),
+        }
     )
+    reg.record(rel.id, finished, actor, status="live", data=data, only_from=("deploying",))
     for other in reg.releases(name=name, status="live"):  # the cluster serves `rel` only now
         if other.target == target and other.id != rel.id:
             reg.record(
                 other.id,
-                "rolled_back",
+                ev.RolledBack(reason=reason, restored=rel.id),
                 actor,
-                {"reason": reason, "restored": rel.id},
                 status="rolled_back",
                 only_from=("live",),
             )
@@ -778,9 +763,9 @@ def _finish_keep(reg: Registry, live: Release, actor: str, held: lock.Held, now:
             return None
         fleet = target.state()
         if fleet.weights != {fleet.backend: WEIGHT_TOTAL} or not fleet.old_servers:
-            reg.record(live.id, "rollout_complete", actor, {"keep_window": "nothing left to scale down"})
+            reg.record(live.id, ev.RolloutComplete(keep_window="nothing left to scale down"), actor)
             return None
         target.scale_old(0)
-        detail = {"keep_window": "finished by recover", "scaled_to_zero": fleet.old_release}
-        reg.record(live.id, "rollout_complete", actor, detail)
+        done = ev.RolloutComplete(keep_window="finished by recover", scaled_to_zero=fleet.old_release)
+        reg.record(live.id, done, actor)
     return f"release {live.id}: the keep window ended with nobody to finish it: release {fleet.old_release} to zero"

@@ -23,7 +23,7 @@ from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.evaluate import EvalResult
-from pipeline.records.events import TrendPoint
+from pipeline.records.events import AlertFailed, RebenchmarkCancelled, RebenchmarkFailed, TrendPoint
 from pipeline.records.rebenchmark import Promoted, Remeasure, Verdict
 from pipeline.records.release import StagedRef
 from pipeline.release import alerts, promote, report
@@ -181,7 +181,7 @@ def cancelled(reg: Registry, rel: Release, reason: str, found: dict[str, str]) -
     """A measurement stopped on purpose (shutdown, cancelled task): recorded as such, no alert, no trend
     point, the release's status untouched."""
     verdict = Verdict(release_id=rel.id, status="cancelled", reasons=[reason[:1500]], versions=found)
-    reg.record(rel.id, "rebenchmark_cancelled", "rebenchmark", verdict.model_dump())
+    reg.record(rel.id, RebenchmarkCancelled(**verdict.model_dump()), "rebenchmark")
     log.warning("release %d: %s", rel.id, reason)
     return verdict
 
@@ -218,12 +218,12 @@ def conclude(
             expected=expected,
             versions=found,
         )
-        reg.record(rel.id, "rebenchmark_failed", "rebenchmark", verdict.model_dump())
+        reg.record(rel.id, RebenchmarkFailed(**verdict.model_dump()), "rebenchmark")
         log.error("release %d: re-benchmark FAILED: %s", rel.id, verdict.reasons[0])
         try:
             alerts.send(reg, rel, loaded, verdict, context)
         except Exception as alert_exc:  # noqa: BLE001
-            reg.record(rel.id, "alert_failed", "rebenchmark", {"error": str(alert_exc)[:1000]})
+            reg.record(rel.id, AlertFailed(error=str(alert_exc)[:1000]), "rebenchmark")
         return verdict
     status, reasons, measured = judge(rel, result, loaded)
     verdict = Verdict(
@@ -231,9 +231,8 @@ def conclude(
     )
     reg.record(
         rel.id,
-        "trend_point",
-        "rebenchmark",
         TrendPoint.model_validate({**measured.model_dump(), **found, "verdict": status, "out_dir": str(out_dir)}),
+        "rebenchmark",
         status="degraded" if status == "degraded" else "live",
         only_from=SERVING,
     )
@@ -252,7 +251,7 @@ def conclude(
             alerts.send(reg, rel, loaded, verdict, context)
         except Exception as exc:  # noqa: BLE001 - a broken mail server must not stop the rollback below
             log.error("alert for release %d could not be sent: %s", rel.id, exc)
-            reg.record(rel.id, "alert_failed", "rebenchmark", {"error": str(exc)[:1000]})
+            reg.record(rel.id, AlertFailed(error=str(exc)[:1000]), "rebenchmark")
         if loaded.spec.rebenchmark.auto_rollback:
             try:
                 promote.rollback(reg, rel.name, rel.target, "rebenchmark", "auto_rollback: " + "; ".join(reasons))

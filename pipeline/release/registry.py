@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, field_serializer, model_validator
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, create_engine, event, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
@@ -32,8 +32,10 @@ from pipeline.core.rollout import Deployment
 from pipeline.core.spec import LoadedSpec, hardware_path, resolved_source
 from pipeline.planner.calibration import Measurements, observations
 from pipeline.planner.profile import Profile
+from pipeline.records import events
 from pipeline.records.capacity import CapacityPlan
 from pipeline.records.evaluate import EvaluationPair, GateDecision
+from pipeline.records.events import Created, EventDetail, EventRecord, UnreadEvent
 from pipeline.records.plan import PredictionCheck
 from pipeline.records.release import ReleaseInputs, StagedRef
 from pipeline.records.selection import ChosenFigures
@@ -225,9 +227,6 @@ class Release(BaseModel):
         return self.data.chosen
 
 
-# An event's evidence, as the audit trail shows it: free-form per kind (a gate's figures, a rollout
-# step's analysis, an approval's comment), JSON. The one untyped edge: kinds come and go with steps.
-EventDetail = dict[str, Any]
 DetailRecord = TypeVar("DetailRecord", bound=BaseModel)
 
 
@@ -238,15 +237,35 @@ class Event(BaseModel):
     kind: str
     actor: str
     status_after: str | None
-    detail: EventDetail
+    detail: EventDetail | UnreadEvent = Field(
+        description="its evidence, the record of its kind (records.events); UnreadEvent: a stored kind no record reads"
+    )
+
+    @classmethod
+    def of(cls, row: EventRow) -> Event:
+        """A stored row, its detail read as its kind's record (the kind is the row's column, not in its JSON)."""
+        return cls(
+            id=row.id,
+            release_id=row.release_id,
+            at=row.at,
+            kind=row.kind,
+            actor=row.actor,
+            status_after=row.status_after,
+            detail=events.read(row.kind, row.detail or {}),
+        )
+
+    @field_serializer("detail")
+    def _as_stored(self, detail: EventDetail | UnreadEvent) -> dict[str, JsonValue]:
+        """Dumped as the registry keeps it: the fields its writer set, no `kind` (that is the event's)."""
+        return detail.stored()
 
     def detail_as(self, record: type[DetailRecord]) -> DetailRecord:
-        """The detail read as the record its kind writes (records.events), never by string key;
-        one that does not fit is an error naming the event."""
-        try:
-            return record.model_validate(self.detail)
-        except ValidationError as exc:
-            raise ReleaseError(f"release {self.release_id}, event {self.id} ({self.kind}): {exc}") from None
+        """The detail narrowed to the record its kind writes (or a base of it, e.g. GateVerdict); a
+        detail of another record, or one that did not read (UnreadEvent), is an error naming the event."""
+        if isinstance(self.detail, record):
+            return self.detail
+        why = self.detail.problem if isinstance(self.detail, UnreadEvent) else f"a {type(self.detail).__name__}"
+        raise ReleaseError(f"release {self.release_id}, event {self.id} ({self.kind}): not a {record.__name__}: {why}")
 
 
 class UnknownRelease(ReleaseError):
@@ -336,7 +355,7 @@ class Registry:
                         kind="created",
                         actor="pipeline",
                         status_after="candidate",
-                        detail={"run_key": run_key, "spec_path": spec_path},
+                        detail=Created(run_key=run_key, spec_path=spec_path).stored(),
                     )
                 )
             return Release.model_validate(row, from_attributes=True)
@@ -344,16 +363,16 @@ class Registry:
     def record(
         self,
         release_id: int,
-        kind: str,
+        detail: EventDetail,
         actor: str,
-        detail: EventDetail | BaseModel | None = None,
         *,
         status: str | None = None,
         data: ReleaseData | None = None,
         only_from: tuple[str, ...] | None = None,
     ) -> Event:
-        """Append an event; optionally move the release to `status` and merge the facts `data` sets
-        (the fields given, None included) into its record.
+        """Append the event `detail`, a record of records.events (its kind is the record's own; a
+        field it does not declare was refused when it was made); optionally move the release to
+        `status` and merge the facts `data` sets (the fields given, None included) into its record.
 
         `only_from`: change the status only if the release is (still) in one of these (a verdict
         measured for minutes must not revive a superseded release). The change is one conditional
@@ -363,6 +382,8 @@ class Registry:
         """
         if status is not None and status not in STATUSES:
             raise ValueError(f"status {status!r}: expected one of {', '.join(STATUSES)}")
+        if not isinstance(detail, EventRecord) or events.KINDS.get(detail.kind) is not type(detail):
+            raise TypeError(f"release {release_id}: {detail!r} is no event record (pipeline/records/events.py)")
         with self._session() as s:
             now = _now()
             if status is not None:
@@ -385,18 +406,14 @@ class Registry:
             ev = EventRow(
                 release_id=release_id,
                 at=now,
-                kind=kind,
+                kind=detail.kind,
                 actor=actor,
                 status_after=status,
-                detail=_json_safe(
-                    detail.model_dump(mode="json", exclude_unset=True)
-                    if isinstance(detail, BaseModel)
-                    else detail or {}
-                ),
+                detail=_json_safe(detail.stored()),
             )
             s.add(ev)
             s.flush()
-            return Event.model_validate(ev, from_attributes=True)
+            return Event.of(ev)
 
     def get(self, release_id: int) -> Release:
         with self._session() as s:
@@ -452,7 +469,7 @@ class Registry:
     def events(self, release_id: int) -> list[Event]:
         with self._session() as s:
             rows = s.scalars(select(EventRow).where(EventRow.release_id == release_id).order_by(EventRow.id))
-            return [Event.model_validate(r, from_attributes=True) for r in rows]
+            return [Event.of(r) for r in rows]
 
     def live(self, name: str, target: str) -> Release | None:
         """The release now serving `name` on `target` (the newest if history ever holds two)."""
@@ -545,7 +562,7 @@ def audit_trail(reg: Registry, release_id: int) -> str:
     lines.append("events:")
     for ev in reg.events(release_id):
         status = f" -> {ev.status_after}" if ev.status_after else ""
-        detail = ", ".join(f"{k}={_short(v)}" for k, v in ev.detail.items())
+        detail = ", ".join(f"{k}={_short(v)}" for k, v in ev.detail.stored().items())
         lines.append(
             f"  {ev.at:%Y-%m-%d %H:%M:%S}  {ev.kind:<18} by {ev.actor}{status}" + (f"  ({detail})" if detail else "")
         )

@@ -25,7 +25,7 @@ from pipeline.core.spec import LoadedSpec
 from pipeline.planner import calibration
 from pipeline.records import edge
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult
-from pipeline.records.events import GateVerdict, TrendPoint
+from pipeline.records.events import SloGate, TrendPoint
 from pipeline.records.selection import ChosenFigures
 from pipeline.release.registry import NOTHING_CHOSEN, Registry, Release, ReleaseData
 from pipeline.stages import capacity
@@ -360,7 +360,7 @@ def _audit_events(reg: Registry, release_id: int) -> list[dict[str, Any]]:
             "actor": ev.actor,
             "status_after": ev.status_after,
             "detail_text": ", ".join(
-                f"{k}={json.dumps(v, default=str)[:160]}" for k, v in ev.detail.items() if k != "table"
+                f"{k}={json.dumps(v, default=str)[:160]}" for k, v in ev.detail.stored().items() if k != "table"
             ),
         }
         for ev in reg.events(release_id)
@@ -415,7 +415,7 @@ def trend(reg: Registry, release_id: int) -> list[dict[str, Any]]:
         }
     ]
     for ev in reg.events(release_id):
-        if ev.kind == "slo_gate" and ev.detail_as(GateVerdict).passed:
+        if isinstance(ev.detail, SloGate) and ev.detail.passed:
             points[0]["at"] = ev.at.isoformat()
         if ev.kind == "trend_point":
             point = ev.detail_as(TrendPoint)

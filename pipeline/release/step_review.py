@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from pipeline.records.events import JudgedStep
+from pipeline.records.events import JudgedStep, StepReviewed
 from pipeline.records.rollout import PendingStep, StepAnalysis, StepReview
 from pipeline.release.registry import Registry
 
@@ -44,9 +44,7 @@ def registry_reviewer(
     the review's timeout and `grace_s`, the analysis verdict stands."""
 
     def review(verdict: StepAnalysis) -> StepReview:
-        judged = reg.record(
-            release_id, JUDGED, "pipeline", JudgedStep(**verdict.model_dump(), review_timeout_s=timeout_s)
-        )
+        judged = reg.record(release_id, JudgedStep(**verdict.model_dump(), review_timeout_s=timeout_s), "pipeline")
         log.info(
             "release %d, step %d: analysis %s; waiting up to %.0f s for a reviewer's Continue / Abort",
             release_id,
@@ -60,12 +58,12 @@ def registry_reviewer(
                 (
                     e
                     for e in reversed(reg.events(release_id))
-                    if e.id > judged.id and e.kind == REVIEWED and e.detail_as(StepReview).step == verdict.step
+                    if e.id > judged.id and e.kind == REVIEWED and e.detail_as(StepReviewed).step == verdict.step
                 ),
                 None,
             )
             if answer is not None:
-                decided = answer.detail_as(StepReview)
+                decided = StepReview.model_validate(answer.detail_as(StepReviewed).model_dump(exclude={"kind"}))
                 log.info(
                     "release %d, step %d: %s (%s)",
                     release_id,
@@ -95,7 +93,7 @@ def pending(reg: Registry, release_id: int, step: int) -> PendingStep | None | b
     starts), so an earlier attempt's steps or failure are never taken for this one's."""
     for e in reversed(reg.events(release_id)):
         if e.kind == JUDGED and (judged := e.detail_as(JudgedStep)).step == step:
-            analysis = StepAnalysis.model_validate(judged.model_dump(exclude={"review_timeout_s"}))
+            analysis = StepAnalysis.model_validate(judged.model_dump(exclude={"kind", "review_timeout_s"}))
             return PendingStep(analysis=analysis, timeout_s=judged.review_timeout_s)
         if e.kind in ENDED:
             return None
@@ -105,4 +103,4 @@ def pending(reg: Registry, release_id: int, step: int) -> PendingStep | None | b
 
 
 def record(reg: Registry, release_id: int, review: StepReview) -> None:
-    reg.record(release_id, REVIEWED, review.actor, review.model_dump())
+    reg.record(release_id, StepReviewed(**review.model_dump()), review.actor)
