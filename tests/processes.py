@@ -21,7 +21,7 @@ def engine_processes(groups: set[int] | None = None) -> list[tuple[int, str]]:
     """(process group, command) of this session's live (not zombie) engine API servers, vLLM
     EngineCore/worker processes and nginx masters and workers; of the process `groups` only, when
     given."""
-    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
     rows = [(int(f[0]), f[1], f[2]) for f in (line.split(None, 2) for line in out.splitlines()) if len(f) == 3]
     ours = {pgid for pgid, _, args in rows if any(root in args for root in ROOTS)}
     return [

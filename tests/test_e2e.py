@@ -27,7 +27,7 @@ from pipeline.core.paths import home
 from pipeline.core.spec import load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
-from pipeline.records.events import detail_of
+from pipeline.records.events import RolloutAbort, RolloutStep, detail_of
 from pipeline.release import local_target, step_review
 from pipeline.release.registry import Registry
 from testkit.s3server import MotoServer, free_port
@@ -322,12 +322,11 @@ def test_each_rollout_step_is_a_task_a_reviewer_answers_and_no_answer_is_the_ver
         (2, "abort", False),
     ]
     assert reviews[1].actor == "reviewer" and reviews[1].detail.stored()["comment"] == "p90 TPOT creeping up"
-    aborted = next(e.detail.stored() for e in reg.events(rel.id) if e.kind == "rollout_aborted")
-    assert [(s["step"], s["passed"], s["analysis_passed"]) for s in aborted["steps"]] == [
-        (1, True, None),
-        (2, False, True),
-    ]
-    assert aborted["steps"][1]["reasons"] == ["aborted by reviewer reviewer: p90 TPOT creeping up"]
+    judged = [e.detail.analysis for e in reg.events(rel.id) if isinstance(e.detail, RolloutStep)]
+    assert [(s.step, s.passed, s.analysis_passed) for s in judged if s] == [(1, True, None), (2, False, True)]
+    assert judged[1] and judged[1].reasons == ["aborted by reviewer reviewer: p90 TPOT creeping up"]
+    aborted = [e.detail for e in reg.events(rel.id) if isinstance(e.detail, RolloutAbort)]
+    assert [a.error for a in aborted] == ["aborted by reviewer reviewer: p90 TPOT creeping up"]
 
 
 def check_benchmark_outputs(files: dict[str, str], layouts: list[str], broken: set[str] = frozenset()) -> str:

@@ -164,6 +164,7 @@ STEP_DAG = textwrap.dedent(
         def rollout(spec: dict) -> list:
             from pipeline.entry import flow
             from pipeline.release import promote
+            from pipeline.records import events as ev
             from pipeline.records.rollout import Query, StepAnalysis
 
             reg = flow.registry()
@@ -175,9 +176,16 @@ STEP_DAG = textwrap.dedent(
                     step=number, fraction=fraction, window_s=6, passed=True,
                     queries={"new_p90_ttft": Query(promql="histogram_quantile(...)", value=0.04)},
                 )
-                steps.append(verdict.decided(review(verdict)).model_dump(mode="json"))
-                if not steps[-1]["passed"]:
-                    reg.record(rel.id, "rollout_aborted", "pipeline", {"steps": steps})
+                decided = verdict.decided(review(verdict))
+                steps.append(decided.model_dump(mode="json"))
+                reg.record(
+                    rel.id,
+                    ev.RolloutStep(step=number, fraction=fraction, old_servers=1, new_servers=1, seconds=0.0,
+                                   analysis=decided, passed=decided.passed),
+                    "pipeline",
+                )
+                if not decided.passed:
+                    reg.record(rel.id, ev.RolloutAbort(error="; ".join(decided.reasons)), "pipeline")
                     break
             return steps
 
