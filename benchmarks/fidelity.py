@@ -247,6 +247,21 @@ def other_cpu(result: dict) -> tuple[float, float, str]:
     return statistics.mean(s["other"] for s in seen), max(s["other"] for s in seen), top
 
 
+def client_run(client: str, p: Probe) -> dict:
+    """One client's fixed-rate run as the records keep it (fidelity's `clients_at_answer`, lower_bound's `runs`)."""
+    return {
+        "client": client,
+        "rate": p.rate,
+        "achieved": p.achieved_rate,
+        "p90_ttft_ms": p.p90_ttft_ms,
+        "p90_tpot_ms": p.p90_tpot_ms,
+        "client_lag_p90_ms": p.client_lag_p90_ms,
+        "client_cpu_ms_per_request": p.client_cpu_ms_per_request,
+        "client_bound": p.client_bound,
+        "passed": p.passed,
+    }
+
+
 def check_release(which: str, check_seconds: float) -> int:
     """The lower-bound target for a release already made (`make demo`): its chosen layout's answer and
     ABOVE x it under the independent client, nothing searched again. Exit 1 unless met."""
@@ -302,21 +317,7 @@ def check_release(which: str, check_seconds: float) -> int:
             "layout": chosen.layout,
             "answer": chosen.max_slo_rate,
             "check_seconds": check_seconds,
-            "runs": [
-                {
-                    "client": client,
-                    "rate": p.rate,
-                    "requests": p.num_prompts,
-                    "achieved": p.achieved_rate,
-                    "p90_ttft_ms": p.p90_ttft_ms,
-                    "p90_tpot_ms": p.p90_tpot_ms,
-                    "client_lag_p90_ms": p.client_lag_p90_ms,
-                    "client_cpu_ms_per_request": p.client_cpu_ms_per_request,
-                    "client_bound": p.client_bound,
-                    "passed": p.passed,
-                }
-                for client, p in pairs
-            ],
+            "runs": [{**client_run(client, p), "requests": p.num_prompts} for client, p in pairs],
             "lower_bound": target,
         },
         summary=f"{chosen.layout} at {chosen.max_slo_rate:.4g} req/s: {target.split(':')[0]}",
@@ -472,20 +473,7 @@ def main() -> int:
     fixed = [
         {"rate": p.rate, "achieved": p.achieved_rate, "p90_ttft_ms": p.p90_ttft_ms, "passed": p.passed} for p in checks
     ]
-    at_answer = [
-        {
-            "client": client,
-            "rate": p.rate,
-            "achieved": p.achieved_rate,
-            "p90_ttft_ms": p.p90_ttft_ms,
-            "p90_tpot_ms": p.p90_tpot_ms,
-            "client_lag_p90_ms": p.client_lag_p90_ms,
-            "client_cpu_ms_per_request": p.client_cpu_ms_per_request,
-            "client_bound": p.client_bound,
-            "passed": p.passed,
-        }
-        for client, p in pairs
-    ]
+    at_answer = [client_run(client, p) for client, p in pairs]
     path = measurements.record(
         "fidelity",
         {
