@@ -68,6 +68,21 @@ def test_no_record_of_a_release_holds_an_untyped_field():
     assert _untyped(bad, set(), "Bad") == ["Bad.x"]
 
 
+def mypy_refusals(module) -> tuple[str, list[str]]:
+    """mypy, with the project's configuration, on a module that must not type-check: (its output,
+    its error lines); a module it accepts fails the calling test."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(PROJECT_ROOT / "pyproject.toml"), str(module)],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    return out, [line for line in out.splitlines() if ": error:" in line]
+
+
 def test_mypy_refuses_a_string_key_read_of_release_data(tmp_path):
     module = tmp_path / "reads_release_data.py"
     module.write_text(
@@ -81,16 +96,7 @@ def test_mypy_refuses_a_string_key_read_of_release_data(tmp_path):
         '    by_get = rel.data.get("layout")\n'
         "    return [typed, by_key, by_get]\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(PROJECT_ROOT / "pyproject.toml"), str(module)],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = done.stdout + done.stderr
-    assert done.returncode == 1, out
-    errors = [line for line in out.splitlines() if ": error:" in line]
+    out, errors = mypy_refusals(module)
     assert [line.split(":")[1] for line in errors] == ["7", "8"], out
     assert '"ReleaseData" is not indexable' in errors[0], out
     assert '"ReleaseData" has no attribute "get"' in errors[1], out
@@ -375,16 +381,7 @@ def test_mypy_refuses_a_string_key_read_of_an_event_detail_and_a_free_form_write
         '    reg.record(1, "approved", "reviewer", {"comment": "ok"})\n'
         "    return [typed, by_key, by_get]\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(PROJECT_ROOT / "pyproject.toml"), str(module)],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = done.stdout + done.stderr
-    assert done.returncode == 1, out
-    errors = [line for line in out.splitlines() if ": error:" in line]
+    out, errors = mypy_refusals(module)
     assert {line.split(":")[1] for line in errors} == {"8", "9", "10"}, out
     assert any(":8: error:" in e and "is not indexable" in e for e in errors), out
     assert any(":9: error:" in e and 'has no attribute "get"' in e for e in errors), out
