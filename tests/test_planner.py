@@ -676,6 +676,7 @@ def test_the_colocated_check_prices_its_loads_own_share_of_the_engines_cores(tmp
     from contextlib import contextmanager
 
     from pipeline.planner import profile as profiling
+    from pipeline.planner import profile_loads
     from pipeline.stages import serving
 
     moved: list[str] = []
@@ -686,7 +687,7 @@ def test_the_colocated_check_prices_its_loads_own_share_of_the_engines_cores(tmp
         yield True
         moved.append("out")
 
-    monkeypatch.setattr(profiling, "host_on_engine_cores", on_engine_cores)
+    monkeypatch.setattr(profile_loads, "host_on_engine_cores", on_engine_cores)  # where measure_colocated looks it up
     runs: list[tuple[str, bool]] = []
 
     class Client:
