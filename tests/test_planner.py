@@ -973,3 +973,52 @@ def test_the_colocated_check_moves_the_api_server_and_the_client_onto_the_engine
         for proc in (group, client):
             os.killpg(proc.pid, 9)
             proc.wait()
+
+
+def test_the_demo_profiles_a_fresh_machine_once_before_its_first_plan(tmp_path, monkeypatch, caplog):
+    """#62 item 4: `make demo` profiles this machine's engine when the registry has no profile for its
+    hardware and engine image (kept: the plan task reads it), not when one is on record; an engine that
+    cannot be profiled leaves the plan on the datasheet, with a line saying so, and the demo goes on."""
+    from datetime import UTC, datetime
+
+    from pipeline.embedded import demo
+    from pipeline.entry import flow
+    from pipeline.planner import profile as profiling
+
+    monkeypatch.setenv("MODEL_RELEASE_HOME", str(tmp_path))
+    monkeypatch.setenv("MODEL_RELEASE_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.db'}")
+    loaded = load_spec(TINY_SPEC)
+    spec, hw = loaded.spec, loaded.hardware
+    runs: list[str] = []
+
+    def broken(spec_path: str, *args, **kwargs):
+        runs.append(spec_path)
+        raise ReleaseError("engine replica 0 exited with 1 before it was healthy")  # as EngineFailed says it
+
+    monkeypatch.setattr(flow, "profile_engine", broken)
+    with caplog.at_level("WARNING", logger="demo"):
+        failed = demo.profile_once(loaded)
+    assert not failed["ran"] and "exited with 1" in failed["why"]
+    assert "the first plan stays on the datasheet" in caplog.text
+    assert flow.registry().profile(hw.name, spec.serving.engine_image) is None
+
+    coefficients = profiling.Coefficients(
+        step_overhead_ms=2.0, sequence_overhead_us=100, request_overhead_ms=3.0, compute_scale=1.0, memory_scale=1.0
+    )
+
+    def fitted(spec_path: str, *args, **kwargs):
+        runs.append(spec_path)
+        return flow.registry().keep_profile(
+            profiling.Profile(
+                hardware=hw.name, engine_image=spec.serving.engine_image, layout="single",
+                measured_at=datetime.now(UTC), coefficients=coefficients, shapes=[], fit_error=0.0, seconds=60.0,
+            )
+        )  # fmt: skip
+
+    monkeypatch.setattr(flow, "profile_engine", fitted)
+    first = demo.profile_once(loaded)
+    assert first["ran"] and first["layout"] == "single" and first["id"]
+    assert flow.registry().profile(hw.name, spec.serving.engine_image).id == first["id"]
+    again = demo.profile_once(loaded)  # on record: not run again
+    assert not again["ran"] and again["id"] == first["id"]
+    assert runs == [str(loaded.path)] * 2
