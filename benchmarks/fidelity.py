@@ -259,6 +259,16 @@ def client_run(client: str, p: Probe) -> dict:
         "client_cpu_ms_per_request": p.client_cpu_ms_per_request,
         "client_bound": p.client_bound,
         "passed": p.passed,
+        # where the CPU went during the run (cores): on a host whose client shares the frontend's core, a
+        # costlier client leaves the API server less of it, and the two clients then measure different engines
+        "cores": None
+        if p.interference is None
+        else {
+            "engine_and_frontend": p.interference.engine,
+            "client": p.interference.client,
+            "other": p.interference.other,
+            "busy": p.interference.busy,
+        },
     }
 
 
