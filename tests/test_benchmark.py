@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from pipeline.core.errors import EngineFailed, EngineStopped
 from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Probe, SearchOutcome
 from pipeline.records.plan import LayoutPrediction
@@ -626,8 +627,8 @@ def test_an_engine_stopped_from_outside_is_a_cancellation_and_a_killed_one_a_fai
     from pipeline.stages import serving
 
     for sig, kind, words in (
-        (signal.SIGTERM, serving.EngineStopped, "was stopped by SIGTERM before it was healthy"),
-        (signal.SIGKILL, serving.EngineFailed, "exited with -9 before it was healthy"),
+        (signal.SIGTERM, EngineStopped, "was stopped by SIGTERM before it was healthy"),
+        (signal.SIGKILL, EngineFailed, "exited with -9 before it was healthy"),
     ):
         cmd = serving.EngineCommand(
             replica=0, devices=[], port=serving.free_port(), argv=[sys.executable, "-c", "import time; time.sleep(60)"],
@@ -637,7 +638,7 @@ def test_an_engine_stopped_from_outside_is_a_cancellation_and_a_killed_one_a_fai
         timer = threading.Timer(1.5, lambda: os.kill(engine.procs[0].pid, sig))  # noqa: B023 - started at once
         timer.start()
         try:
-            with pytest.raises(serving.EngineFailed) as err:
+            with pytest.raises(EngineFailed) as err:
                 engine.start()
         finally:
             timer.cancel()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutAborted, RolloutFailed
+from pipeline.core.errors import AnswersWorse, LocalDeployFailed, RolloutAborted, RolloutFailed
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.rollout import WEIGHT_TOTAL, Deployment, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
@@ -40,10 +40,6 @@ from pipeline.stages.served_accuracy import Answers
 log = logging.getLogger(__name__)
 
 SMOKE_PROMPT = "12+34="
-
-
-class LocalDeployFailed(ReleaseError):
-    pass
 
 
 def state_dir(name: str) -> Path:

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from pipeline.core.checkpoint import read_raw_header
-from pipeline.core.errors import ArtifactError, SpecError
+from pipeline.core.errors import ArtifactError, SpecError, StreamCancelled
 from pipeline.core.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -484,10 +484,6 @@ def _layout(plan: _ShardPlan) -> None:
 # ---------------------------------------------------------------- execution
 
 
-class _Cancelled(Exception):
-    pass
-
-
 def _pread_into(fd: int, buf: memoryview, offset: int, path: Path) -> None:
     done = 0
     while done < len(buf):
@@ -598,7 +594,7 @@ class _Worker:
         pos = 0
         while pos < s.nbytes:
             if self.stop.is_set():
-                raise _Cancelled()
+                raise StreamCancelled()
             n = min(COPY_BYTES, s.nbytes - pos)
             if self._copy_file_range:
                 try:
@@ -632,7 +628,7 @@ class _Worker:
         with torch.inference_mode():
             for r0 in range(0, rows, step):
                 if self.stop.is_set():
-                    raise _Cancelled()
+                    raise StreamCancelled()
                 n = min(step, rows - r0)
                 raw = self._buffer(n * row_bytes)
                 _pread_into(src_fd, memoryview(raw.numpy().data), s.offset + r0 * row_bytes, plan.src_path)
@@ -684,7 +680,7 @@ def _run(plans: list[_ShardPlan], max_workers: int, progress: Progress | None) -
             except BaseException:
                 stop.set()
                 raise
-        real = [e for e in errors if not isinstance(e, _Cancelled)]
+        real = [e for e in errors if not isinstance(e, StreamCancelled)]
         if real or errors:
             raise (real or errors)[0]
         ok = True

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from pipeline.core import storage
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import EngineFailed, EngineStopped, ReleaseError
 from pipeline.core.files import atomic_json, atomic_write
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.core.spec import HardwareProfile, Layout, LoadedSpec, ReleaseSpec
@@ -518,16 +518,6 @@ def reap_orphans() -> int:
                 pass
             record.unlink(missing_ok=True)
     return reaped
-
-
-class EngineFailed(ReleaseError):
-    """The engine did not come up (bad flag, OOM, crash); carries the last log lines."""
-
-
-class EngineStopped(EngineFailed):
-    """An engine process was asked to stop from outside (SIGTERM or SIGINT: a shutdown, a cancelled
-    task): the measurement was cancelled, which is not evidence that anything is broken. SIGKILL is
-    not among them: the OOM killer sends it."""
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
