@@ -31,14 +31,18 @@ def lint(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_tree_keeps_the_layering_contracts():
     result = lint(PROJECT_ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "6 kept, 0 broken" in result.stdout
+    assert "7 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(
     "module, statement, contract",
     [
         ("core/paths.py", "from pipeline.entry import flow", "Layers: each imports only the layers below it"),
-        ("stages/serving.py", "import airflow.sdk", "Only the Airflow, entry and embedded layers import Airflow"),
+        (
+            "stages/serving/engine.py",
+            "import airflow.sdk",
+            "Only the Airflow, entry and embedded layers import Airflow",
+        ),
         ("release/registry.py", "from pipeline.release import report", "No import cycles between modules or packages"),
         (
             "stages/benchmark/search.py",

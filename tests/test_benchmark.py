@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -843,7 +844,7 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
 def _live() -> dict[int, int]:
     """pid -> parent pid of the live (not zombie) processes."""
     out = {}
-    for proc in serving.Path("/proc").iterdir():
+    for proc in Path("/proc").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
             if fields[0] != "Z":
