@@ -11,9 +11,11 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
+from pipeline.core.errors import EngineFailed, EngineStopped
 from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Probe, SearchOutcome
 from pipeline.records.plan import LayoutPrediction
@@ -626,8 +628,8 @@ def test_an_engine_stopped_from_outside_is_a_cancellation_and_a_killed_one_a_fai
     from pipeline.stages import serving
 
     for sig, kind, words in (
-        (signal.SIGTERM, serving.EngineStopped, "was stopped by SIGTERM before it was healthy"),
-        (signal.SIGKILL, serving.EngineFailed, "exited with -9 before it was healthy"),
+        (signal.SIGTERM, EngineStopped, "was stopped by SIGTERM before it was healthy"),
+        (signal.SIGKILL, EngineFailed, "exited with -9 before it was healthy"),
     ):
         cmd = serving.EngineCommand(
             replica=0, devices=[], port=serving.free_port(), argv=[sys.executable, "-c", "import time; time.sleep(60)"],
@@ -637,7 +639,7 @@ def test_an_engine_stopped_from_outside_is_a_cancellation_and_a_killed_one_a_fai
         timer = threading.Timer(1.5, lambda: os.kill(engine.procs[0].pid, sig))  # noqa: B023 - started at once
         timer.start()
         try:
-            with pytest.raises(serving.EngineFailed) as err:
+            with pytest.raises(EngineFailed) as err:
                 engine.start()
         finally:
             timer.cancel()
@@ -842,7 +844,7 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
 def _live() -> dict[int, int]:
     """pid -> parent pid of the live (not zombie) processes."""
     out = {}
-    for proc in serving.Path("/proc").iterdir():
+    for proc in Path("/proc").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
             if fields[0] != "Z":

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pipeline.core.errors import SpecError
+from pipeline.core.errors import GateFailed, SpecError
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import CapacitySpec, WorkloadSpec, load_spec
 from pipeline.entry import flow
@@ -129,7 +129,7 @@ def test_a_candidate_needing_more_than_max_servers_is_refused_at_the_slo_gate(
         "layout single needs 4 servers for the peak (400 req/s + 25% headroom at 150 req/s per server); "
         "capacity.max_servers is 3"
     )
-    with pytest.raises(flow.GateFailed, match="capacity.max_servers is 3") as exc:
+    with pytest.raises(GateFailed, match="capacity.max_servers is 3") as exc:
         edge.call(flow.slo_gate, _release(path, rel.id), selection)
     assert "> max servers" in str(exc.value)  # the fleet table comes with the refusal
     after = reg.get(rel.id)
@@ -279,7 +279,7 @@ def test_the_slo_gate_refuses_a_fleet_that_cannot_scale_out_in_time(spec_file, r
         "layout single cannot scale out in time: scale-up lead time for a server on a standing node is 135 s; "
         "the spare 14% covers 41 s of a spike to 2 x within 300 s (capacity.autoscale.utilisation 0.8)"
     )
-    with pytest.raises(flow.GateFailed) as exc:
+    with pytest.raises(GateFailed) as exc:
         edge.call(flow.slo_gate, _release(path, rel.id), selection)
     assert "load 30 s (measured by this run)" in str(exc.value)  # the lead time's sources come with it
 

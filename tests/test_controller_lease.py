@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import LeaseLost
+from pipeline.core.errors import LeaseHeld, LeaseLost, PrometheusError
 from pipeline.core.spec import load_spec
 from pipeline.k8s.deploy import KubernetesTarget
-from pipeline.k8s.lease import Fenced, Lease, LeaseHeld
+from pipeline.k8s.lease import Fenced, Lease
 from pipeline.records.rollout import StepReview
 from pipeline.release import analysis, controller
 from tests.conftest import PROD_SPEC
@@ -80,7 +80,8 @@ CONTENDER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from kubernetes import client
-    from pipeline.k8s.lease import Lease, LeaseHeld
+    from pipeline.core.errors import LeaseHeld
+    from pipeline.k8s.lease import Lease
 
     url, holder, wait_s, hold_until = sys.argv[1], sys.argv[2], float(sys.argv[3]), Path(sys.argv[4])
     lease = Lease(client.ApiClient(client.Configuration(host=url)), "llm-serving", "qwen3-235b-a22b-fp8", holder)
@@ -222,9 +223,7 @@ def test_one_query_error_is_asked_again_for_the_same_window_and_more_than_the_li
         assert verdict_.queries["new_p90_ttft"].value == 0.4 and prometheus.errors == limit
         assert set(prometheus.at) == {"1234.500"}  # every try, and every query, pinned at the window's end
         prometheus.failing = limit + 1
-        with pytest.raises(
-            analysis.PrometheusError, match="5 errors in a row, more than the consecutive error limit 4"
-        ):
+        with pytest.raises(PrometheusError, match="5 errors in a row, more than the consecutive error limit 4"):
             analysis.analyze(prometheus.url, 'release="2"', None, 1, 0.1, 60, spec.slo, rollout, at=1.0, retry_s=0)
 
 

@@ -111,7 +111,7 @@ def test_every_path_a_doc_names_exists(doc: Path) -> None:
 
 
 def test_the_path_check_sees_a_missing_path() -> None:
-    text = "See `pipeline/core/nope.py`, `core/spec.py`, `nope_stage.py`, `runs/<run>/x.json` and [x](missing.md)."
+    text = "See `pipeline/core/nope.py`, `core/errors.py`, `nope_stage.py`, `runs/<run>/x.json` and [x](missing.md)."
     assert missing_paths(ROOT / "docs/index.md", text) == ["pipeline/core/nope.py", "nope_stage.py", "missing.md"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core import artifacts
-from pipeline.core.errors import ReleaseError, SpecError
+from pipeline.core.errors import GateFailed, ReleaseError, SpecError
 from pipeline.core.spec import EvalTask, load_spec
 from pipeline.entry import flow
 from pipeline.records.evaluate import EvalResult, TaskScore
@@ -134,7 +134,7 @@ def test_damaged_candidate_fails_naming_task_and_recovery(baseline, tiny_model_d
         line.startswith(f"{failed[0].task}: recovery vs min_recovery") and "recovery=" in line
         for line in decision.failures
     ), decision.failures
-    with pytest.raises(flow.GateFailed, match=rf"(?s){failed[0].task}: .*recovery"):
+    with pytest.raises(GateFailed, match=rf"(?s){failed[0].task}: .*recovery"):
         flow.accuracy_gate(flow.validate_spec(str(TINY_SPEC)), baseline, candidate, "test-damaged")
 
 

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pipeline.core.errors import ArtifactError
-from pipeline.stages import fp8_stream
+from pipeline.stages import fp8_math, fp8_stream
 
 IGNORE = ["lm_head", "model.embed_tokens", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]
 SCHEMES = ["FP8_DYNAMIC", "FP8_BLOCK"]
@@ -201,12 +201,12 @@ def test_arithmetic_matches_llmcompressor_per_module(dtype, shape):
         w[2, :4] = torch.tensor([448.0, -1e4, 1e-40, -0.0])
         w[3, 1], w[4, 0], w[5, 2] = float("nan"), float("inf"), -float("inf")
     cases.append(w)
-    scratch = fp8_stream.Scratch()
+    scratch = fp8_math.Scratch()
     for w in cases:
         w = w.to(dtype)
         for scheme, ours in (
-            ("FP8_DYNAMIC", lambda x: fp8_stream.quantize_channel(x, scratch)),
-            ("FP8_BLOCK", lambda x: fp8_stream.quantize_block(x, (128, 128), scratch)),
+            ("FP8_DYNAMIC", lambda x: fp8_math.quantize_channel(x, scratch)),
+            ("FP8_BLOCK", lambda x: fp8_math.quantize_block(x, (128, 128), scratch)),
         ):
             ref_q, ref_s = reference_module(w.clone(), scheme)
             q, s = ours(w)
@@ -247,7 +247,7 @@ def test_interrupted_conversion_leaves_no_shard_under_its_final_name_and_can_be_
     src = synthetic["FP8_DYNAMIC"]
     out = tmp_path / "out"
     out.mkdir()
-    real = fp8_stream.quantize_channel
+    real = fp8_math.quantize_channel
     calls = {"n": 0}
 
     def failing(w, scratch=None):

@@ -16,12 +16,12 @@ import certifi
 import pytest
 from kubernetes import client
 
-from pipeline.core.errors import RolloutFailed
+from pipeline.core.errors import ClusterUnreachable, RolloutFailed
 from pipeline.core.rollout import ServerStep
 from pipeline.core.spec import load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
-from pipeline.k8s.deploy import ClusterUnreachable, KubernetesTarget
+from pipeline.k8s.deploy import KubernetesTarget
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.release import controller

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from pipeline import __version__, cli
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import GateFailed, ReleaseError
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.core.spec import load_spec
 from pipeline.entry import flow, pod_steps
@@ -573,7 +573,7 @@ def test_accuracy_gate_reads_both_sides_from_storage_and_publishes_its_report(sp
     gate = pod_steps.accuracy_gate
     decision = edge.call(gate, release, side("baseline", 0.90), side("candidate", 0.899), RUN_ID)
     assert decision["passed"] and decision["validation_html"] == f"{run}/accuracy_validation.html"
-    with pytest.raises(flow.GateFailed, match="accuracy gate failed"):
+    with pytest.raises(GateFailed, match="accuracy gate failed"):
         edge.call(gate, release, side("baseline", 0.90), side("candidate", 0.80), RUN_ID)
     assert "FAIL" in (tmp_path / "nfs" / "runs" / flow.run_dir(RUN_ID).name / "accuracy_validation.html").read_text()
 

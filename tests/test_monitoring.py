@@ -19,6 +19,7 @@ import pytest
 import requests
 import yaml
 
+from pipeline.core.errors import PrometheusError
 from pipeline.core.spec import load_spec
 from pipeline.k8s import manifests, monitoring
 from pipeline.release import analysis, local_prometheus
@@ -171,7 +172,7 @@ def test_the_analysis_finds_each_release_through_the_rendered_relabeling(loaded,
             analysis.wait_up(url, 'release="1"', 1, timeout=30)
             time.sleep(4)  # a few scrapes of the fed histograms
         else:
-            with pytest.raises(analysis.PrometheusError, match=r'0 of 2 engines \(release="2"\)'):
+            with pytest.raises(PrometheusError, match=r'0 of 2 engines \(release="2"\)'):
                 analysis.wait_up(url, 'release="2"', 2, timeout=8)
         rollout = loaded.spec.rollout.model_copy(update={"min_requests": 5})
         verdict = analysis.analyze(url, 'release="2"', 'release="1"', 1, 0.5, 3, loaded.spec.slo, rollout)

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from pipeline.core import artifacts, storage
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import DeployFailed, LocalDeployFailed, PromotionRefused, ReleaseError, RolloutAborted
 from pipeline.core.rollout import RolloutOutcome
 from pipeline.core.spec import load_spec
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, SelectionVerdict
@@ -160,7 +160,7 @@ def test_promote_refuses_without_every_gate_and_records_why(missing, reason, tin
         bucket, prefix = storage.parse_s3_uri(staged.s3_uri)
         client.delete_object(Bucket=bucket, Key=f"{prefix}/model.safetensors")
     before = reg.get(rel.id).status
-    with pytest.raises(promote.PromotionRefused) as err:
+    with pytest.raises(PromotionRefused) as err:
         promote.promote(reg, rel.id)
     assert reason in str(err.value)
     assert reg.get(rel.id).status == before
@@ -174,7 +174,7 @@ def test_rejected_release_is_refused_and_the_rejection_is_on_record(tiny_spec, s
     reg = Registry()
     rel, _ = candidate(reg, tiny_spec(), small_artifact, approver=None)
     reg.record(rel.id, detail_of("rejected", {"comment": "TPOT too close to the limit"}), "reviewer", status="rejected")
-    with pytest.raises(promote.PromotionRefused, match="rejected by reviewer"):
+    with pytest.raises(PromotionRefused, match="rejected by reviewer"):
         promote.promote(reg, rel.id)
     trail = audit_trail(reg, rel.id)
     assert "rejected" in trail and "by reviewer" in trail and "TPOT too close" in trail
@@ -388,7 +388,7 @@ def test_local_target_switches_only_to_a_healthy_release_step_by_step(tiny_spec,
             )
             strict, _ = candidate(reg, strict_spec, artifact, run="strict")
             with pytest.raises(
-                promote.DeployFailed,
+                DeployFailed,
                 match=rf"release {second.id} still serving\): .*aborted at step 1 .*p90 TTFT",
             ):
                 promote.promote(reg, strict.id)
@@ -449,7 +449,7 @@ def test_a_release_whose_answers_got_worse_never_takes_traffic(live, tiny_spec, 
     assert stopped == [[4242]]  # the new engine only; the live one runs on
     assert scraped == []  # never scraped: no step's analysis ever started
     assert fronts == []  # no traffic was ever pointed at it, so nothing moved back either
-    assert isinstance(err.value, local_target.RolloutAborted if live else local_target.LocalDeployFailed)
+    assert isinstance(err.value, RolloutAborted if live else LocalDeployFailed)
     assert not local_target._in_flight("tiny-first-refused").exists()  # an undone rollout leaves no record
 
 
@@ -515,7 +515,7 @@ def test_a_rollback_rolls_the_previous_release_out_again_and_records_why(tiny_sp
     with pytest.raises(ReleaseError, match=f"release {first.id} is live and nothing served before it"):
         promote.rollback(reg, "tiny-rollback", "local", "sre-oncall", "again")
     fail = True
-    with pytest.raises(promote.DeployFailed, match="engine exited"):
+    with pytest.raises(DeployFailed, match="engine exited"):
         promote.rollback(reg, "tiny-rollback", "local", "sre-oncall", "to 2", to=second.id)
     assert reg.get(second.id).status == "rolled_back" and reg.get(first.id).status == "live"
     assert any(e.kind == "rollback_failed" for e in reg.events(second.id))
@@ -526,7 +526,7 @@ def test_cli_releases_show_prints_the_audit_trail(tiny_spec, small_artifact, cap
 
     reg = Registry()
     rel, staged = candidate(reg, tiny_spec(), small_artifact)
-    with pytest.raises(promote.PromotionRefused):
+    with pytest.raises(PromotionRefused):
         reg.record(rel.id, detail_of("rejected", {"comment": "p90 TPOT too close"}), "reviewer", status="rejected")
         promote.promote(reg, rel.id, actor="ml-ops")
     assert cli.main(["releases", "show", str(rel.id)]) == 0
@@ -577,7 +577,7 @@ def test_promote_to_kubernetes_starts_the_planned_fleet_and_refuses_an_infeasibl
 
         second, _ = candidate(reg, prod(0), small_artifact, approver="ml-lead", layout="tp8-ep8", run="run-2")
         fake.requests.clear()
-        with pytest.raises(promote.DeployFailed, match="cannot hold the fleet: step 1: rollout.spare_servers is 0"):
+        with pytest.raises(DeployFailed, match="cannot hold the fleet: step 1: rollout.spare_servers is 0"):
             promote.promote(reg, second.id, k8s_client=fake.client())
         # nothing but the model's Lease, taken before the registry was read and given back
         assert [r for r in fake.requests if r.method != "GET" and "/leases" not in r.path] == []
@@ -648,7 +648,7 @@ def test_a_reviewer_aborts_a_kubernetes_rollout_step_that_passed_its_analysis(pr
 
         answering = threading.Thread(target=reviewer, daemon=True)
         answering.start()
-        with pytest.raises(promote.DeployFailed, match="aborted by reviewer ml-lead"):
+        with pytest.raises(DeployFailed, match="aborted by reviewer ml-lead"):
             promote.promote(reg, new.id, k8s_client=fake.client(), step_reviews=True)
         answering.join(5)
         assert reg.get(live.id).status == "live" and reg.get(new.id).status == "rolled_back"
@@ -695,9 +695,7 @@ def test_a_first_kubernetes_release_too_slow_under_load_through_the_gateway_is_t
         load = threading.Thread(target=clients, daemon=True)
         load.start()
         try:
-            with pytest.raises(
-                promote.DeployFailed, match=r"failed \(failed; nothing serving\).*p90 TTFT 3100 ms > SLO"
-            ):
+            with pytest.raises(DeployFailed, match=r"failed \(failed; nothing serving\).*p90 TTFT 3100 ms > SLO"):
                 promote.promote(reg, rel.id, k8s_client=fake.client())
         finally:
             stop.set()
@@ -778,14 +776,14 @@ def test_a_kubernetes_promotion_whose_controller_died_is_undone_by_the_tasks_ret
         assert reg.get(second.id).status == "deploying"
         assert promote.last_event(reg, second.id, "controller_interrupted") is not None
         assert fake.route_changes[-1].weights[f"qwen3-235b-a22b-fp8-r{second.id}"] > 0  # it had taken traffic
-        with pytest.raises(promote.DeployFailed, match="controller died mid-rollout; it was undone"):
+        with pytest.raises(DeployFailed, match="controller died mid-rollout; it was undone"):
             promote.promote(reg, second.id, k8s_client=fake.client(), first_try=False)
         assert reg.get(second.id).status == "rolled_back" and reg.get(first.id).status == "live"
         assert {r: n for r, n in fake.servers().items() if n} == {str(first.id): 3}
         assert fake.route_changes[-1].weights == {f"qwen3-235b-a22b-fp8-r{first.id}": 10_000}  # and out of it
         recovered = promote.last_event(reg, second.id, "recovered").detail.stored()
         assert recovered["state"] == "undone" and recovered["replacing"] == str(first.id)
-        with pytest.raises(promote.PromotionRefused, match="this promotion already ran"):
+        with pytest.raises(PromotionRefused, match="this promotion already ran"):
             promote.promote(reg, second.id, k8s_client=fake.client(), first_try=False)
 
 

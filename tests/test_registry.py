@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy
 from pydantic import ValidationError
 
+from pipeline.core.errors import NotMigrated
 from pipeline.core.paths import PROJECT_ROOT
 from pipeline.records.events import detail_of
 from pipeline.records.selection import ChosenFigures
@@ -328,7 +329,7 @@ def test_a_runtime_role_behind_head_is_told_to_run_the_upgrade_step(postgres):
     from tests.postgres import APP
 
     database = postgres.database()
-    with pytest.raises(migrations.NotMigrated, match=r"at revision none, this code needs \d+, .*releases migrate"):
+    with pytest.raises(NotMigrated, match=r"at revision none, this code needs \d+, .*releases migrate"):
         Registry(postgres.url(APP, database))
 
 

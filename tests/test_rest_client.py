@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipeline.airflow.rest import READ_TRIES, AirflowClient, AirflowError
+from pipeline.airflow.rest import READ_TRIES, AirflowClient
+from pipeline.core.errors import AirflowError
 
 
 def reply_json(handler: BaseHTTPRequestHandler, body: dict) -> None:

@@ -9,6 +9,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from pipeline.core.errors import PrometheusError
 from pipeline.core.spec import RolloutSpec, SloSpec, load_spec
 from pipeline.records.events import detail_of
 from pipeline.release import analysis, local_prometheus, local_target
@@ -154,7 +155,7 @@ def test_a_step_passes_on_good_live_metrics_and_fails_with_its_evidence(promethe
 
 def test_prometheus_refusing_a_query_names_it(prometheus):
     _, url = prometheus
-    with pytest.raises(analysis.PrometheusError, match=r"refused sum\(rate\(x\[\]\)\)"):
+    with pytest.raises(PrometheusError, match=r"refused sum\(rate\(x\[\]\)\)"):
         analysis.query(url, "sum(rate(x[]))")
 
 

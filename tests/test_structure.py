@@ -1,16 +1,18 @@
 """The tree's shape, read from the source (AST, nothing imported or run; well under a second):
 benchmarks/ shares stand-ins with the tests through `testkit/`, never by importing `tests`; the
-product package imports neither; and the package has one error tree, each name defined once."""
+product package imports neither; and the package has one error tree, in one module, each name defined once."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# exceptions that never leave their module: control flow, caught where they are raised
-PRIVATE_OK = {"_Cancelled": "fp8_stream: stops the other workers, filtered out of the errors in the same function"}
+ERRORS = "pipeline/core/errors.py"
+# exceptions outside the ReleaseError tree: control flow, caught in the function that raised them
+CONTROL_FLOW = {"StreamCancelled": "fp8_stream: stops the other workers, dropped from the errors in the same function"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -75,8 +77,24 @@ def test_one_error_tree_with_each_name_defined_once():
     def under_release_error(name: str) -> bool:
         return name == "ReleaseError" or any(under_release_error(b) for b in found.get(name, [("", [])])[0][1])
 
-    outside = sorted(name for name in found if not under_release_error(name) and name not in PRIVATE_OK)
+    outside = sorted(name for name in found if not under_release_error(name) and name not in CONTROL_FLOW)
     assert outside == [], "errors a caller may see derive from core.errors.ReleaseError"
+
+
+def test_every_exception_class_is_defined_in_the_errors_module():
+    """One module holds the whole tree (its docstring draws it), so a reader finds every error in one
+    place and any layer can import it: `pipeline.core` is the ground floor."""
+    elsewhere = {name: file for name, defs in exception_classes().items() for file, _ in defs if file != ERRORS}
+    assert elsewhere == {}, f"define these in {ERRORS} and import them from there"
+
+
+def test_the_errors_docstring_names_every_exception_in_the_module():
+    """The tree in the docstring is the map a reader trusts: a class missing from it is a stale map."""
+    tree = ast.parse((ROOT / ERRORS).read_text())
+    doc = ast.get_docstring(tree) or ""
+    drawn = {m[1] for m in re.finditer(r"^\s*[*+-] (\w+)", doc, re.M)}
+    defined = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    assert defined - drawn == set() and drawn - defined == set()
 
 
 def test_every_class_name_in_the_package_is_defined_once():

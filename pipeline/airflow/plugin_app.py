@@ -15,8 +15,9 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from pipeline.core.errors import UnknownRelease
 from pipeline.core.html import environment
-from pipeline.release.registry import Registry, UnknownRelease, audit_trail, cached
+from pipeline.release.registry import Registry, audit_trail, cached
 
 DAG_ID = "model_release"
 

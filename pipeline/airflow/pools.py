@@ -10,7 +10,8 @@ pods on their own nodes and the pod DAGs do not use it.
 
 from __future__ import annotations
 
-from pipeline.airflow.rest import AirflowClient, AirflowError
+from pipeline.airflow.rest import AirflowClient
+from pipeline.core.errors import AirflowError
 
 BENCHMARK = "model_release_benchmark"
 SLOTS = 1

@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import AirflowError
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +25,6 @@ READ_TRIES = 4  # a GET that times out is asked again (see AirflowClient._call)
 # takes in the executor's late "success" for the parked attempt's exit (apache/airflow#72716 and
 # #71580, fix open in #72767); on a loaded 2-core machine that report came 5 s after the exit.
 SETTLE_S = 10.0
-
-
-class AirflowError(ReleaseError):
-    pass
 
 
 class AirflowClient:

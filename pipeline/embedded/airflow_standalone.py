@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from pipeline.airflow import pools
-from pipeline.airflow.rest import AirflowClient, AirflowError
+from pipeline.airflow.rest import AirflowClient
+from pipeline.core.errors import AirflowError
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.embedded import local_s3
 from pipeline.stages.serving import stop_groups

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import storage
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import GateFailed, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import PROJECT_ROOT, home, run_dir
 from pipeline.core.spec import LoadedSpec, load_spec, local_source
@@ -176,10 +176,6 @@ def _record_staged(release_id: int, staged: storage.StagedArtifact, quantized_pa
             quantized_path=quantized_path,
         ),
     )
-
-
-class GateFailed(ReleaseError):
-    """A gate said no; the message carries the per-task table so the task log shows why."""
 
 
 def evaluate(release: ValidatedRelease, model: ModelRef, *, baseline: bool) -> EvalResult:

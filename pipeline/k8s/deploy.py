@@ -24,7 +24,14 @@ import time
 from typing import Any
 
 from pipeline.core import platform
-from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutFailed, SmokeFailed
+from pipeline.core.errors import (
+    AnswersWorse,
+    ClusterUnreachable,
+    KubernetesError,
+    ReleaseError,
+    RolloutFailed,
+    SmokeFailed,
+)
 from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutRecord
 from pipeline.k8s import autoscaler
 from pipeline.k8s.manifests import (
@@ -60,18 +67,6 @@ PLURALS = {
     "ScaledObject": "scaledobjects",
 }
 LOG_EVERY_S = 30.0
-
-
-class KubernetesError(ReleaseError):
-    """The API server answered with an error status."""
-
-    def __init__(self, message: str, status: int):
-        self.status = status
-        super().__init__(message)
-
-
-class ClusterUnreachable(ReleaseError):
-    """No answer from the API server (refused, timed out, TLS): nothing was changed."""
 
 
 ROLLOUT_ANNOTATION = "model-release/rollout"

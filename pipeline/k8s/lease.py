@@ -27,22 +27,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.core.errors import LeaseLost, ReleaseError
+from pipeline.core.errors import LeaseHeld, LeaseLost, ReleaseError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DURATION_S", "Fenced", "Lease", "LeaseHeld", "LeaseLost", "holder_identity", "lease_name"]
+__all__ = ["DURATION_S", "Fenced", "Lease", "holder_identity", "lease_name"]
 
 DURATION_S = 60  # leaseDurationSeconds: how long a silent holder keeps the model
 PREFIX = "model-release-"
-
-
-class LeaseHeld(ReleaseError):
-    """Another controller holds the model's Lease (named in the message)."""
-
-    def __init__(self, message: str, holder: str):
-        self.holder = holder
-        super().__init__(message)
 
 
 def lease_name(model: str) -> str:

@@ -17,17 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import ClusterUnreachable, KubernetesError, PreflightFailed, ReleaseError
 from pipeline.core.spec import LoadedSpec
 from pipeline.k8s import install, manifests
-from pipeline.k8s.deploy import ClusterUnreachable, KubernetesError, _call, api_client
+from pipeline.k8s.deploy import _call, api_client
 from pipeline.k8s.pods import ClusterSettings
 
 __all__ = [
     "CHECKS",
     "Cluster",
     "Outcome",
-    "PreflightFailed",
     "connect",
     "gather",
     "preflight",
@@ -42,10 +41,6 @@ INSTALL_FIX = (
 ROUTE_FEATURES = {"timeouts": "HTTPRouteRequestTimeout"}  # a field of the model's route -> Gateway API feature
 # a filter type of the model's route -> its Gateway API feature (the named-release rules' answer header)
 FILTER_FEATURES = {"ResponseHeaderModifier": "HTTPRouteResponseHeaderModification"}
-
-
-class PreflightFailed(ReleaseError):
-    """The cluster lacks something the release needs; the message has one line per missing piece."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ import time
 
 import requests
 
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import PrometheusError
 from pipeline.core.spec import RolloutSpec, SloSpec, duration_seconds
 from pipeline.records.rollout import Query, StepAnalysis
 
@@ -37,10 +37,6 @@ HTTP = "http_requests_total"
 # fails the step's bar aborts at once.
 CONSECUTIVE_ERROR_LIMIT = 4
 RETRY_S = 5.0
-
-
-class PrometheusError(ReleaseError):
-    pass
 
 
 def query(url: str, promql: str, timeout: float = 10, at: float | None = None) -> float | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import PrometheusError, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.release import analysis
 from pipeline.stages import serving
@@ -120,7 +120,7 @@ def wait_scraped(base: str, release_id: int, count: int, timeout: float = 30) ->
     """Until every engine of the release has been scraped up (so a window starts with data)."""
     try:
         analysis.wait_up(base, f'release="{release_id}"', count, timeout)
-    except analysis.PrometheusError as exc:
+    except PrometheusError as exc:
         raise ReleaseError(f"release {release_id}: {exc}") from None
 
 

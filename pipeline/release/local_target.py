@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from pipeline.core.errors import AnswersWorse, ReleaseError, RolloutAborted, RolloutFailed
+from pipeline.core.errors import AnswersWorse, LocalDeployFailed, RolloutAborted, RolloutFailed
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.rollout import WEIGHT_TOTAL, Deployment, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
@@ -40,10 +40,6 @@ from pipeline.stages.served_accuracy import Answers
 log = logging.getLogger(__name__)
 
 SMOKE_PROMPT = "12+34="
-
-
-class LocalDeployFailed(ReleaseError):
-    pass
 
 
 def state_dir(name: str) -> Path:
@@ -100,7 +96,7 @@ def _smoke_replica(dep: Deployment, replica: int, port: int) -> str:
 
 def _stop_groups(pgids: list[int], grace: float = 30) -> None:
     # recorded pids may have been reused since (a reboot, a crash): only signal our own processes
-    serving.stop_groups([p for p in pgids if serving._group_is_engine(p)], grace)
+    serving.stop_groups([p for p in pgids if serving.group_is_engine(p)], grace)
 
 
 def is_healthy(dep: Deployment) -> bool:
@@ -244,7 +240,7 @@ def _front_pid(name: str) -> int | None:
     if not path.exists():
         return None
     pid = int(path.read_text())
-    return pid if serving.alive_group(pid) and serving._group_is_engine(pid) else None
+    return pid if serving.alive_group(pid) and serving.group_is_engine(pid) else None
 
 
 def _front_release(spec: ReleaseSpec) -> str | None:
@@ -513,7 +509,7 @@ class LocalRelease:
         stopped = []
         for pid_file in sorted(state_dir(self.spec.name).glob("release-*/engine-*.pid")):
             pgid = int(pid_file.read_text())
-            if pgid not in keep and serving.alive_group(pgid) and serving._group_is_engine(pgid):
+            if pgid not in keep and serving.alive_group(pgid) and serving.group_is_engine(pgid):
                 _stop_groups([pgid])
                 stopped.append(str(pid_file.relative_to(state_dir(self.spec.name))))
         if stopped:

@@ -19,9 +19,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from pipeline.core.errors import LeaseHeld
 from pipeline.core.spec import LoadedSpec
 from pipeline.k8s import deploy as k8s_deploy
-from pipeline.k8s.lease import Fenced, Lease, LeaseHeld, holder_identity
+from pipeline.k8s.lease import Fenced, Lease, holder_identity
 from pipeline.release import local_target
 
 WAIT_S = 120.0  # how long a second controller waits for the first before it is refused

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.core import storage
-from pipeline.core.errors import LeaseLost, ReleaseError
+from pipeline.core.errors import DeployFailed, LeaseHeld, LeaseLost, PromotionRefused, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.rollout import WEIGHT_TOTAL, RolloutOutcome, ServerStep
@@ -25,7 +25,6 @@ from pipeline.core.rollout import Event as ControllerEvent
 from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_recorded
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
-from pipeline.k8s.lease import LeaseHeld
 from pipeline.records import events as ev
 from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
 from pipeline.records.events import GateVerdict, KeepWindow, Recovered, RollbackStarted
@@ -37,14 +36,6 @@ from pipeline.release.registry import Event, Registry, Release, ReleaseData
 from pipeline.stages import served_accuracy, serving
 
 log = logging.getLogger(__name__)
-
-
-class PromotionRefused(ReleaseError):
-    """A gate or the approval is missing; nothing was deployed."""
-
-
-class DeployFailed(ReleaseError):
-    """The rollout failed; the previous release (if any) was restored."""
 
 
 def release_spec(rel: Release) -> LoadedSpec:

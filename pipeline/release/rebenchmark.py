@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import storage
-from pipeline.core.errors import ReleaseError, SpecError
+from pipeline.core.errors import MeasurementCancelled, ReleaseError, SpecError
 from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
 from pipeline.core.spec import LoadedSpec, load_spec
 from pipeline.records.benchmark import LayoutResult
@@ -31,10 +31,6 @@ from pipeline.release.registry import SERVING, Registry, Release
 from pipeline.stages import benchmark
 
 log = logging.getLogger(__name__)
-
-
-class MeasurementCancelled(ReleaseError):
-    """The re-benchmark's engine was stopped from outside: record a cancellation, alert nobody."""
 
 
 def live_releases(reg: Registry, name: str | None = None) -> list[Release]:

@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from pipeline.core import platform
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import ReleaseError, UnknownRelease
 from pipeline.core.paths import home
 from pipeline.core.rollout import Deployment
 from pipeline.core.spec import LoadedSpec, hardware_path, resolved_source
@@ -266,10 +266,6 @@ class Event(BaseModel):
             return self.detail
         why = self.detail.problem if isinstance(self.detail, UnreadEvent) else f"a {type(self.detail).__name__}"
         raise ReleaseError(f"release {self.release_id}, event {self.id} ({self.kind}): not a {record.__name__}: {why}")
-
-
-class UnknownRelease(ReleaseError):
-    pass
 
 
 def _now() -> datetime:

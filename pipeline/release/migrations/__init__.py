@@ -23,20 +23,16 @@ from sqlalchemy import inspect  # noqa: E402
 from sqlalchemy.engine import Connection, Engine  # noqa: E402
 from sqlalchemy.exc import DBAPIError, OperationalError  # noqa: E402
 
-from pipeline.core.errors import ReleaseError  # noqa: E402
+from pipeline.core.errors import NotMigrated, ReleaseError  # noqa: E402
 from pipeline.release.migrations.env_names import BASELINE, VERSION_TABLE  # noqa: E402
 
-__all__ = ["BASELINE", "VERSION_TABLE", "NotMigrated", "head", "revision", "upgrade"]
+__all__ = ["BASELINE", "VERSION_TABLE", "head", "revision", "upgrade"]
 
 
 # Alembic says which dialect it found on every context, i.e. on every open: keep the upgrades' lines only
 logging.getLogger("alembic.runtime.migration").addFilter(
     lambda record: not record.getMessage().startswith(("Context impl", "Will assume"))
 )
-
-
-class NotMigrated(ReleaseError):
-    """The registry's schema is behind this code and the URL's role may not change it."""
 
 
 def _config(conn: Connection) -> Config:

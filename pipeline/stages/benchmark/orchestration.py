@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import ReleaseError
+from pipeline.core.errors import EngineStopped, ReleaseError
 from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
 from pipeline.records.benchmark import LayoutResult, LoadSplit, Probe
 from pipeline.records.evaluate import EvalResult
@@ -177,7 +177,7 @@ def benchmark_layout(
                     result.error = "serving-path accuracy: " + "; ".join(checked.failures)
     except (ReleaseError, subprocess.TimeoutExpired) as exc:
         result.probes = result.probes or (prober.done if prober else [])
-        result.status = "cancelled" if isinstance(exc, serving.EngineStopped) else "failed"
+        result.status = "cancelled" if isinstance(exc, EngineStopped) else "failed"
         result.error = str(exc)
         log.error("layout %s failed: %s", layout.name, exc)
     result.seconds = round(time.monotonic() - started, 1)
