@@ -40,8 +40,10 @@ class LoadClient:
             with self.lock:
                 self.sent += 1
 
-    def _one(self, prompt: str) -> None:
-        body = {"model": "model", "prompt": prompt, "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True}
+    def _one(self, prompt: str, max_tokens: int | None = None) -> None:
+        """One request of `max_tokens` (the client's own by default), counted."""
+        max_tokens = max_tokens or self.max_tokens
+        body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
         request = urllib.request.Request(
             f"{self.url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
@@ -50,8 +52,8 @@ class LoadClient:
                 answer = json.loads(response.read())
             # every token asked for (ignore_eos); the text itself may decode to "" (special tokens)
             produced = answer["usage"]["completion_tokens"]
-            ok = len(answer["choices"]) == 1 and produced == self.max_tokens
-            error = "" if ok else f"{produced} of {self.max_tokens} tokens"
+            ok = len(answer["choices"]) == 1 and produced == max_tokens
+            error = "" if ok else f"{produced} of {max_tokens} tokens"
         except Exception as exc:  # noqa: BLE001 - every kind of failure is what is being counted
             ok, error = False, f"{type(exc).__name__}: {exc}"
         with self.lock:

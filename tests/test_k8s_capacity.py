@@ -20,7 +20,7 @@ from pipeline.release import controller, rollout_plan
 from pipeline.release.rollout_plan import StepPlan
 from tests.conftest import PROD_SPEC
 from tests.k8s_fake import FakeCluster, FakePrometheus
-from tests.test_k8s_deploy import FAST, STEPS, deploy, live, releases, verdict  # noqa: F401
+from tests.test_k8s_deploy import FAST, STEPS, Killed, deploy, live, recover, releases, verdict  # noqa: F401
 
 NS = "llm-serving"
 SERVER_GPUS = 8  # one tp8-ep8 pod or two tp4-ep4 pods: a server's devices, either release
@@ -193,3 +193,29 @@ def test_an_undo_after_a_spike_gives_the_old_release_the_grown_fleet(fake):
         assert fake.servers() == {"1": 5, "2": 0} and fake.keda_scaled == []
         scaler = fake.get("scaledobjects", NS, "qwen3-235b-a22b-fp8-r1-0")
         assert "autoscaling.keda.sh/paused-replicas" not in scaler["metadata"].get("annotations", {})
+
+
+def test_a_recover_after_a_spike_gives_the_old_release_the_grown_fleet(fake):
+    """As above, but the controller dies while the last step is judged: the grown count is in the
+    rollout's record (written before the fleet grew), so `recover` brings the old release back to
+    the 5 servers the demand needed, not the 3 the rollout started from."""
+    with FakePrometheus(fake, ttft_s={}) as prometheus:
+        target = KubernetesTarget(fake.client(), **FAST)
+        assert deploy(target, "1", with_scalers("1", "tp8-ep8", prometheus.url), timeout_s=5).status == "live"
+        fake.demand_rps = 30.0
+
+        def judge(step: int, fraction: float, pods: int):
+            if step == 1:
+                fake.demand_rps = 50.0
+            if step == 3:
+                raise Killed("the controller's task, during the last step's analysis")
+            return verdict(step, fraction)
+
+        with pytest.raises(Killed):
+            deploy(target, "2", with_scalers("2", "tp4-ep4-x2", prometheus.url), STEPS, judge, 1, 5)
+        assert fake.servers() == {"1": 1, "2": 5}
+        fake.demand_rps = 30.0  # the spike is over by now: the record, not the demand, says what to give back
+        outcome = recover(KubernetesTarget(fake.client(), **FAST), with_scalers("2", "tp4-ep4-x2", prometheus.url))
+        assert outcome.status == "rolled_back", outcome.error
+        assert fake.servers() == {"1": 5, "2": 0}
+        assert dict(outcome.events)["rollback_complete"]["servers"] == 5

@@ -661,6 +661,15 @@ class KubernetesRelease:
             apply(self.api, self.new_deps, self.target.field_manager, self.timeout_s, self.target.poll_s)
             self._hold(self.old_scalers, self.old_count)
 
+    def remember(self, record: RolloutRecord) -> None:
+        """The record rewritten mid-rollout (a spike grew the fleet): on the new Deployments as they
+        are (their counts as the controller last set them), or with their first wave where none
+        exists yet."""
+        for dep in self.new_deps:
+            dep["metadata"].setdefault("annotations", {})[ROLLOUT_ANNOTATION] = record.model_dump_json()
+        if self.applied:
+            apply(self.api, self.applied, self.target.field_manager, self.timeout_s, self.target.poll_s, wait=False)
+
     def prune(self) -> None:
         removed = self._remove_releases(self.stale)
         if removed:

@@ -190,6 +190,9 @@ def rollout(
                     live_servers, budget = want, want + spare_servers
                     steps[number - 1 :] = _resized(steps[number - 1 :], want)
                     step, full = steps[number - 1], max(full, steps[-1].new_servers)
+                    # the record first, as at the start: a `recover` gives the old release the grown fleet
+                    record = record.model_copy(update={"live_servers": live_servers, "full": full})
+                    _remember(target, record)
                     grow = min(
                         servers_for(1 - traffic.new_share, live_servers) - old_servers,
                         budget - old_servers - new_servers - _terminating(target),
@@ -424,6 +427,15 @@ def _demand(target: Target) -> int | None:
     (None: the target cannot say, or has no scalers): a target without `demand` has none."""
     ask = getattr(target, "demand", None)
     return ask() if callable(ask) else None
+
+
+def _remember(target: Target, record: RolloutRecord) -> None:
+    """The rollout's record rewritten where the target keeps it (a spike grew the fleet: a `recover`
+    then gives the old release what the demand needed, not the count before it); a target without
+    `remember` has no `demand` either, so no spike to record."""
+    keep = getattr(target, "remember", None)
+    if callable(keep):
+        keep(record)
 
 
 def _resized(steps: list[ServerStep], live: int) -> list[ServerStep]:

@@ -49,25 +49,33 @@ def wait_idle(
 ) -> dict[str, float | None]:
     """Wait, at most `bound_s` after `lag_s`, until the engine runs and queues no request, or its
     /metrics has not answered for `unreadable_s` (a busy engine may miss a read; one that stays
-    silent is gone: nothing left to wait for). Returns what it saw: requests in flight when it
-    began (None: unreadable), seconds waited, requests left when it stopped waiting (0: drained)."""
+    silent is gone: nothing left to wait for). Idle takes two reads of 0 in a row: vLLM's gauges
+    once read 0 with 16 requests running (the next read, milliseconds later, 16). Returns what it
+    saw: the most requests in flight (None: silent from the start, then nothing is waited for),
+    seconds waited, requests left when it stopped waiting (0: drained)."""
     started = time.monotonic()
     first = in_flight(url)
+    while first is None and time.monotonic() - started < unreadable_s:
+        time.sleep(poll_s)
+        first = in_flight(url)
+    if first is None:
+        return {"in_flight": None, "seconds": round(time.monotonic() - started, 1), "left": None}
     if lag_s > 0:
         time.sleep(lag_s)
     deadline = time.monotonic() + bound_s
-    left = in_flight(url)
+    most, left, zeros = first, in_flight(url), 0
     silent_since = None if left is not None else time.monotonic()
-    while left != 0 and time.monotonic() < deadline:
-        if silent_since is not None and time.monotonic() - silent_since >= unreadable_s:
+    while time.monotonic() < deadline:
+        zeros = zeros + 1 if left == 0 else 0
+        if zeros == 2 or (silent_since is not None and time.monotonic() - silent_since >= unreadable_s):
             break
         time.sleep(poll_s)
         left = in_flight(url)
         if left is None:
             silent_since = silent_since or time.monotonic()
         else:
-            silent_since = None
-    return {"in_flight": first, "seconds": round(time.monotonic() - started, 1), "left": left}
+            silent_since, most = None, max(most, left)
+    return {"in_flight": max(most, left or 0), "seconds": round(time.monotonic() - started, 1), "left": left}
 
 
 def image_vllm_version(image: str) -> tuple[int, int] | None:
