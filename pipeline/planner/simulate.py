@@ -340,7 +340,7 @@ class Slowed:
         run = getattr(self.timer, name)
 
         def slowed(*args: object) -> tuple[int, float, float]:
-            return run(*args, factor=self.factor)  # type: ignore[no-any-return]
+            return run(*args, factor=self.factor)
 
         return slowed
 
