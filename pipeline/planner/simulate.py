@@ -135,12 +135,17 @@ def simulate(
     breakdown: Callable[[Batch], list[tuple[str, float]]] | None = None,
     measure_from: float = 0.0,
     ranks: int = 1,
+    fast: bool = True,
 ) -> SimResult:
     """Run the requests through one replica and record those arriving from `measure_from` on (the
     rest warm the replica up); `breakdown` (the step model's `bounds`) adds time by bound. `ranks` > 1:
     a data-parallel replica whose ranks each schedule their own requests (each arrival to the least
     loaded rank, as vLLM's DP coordinator balances) and step together while any has work; the step is
-    the timer's `lockstep_seconds` of every rank's batch (the slowest rank's, prefills included)."""
+    the timer's `lockstep_seconds` of every rank's batch (the slowest rank's, prefills included).
+
+    `fast` (a timer with `decode_run`/`lockstep_decode_run`, no `breakdown`): a stretch of decode-only
+    steps, in which no request arrives, finishes or is admitted, is run by the timer in one call, float for
+    float what the step loop would compute (tests/test_planner_speed.py checks it against fast=False)."""
     seqs_cap = limits.max_num_seqs
     budget_cap = max(limits.max_num_batched_tokens, seqs_cap)  # vLLM requires tokens >= seqs
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
@@ -158,6 +163,29 @@ def simulate(
         if not any(rank.busy() for rank in group):
             now = requests[arrivals[0]].arrival
             continue
+        if fast and breakdown is None:
+            stretch = _decode_stretch(timer, group, requests, limits, budget_cap, step)
+            if stretch is not None:
+                steps, flags = stretch
+                until = requests[arrivals[0]].arrival if arrivals else math.inf
+                decoding = [rank.decoding for rank in group]
+                if ranks == 1:
+                    ran, now, busy = timer.decode_run(  # type: ignore[attr-defined]
+                        decoding[0], group[0].decode_context, now, busy, until, steps
+                    )
+                else:
+                    ran, now, busy = timer.lockstep_decode_run(  # type: ignore[attr-defined]
+                        decoding, [rank.decode_context for rank in group], now, busy, until, steps
+                    )
+                if ran:
+                    step += ran
+                    tokens += ran * sum(decoding)
+                    blocked_seqs += ran * flags[0]
+                    blocked_kv += ran * flags[1]
+                    for rank in group:
+                        rank.decode_context += ran * rank.decoding
+                        rank.chunks = []
+                    continue
         batches, admitted = [], 0
         for rank in group:
             batch, admits, by_seqs, by_kv = rank.schedule(requests, limits, budget_cap)
@@ -231,6 +259,36 @@ def simulate(
     )
 
 
+def _decode_stretch(
+    timer: StepTimer, group: list[_Rank], requests: list[Request], limits: Limits, budget_cap: int, step: int
+) -> tuple[int, tuple[int, int]] | None:
+    """Whether the next steps are decode-only for every rank and admit no one (no rank prefilling; each
+    rank's waiting head, if any, held back by max-num-seqs or the KV cache, or no token budget left), as
+    schedule() would find -> (how many steps before the first that finishes a request, (ranks blocked
+    by max-num-seqs, by KV) per step), or None where the step loop must run the next step itself."""
+    if not hasattr(timer, "decode_run" if len(group) == 1 else "lockstep_decode_run"):
+        return None
+    by_seqs = by_kv = 0
+    next_finish = None
+    for rank in group:
+        if rank.prefilling:
+            return None
+        if rank.waiting and budget_cap - rank.decoding > 0:
+            req = requests[rank.waiting[0]]
+            if rank.decoding >= limits.max_num_seqs:
+                by_seqs += 1
+            elif rank.kv_used + req.input_len + req.output_len > limits.kv_capacity_tokens and rank.decoding:
+                by_kv += 1
+            else:
+                return None  # schedule() admits it
+        if rank.finishing and (next_finish is None or rank.finishing[0][0] < next_finish):
+            next_finish = rank.finishing[0][0]
+    if next_finish is None:
+        return None
+    steps = next_finish - step - 1  # the steps after which no request finishes
+    return (steps, (by_seqs, by_kv)) if steps > 0 else None
+
+
 class Slo(BaseModel):
     p90_ttft_s: float
     p90_tpot_s: float
@@ -273,6 +331,18 @@ class Slowed:
 
     def lockstep_seconds(self, batches: list[Batch]) -> float:
         return float(self.timer.lockstep_seconds(batches)) * self.factor  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Callable[..., tuple[int, float, float]]:
+        """The timer's decode_run / lockstep_decode_run with every step `factor` longer (absent where the
+        timer has none: the simulation then runs those steps one by one)."""
+        if name not in ("decode_run", "lockstep_decode_run"):
+            raise AttributeError(name)
+        run = getattr(self.timer, name)
+
+        def slowed(*args: object) -> tuple[int, float, float]:
+            return run(*args, factor=self.factor)
+
+        return slowed
 
 
 def workload(

@@ -207,7 +207,15 @@ class StepModel:
         self.sequence_s = perf.sequence_overhead_us * 1e-6
         self.request_overhead_s = perf.request_overhead_ms / 1e3  # added to every TTFT by the simulation
         self.admission_s = perf.admission_ms / 1e3  # added to the step that admits a request, by the simulation
-        self._by_tokens: dict[int, tuple[float, list[float]]] = {}  # seconds()'s per-token-count parts
+        # attention's work and bytes per (query, key) pair and per KV token read, every layer: a step's only
+        # parts that depend on more than its token and sampled counts
+        self.attn_flops_per_pair = arch.num_layers * 4 * self.heads * hd
+        self.attn_bytes_per_token = arch.num_layers * 2 * self.kv_heads * hd * kv_bytes
+        self._fixed: dict[tuple[int, int], tuple[float, float]] = {}  # seconds()'s parts by (tokens, sampled)
+        self._own: dict[tuple[int, int], tuple[float, float]] = {}  # _own_seconds()'s, the same way
+        self._experts: dict[tuple[int, int], float] = {}  # lockstep experts by (busiest rank's, all ranks') tokens
+        self._links: dict[int, float] = {}  # link_seconds by tokens
+        self._bounds: dict[tuple[int, int, int | None], list[tuple[str, float]]] = {}  # bounds() but attention
 
     def experts_touched(self, tokens: int) -> float:
         """Expected distinct experts a batch routes to (uniform top-k routing): their weights are read."""
@@ -306,53 +314,156 @@ class StepModel:
         total = sum(b.tokens for b in batches)
         busiest = max(b.tokens for b in batches)
         own = max(self._own_seconds(b) for b in batches)
-        experts = 0.0
-        if self.arch.is_moe:
-            _, f, b, fps, bps = self._token_terms(max(1, busiest), max(1, total))[1]
-            experts = max(f / fps, b / bps)
-        return own + experts + self.link_seconds(busiest)
+        return own + self._experts_seconds(busiest, total) + self._link(busiest)
+
+    def _experts_seconds(self, busiest: int, total: int) -> float:
+        """dp > 1: the experts' time on every rank's tokens, the busiest rank's pace (cached by the counts)."""
+        key = (busiest, total)
+        experts = self._experts.get(key)
+        if experts is None:
+            experts = 0.0
+            if self.arch.is_moe:
+                _, f, b, fps, bps = self._token_terms(max(1, busiest), max(1, total))[1]
+                experts = max(f / fps, b / bps)
+            self._experts[key] = experts
+        return experts
+
+    def _link(self, tokens: int) -> float:
+        link = self._links.get(tokens)
+        if link is None:
+            link = self._links[tokens] = self.link_seconds(tokens)
+        return link
+
+    def _attention(self, pairs: float, read: int) -> float:
+        """Attention's time over `pairs` (query, key) pairs reading `read` KV tokens: _batch_terms()'s first
+        part with its arithmetic (the same floats)."""
+        return max(self.attn_flops_per_pair * pairs / self.peak_bf16, self.attn_bytes_per_token * read / self.bandwidth)
 
     def _own_seconds(self, batch: Batch) -> float:
-        """A rank's parts outside the experts and the links."""
-        total = self.overhead_seconds(batch) if batch.tokens else self.step_overhead_s
+        """A rank's parts outside the experts and the links: its overhead and projections (cached by the
+        batch's token and sampled counts), then attention, then lm_head, summed in that order."""
         if not batch.tokens:
-            return total
-        _, f, b, fps, bps = self._token_terms(batch.tokens, batch.tokens)[0]
-        total += max(f / fps, b / bps)
-        for _, flops, nbytes, flops_per_s, bytes_per_s in self._batch_terms(batch):
-            total += max(flops / flops_per_s, nbytes / bytes_per_s)
-        return total
+            return self.step_overhead_s
+        key = (batch.tokens, batch.sampled)
+        own = self._own.get(key)
+        if own is None:
+            _, f, b, fps, bps = self._token_terms(batch.tokens, batch.tokens)[0]
+            lm = self._batch_terms(batch)[1]
+            own = self._own[key] = (
+                self.overhead_seconds(batch) + max(f / fps, b / bps),
+                max(lm[1] / lm[3], lm[2] / lm[4]),
+            )
+        prefix, lm_s = own
+        return prefix + self._attention(batch.pairs, batch.context + batch.tokens) + lm_s
+
+    def _fixed_parts(self, tokens: int, sampled: int) -> tuple[float, float]:
+        """seconds()'s parts that depend on the step's token and sampled counts alone, computed once per
+        pair: (overhead + link + projections + experts, summed in seconds()'s order; lm_head)."""
+        fixed = self._fixed.get((tokens, sampled))
+        if fixed is None:
+            batch = Batch(tokens=tokens, pairs=0.0, context=0, sampled=sampled)
+            total = self.overhead_seconds(batch) + self.link_seconds(tokens)
+            for _, f, b, fps, bps in self._token_terms(tokens):
+                total += max(f / fps, b / bps)
+            lm = self._batch_terms(batch)[1]
+            fixed = self._fixed[(tokens, sampled)] = (total, max(lm[1] / lm[3], lm[2] / lm[4]))
+        return fixed
 
     def seconds(self, batch: Batch) -> float:
         """The step's time; the simulation calls this once per step (millions of times in a plan with
-        intervals), so it builds no records, and what depends on the step's token count alone (the
-        link, the projections, the experts) is computed once per count; summed in the same order."""
-        by_tokens = self._by_tokens.get(batch.tokens)
-        if by_tokens is None:
-            by_tokens = self._by_tokens[batch.tokens] = (
-                self.link_seconds(batch.tokens),
-                [max(f / fps, b / bps) for _, f, b, fps, bps in self._token_terms(batch.tokens)],
-            )
-        link, token_parts = by_tokens
-        total = self.overhead_seconds(batch) + link
-        for part in token_parts:
-            total += part
-        for _, flops, nbytes, flops_per_s, bytes_per_s in self._batch_terms(batch):
-            total += max(flops / flops_per_s, nbytes / bytes_per_s)
-        return total
+        intervals), so it builds no records, and what depends on the step's token and sampled counts alone
+        (overhead, link, projections, experts, lm_head) is computed once per pair; summed in _terms()'s
+        order: overhead + link, the token parts, attention, lm_head."""
+        prefix, lm = self._fixed_parts(batch.tokens, batch.sampled)
+        return prefix + self._attention(batch.pairs, batch.context + batch.tokens) + lm
+
+    def decode_run(
+        self, decoding: int, context: int, now: float, busy: float, until: float, steps: int, factor: float = 1.0
+    ) -> tuple[int, float, float]:
+        """Up to `steps` decode-only steps of one replica (`decoding` sequences, each one token, `context` KV
+        tokens before the first), each starting before `until` (the next arrival): what the simulation's
+        step loop computes for them, float for float, without building batches.
+        -> (steps run, now, busy) after them."""
+        prefix, lm = self._fixed_parts(decoding, decoding)
+        per_pair, per_token = self.attn_flops_per_pair, self.attn_bytes_per_token
+        peak, bandwidth = self.peak_bf16, self.bandwidth
+        done = 0
+        while done < steps and now < until:
+            read = context + decoding
+            seconds = (prefix + max(per_pair * read / peak, per_token * read / bandwidth) + lm) * factor
+            now += seconds
+            busy += seconds
+            context += decoding
+            done += 1
+        return done, now, busy
+
+    def lockstep_decode_run(
+        self,
+        decoding: list[int],
+        contexts: list[int],
+        now: float,
+        busy: float,
+        until: float,
+        steps: int,
+        factor: float = 1.0,
+    ) -> tuple[int, float, float]:
+        """decode_run() for the dp ranks of a lockstep replica: rank r decodes `decoding[r]` sequences (0:
+        a dummy pass) over `contexts[r]` KV tokens; each step is lockstep_seconds() of their batches."""
+        busiest, total = max(decoding), sum(decoding)
+        tail = self._experts_seconds(busiest, total)
+        link = self._link(busiest)
+        idle = self.step_overhead_s
+        own_parts = []
+        for d in decoding:
+            if d:
+                self._own_seconds(Batch(tokens=d, pairs=0.0, context=0, sampled=d))  # fills the cache
+                own_parts.append(self._own[(d, d)])
+            else:
+                own_parts.append((0.0, 0.0))
+        per_pair, per_token = self.attn_flops_per_pair, self.attn_bytes_per_token
+        peak, bandwidth = self.peak_bf16, self.bandwidth
+        contexts = list(contexts)
+        done = 0
+        while done < steps and now < until:
+            own = -math.inf
+            for r, d in enumerate(decoding):
+                if d:
+                    read = contexts[r] + d
+                    prefix, lm = own_parts[r]
+                    rank = prefix + max(per_pair * read / peak, per_token * read / bandwidth) + lm
+                    contexts[r] += d
+                else:
+                    rank = idle
+                if rank > own:
+                    own = rank
+            seconds = float(own + tail + link) * factor
+            now += seconds
+            busy += seconds
+            done += 1
+        return done, now, busy
 
     def bounds(self, batch: Batch, expert_tokens: int | None = None) -> list[tuple[str, float]]:
         """cost()'s (bound, seconds) per part, in its order and with its arithmetic, without its records:
-        a prediction's time-by-bound sums this over every step of a simulation (~10^4 steps each)."""
-        out = []
-        for _, flops, nbytes, flops_per_s, bytes_per_s in self._terms(batch, expert_tokens):
-            compute, memory = flops / flops_per_s, nbytes / bytes_per_s
-            out.append(("compute" if compute >= memory else "memory", max(compute, memory)))
-        out.append(("link", self.all_reduce_seconds(batch.tokens)))
-        if self.layout.dp > 1:
-            out.append(("link", self.dispatch_seconds(batch.tokens)))
-        out.append(("overhead", self.overhead_seconds(batch)))
-        return out
+        a prediction's time-by-bound sums this over every step of a simulation (~10^4 steps each), so the
+        parts but attention are computed once per (tokens, sampled, expert_tokens)."""
+        key = (batch.tokens, batch.sampled, expert_tokens)
+        fixed = self._bounds.get(key)
+        if fixed is None:
+            fixed = []
+            shape = Batch(tokens=batch.tokens, pairs=0.0, context=0, sampled=batch.sampled)
+            terms = self._terms(shape, expert_tokens)
+            for _, flops, nbytes, flops_per_s, bytes_per_s in terms[:2] + terms[3:]:
+                compute, memory = flops / flops_per_s, nbytes / bytes_per_s
+                fixed.append(("compute" if compute >= memory else "memory", max(compute, memory)))
+            fixed.append(("link", self.all_reduce_seconds(batch.tokens)))
+            if self.layout.dp > 1:
+                fixed.append(("link", self.dispatch_seconds(batch.tokens)))
+            fixed.append(("overhead", self.overhead_seconds(batch)))
+            self._bounds[key] = fixed
+        compute = self.attn_flops_per_pair * batch.pairs / self.peak_bf16
+        memory = self.attn_bytes_per_token * (batch.context + batch.tokens) / self.bandwidth
+        attention = ("compute" if compute >= memory else "memory", max(compute, memory))
+        return [*fixed[:2], attention, *fixed[2:]]
 
     def cost(self, batch: Batch) -> StepCost:
         """The same step, part by part, for the plan's explanation and the tests."""
