@@ -28,6 +28,7 @@ def true_max_rate(mu: float, p90_ttft_ms: float) -> float:
 def make_app(mu: float, tpot_ms: float, seed: int = 0) -> web.Application:
     rng = random.Random(seed)
     queue: asyncio.Queue = asyncio.Queue()
+    gaps: list[float] = []  # ms between a stream's chunks as written: tpot_ms plus what the loaded machine added
 
     async def prefill_worker(app):
         async def work():
@@ -48,9 +49,13 @@ def make_app(mu: float, tpot_ms: float, seed: int = 0) -> web.Application:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await done
+        last = time.perf_counter()
         for i in range(tokens):
             if i:
                 await asyncio.sleep(tpot_ms / 1000)
+                now = time.perf_counter()
+                gaps.append((now - last) * 1000)
+                last = now
             chunk = {
                 "id": "sim",
                 "object": "text_completion",
@@ -67,6 +72,13 @@ def make_app(mu: float, tpot_ms: float, seed: int = 0) -> web.Application:
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def stats(request: web.Request) -> web.Response:
+        """The token gaps it served (a sleep overruns on a loaded machine: a test compares with these)."""
+        ordered = sorted(gaps)
+        return web.json_response(
+            {"gaps": len(ordered), "median_gap_ms": ordered[len(ordered) // 2] if ordered else None}
+        )
+
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "model", "object": "model"}]})
 
@@ -75,6 +87,7 @@ def make_app(mu: float, tpot_ms: float, seed: int = 0) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/stats", stats)
     return app
 
 
