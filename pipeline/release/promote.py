@@ -431,7 +431,7 @@ def _opened_kubernetes(
         checked = k8s_deploy.named_smoke(
             client, objs, cluster.smoke_timeout_s, cluster.route_timeout_s, cluster.smoke_retry_delay_s
         )
-        return f"{checked.url} ({k8s_deploy.RELEASE_HEADER}: {checked.release})", checked.text
+        return f"{checked.url} ({manifests.RELEASE_HEADER}: {checked.release})", checked.text
 
     if purpose == "verify" or (purpose == "recover" and not objs):  # nothing to roll out or recover
         yield Opened(None, None, None, 0, 0.0, lambda: ReleaseData(endpoint=endpoint), smoke)
