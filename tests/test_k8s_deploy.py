@@ -16,7 +16,7 @@ import certifi
 import pytest
 from kubernetes import client
 
-from pipeline.core.errors import ClusterUnreachable, RolloutFailed
+from pipeline.core.errors import ClusterUnreachable, ReleaseError, RolloutFailed, SmokeFailed
 from pipeline.core.rollout import ServerStep
 from pipeline.core.spec import load_spec
 from pipeline.k8s import deploy as k8s_deploy
@@ -647,7 +647,7 @@ def test_rollout_failed_names_the_deployment_and_its_conditions(fake, releases):
     message = str(failed.value)
     assert message.startswith(f"Deployment {NS}/{R1[0]} not rolled out")
     assert "Available=False (MinimumReplicasUnavailable" in message
-    assert isinstance(failed.value, k8s_deploy.ReleaseError)
+    assert isinstance(failed.value, ReleaseError)
 
 
 def test_smoke_through_the_gateway_returns_the_completion_and_fails_on_a_wrong_model(fake, releases):
@@ -662,7 +662,7 @@ def test_smoke_through_the_gateway_returns_the_completion_and_fails_on_a_wrong_m
         if obj["kind"] == "Deployment":
             command = obj["spec"]["template"]["spec"]["containers"][0]["command"]
             command[command.index("--served-model-name") + 1] = "other-model"
-    with pytest.raises(k8s_deploy.SmokeFailed, match=f"release {own} answered HTTP 404.*does not exist"):
+    with pytest.raises(SmokeFailed, match=f"release {own} answered HTTP 404.*does not exist"):
         k8s_deploy.named_smoke(api, objs, retry_delay_s=0.01)
 
 

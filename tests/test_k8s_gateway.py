@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 
+from pipeline.core.errors import SmokeFailed
 from pipeline.core.rollout import ServerStep
 from pipeline.core.spec import load_spec
 from pipeline.k8s import deploy as k8s_deploy
@@ -212,7 +213,7 @@ def test_take_down_keeps_a_release_the_route_sends_traffic_to_and_zeroes_one_it_
 def test_a_gateway_that_is_missing_or_has_no_address_is_named_in_one_line(releases):
     objs = copy.deepcopy(releases["1"])
     with FakeCluster(gateways=()) as fake:
-        with pytest.raises(k8s_deploy.SmokeFailed) as missing:
+        with pytest.raises(SmokeFailed) as missing:
             k8s_deploy.named_smoke(fake.client(), objs)
     assert str(missing.value) == (
         "Gateway gateway-system/inference: not found (promotion.gateway names it); create it first"
@@ -220,7 +221,7 @@ def test_a_gateway_that_is_missing_or_has_no_address_is_named_in_one_line(releas
     with FakeCluster() as fake:
         gateway = fake.get("gateways", "gateway-system", "inference")
         gateway["status"] = {"conditions": [{"type": "Programmed", "status": "False"}]}
-        with pytest.raises(k8s_deploy.SmokeFailed) as unprogrammed:
+        with pytest.raises(SmokeFailed) as unprogrammed:
             k8s_deploy.named_smoke(fake.client(), objs)
         assert str(unprogrammed.value) == (
             "Gateway gateway-system/inference: no address in its status (not programmed yet? "
@@ -228,9 +229,7 @@ def test_a_gateway_that_is_missing_or_has_no_address_is_named_in_one_line(releas
         )
         gateway["status"] = {"addresses": [{"type": "IPAddress", "value": "127.0.0.1"}]}
         gateway["spec"]["listeners"][0]["protocol"] = "TCP"
-        with pytest.raises(
-            k8s_deploy.SmokeFailed, match="^Gateway gateway-system/inference: no HTTP or HTTPS listener$"
-        ):
+        with pytest.raises(SmokeFailed, match="^Gateway gateway-system/inference: no HTTP or HTTPS listener$"):
             k8s_deploy.named_smoke(fake.client(), objs)
 
 

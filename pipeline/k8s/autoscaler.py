@@ -68,7 +68,7 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class Patch(NamedTuple):
-    """One request the controller sends through its Kubernetes client (deploy's `_call`)."""
+    """One request the controller sends through its Kubernetes client (kubeapi's `_call`)."""
 
     path: str
     body: dict[str, Any]

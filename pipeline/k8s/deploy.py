@@ -12,151 +12,52 @@ N servers unexposed, check them through the Gateway by the release's own rule, s
 HTTPRoute's weights, take a failed release down).
 What to do when (waves, steps, aborts, the keep window, recovery) is decided by the controller
 both targets run, `pipeline.release.controller`.
+
+The requests, listing and the wait for a rollout are `pipeline.k8s.kubeapi`; the data-plane
+checks (Service proxy, Gateway, smoke) `pipeline.k8s.gateway_check`. Every write (apply, scale,
+delete, the route's and the scalers' patches) is made here, through this module's `_call`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
 from typing import Any
 
-from pipeline.core import platform
-from pipeline.core.errors import (
-    AnswersWorse,
-    ClusterUnreachable,
-    KubernetesError,
-    ReleaseError,
-    RolloutFailed,
-    SmokeFailed,
-)
+from pipeline.core.errors import AnswersWorse, KubernetesError, RolloutFailed
 from pipeline.core.rollout import WEIGHT_TOTAL, Event, Fleet, RolloutRecord
 from pipeline.k8s import autoscaler
-from pipeline.k8s.manifests import (
-    RELEASE_HEADER,
-    RELEASE_LABEL,
-    TOKENIZER_INFO_FLAG,
-    WEIGHTS_HEADER,
-    named_releases,
-    route_weights,
-    weights_tag,
-    with_backends,
+from pipeline.k8s.gateway_check import (
+    _engine_argv,
+    _route_of,
+    _smoke_target,
+    gateway_serves,
+    named_smoke,
+    service_endpoint,
 )
+from pipeline.k8s.kubeapi import (
+    APPLY_PATCH,
+    FIELD_MANAGER,
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    MERGE_PATCH,
+    _call,
+    _describe,
+    api_client,
+    listing,
+    object_path,
+    wait_rollout,
+)
+from pipeline.k8s.manifests import RELEASE_LABEL, TOKENIZER_INFO_FLAG, named_releases, route_weights, with_backends
 from pipeline.records import events as ev
-from pipeline.records.evaluate import Endpoint
-from pipeline.records.rollout import GatewaySmoke
 from pipeline.stages.served_accuracy import Answers
 
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER = "model-release"
-APPLY_PATCH = "application/apply-patch+yaml"
-MERGE_PATCH = "application/merge-patch+json"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-PLURALS = {
-    "Deployment": "deployments",
-    "Service": "services",
-    "PersistentVolumeClaim": "persistentvolumeclaims",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "ConfigMap": "configmaps",
-    "Secret": "secrets",
-    "HTTPRoute": "httproutes",
-    "ScaledObject": "scaledobjects",
-}
-LOG_EVERY_S = 30.0
-
-
 ROLLOUT_ANNOTATION = "model-release/rollout"
 
-
-# ---------------------------------------------------------------- client and requests
-
-
-def api_client(conn_id: str | None = None):
-    """A `kubernetes.client.ApiClient`: from the Airflow connection when one is named and the
-    cncf-kubernetes provider is importable, else in-cluster config, else kubeconfig."""
-    from kubernetes import client, config
-
-    if conn_id and (api := platform.current().kubernetes_api(conn_id)) is not None:
-        log.info("Kubernetes API %s (connection %r)", api.configuration.host, conn_id)
-        return api
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-        source = "in-cluster service account"
-    except config.ConfigException:
-        try:
-            # KUBECONFIG read now, not when the kubernetes package was imported
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-        except (config.ConfigException, OSError) as exc:
-            raise ReleaseError(
-                "no Kubernetes credentials: name an Airflow connection (cncf-kubernetes), "
-                f"set KUBECONFIG, or run inside the cluster ({exc})"
-            ) from None
-        source = "kubeconfig"
-    log.info("Kubernetes API %s (%s)", configuration.host, source)
-    return client.ApiClient(configuration)
-
-
-def _call(
-    api,
-    method: str,
-    path: str,
-    body: Any = None,
-    query: dict[str, str] | None = None,
-    content_type: str = "application/json",
-    timeout_s: float = 30.0,
-) -> dict:
-    """One request through the client (its auth and TLS); JSON answer as a dict."""
-    import urllib3
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        response = api.call_api(
-            path,
-            method,
-            query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout_s,
-        )
-    except ApiException as exc:
-        raise KubernetesError(f"{method} {path}: HTTP {exc.status}: {_api_message(exc)}", exc.status) from None
-    except urllib3.exceptions.HTTPError as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise ClusterUnreachable(
-            f"Kubernetes API server {api.configuration.host} did not answer {method} {path}: {reason}"
-        ) from None
-    return json.loads(response.data) if response.data else {}
-
-
-def _api_message(exc) -> str:
-    try:
-        return json.loads(exc.body).get("message") or exc.reason
-    except (TypeError, ValueError, AttributeError):
-        return str(exc.body or exc.reason)[:300]
-
-
-def object_path(obj: dict) -> str:
-    """The REST path of a namespaced object: /api/v1/... for the core group, /apis/GROUP/VERSION/... else."""
-    kind, meta = obj["kind"], obj["metadata"]
-    if kind not in PLURALS:
-        raise ReleaseError(f"{kind}/{meta.get('name')}: cannot apply this kind (expected one of {', '.join(PLURALS)})")
-    group_version = obj["apiVersion"]
-    root = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
-    return f"{root}/namespaces/{meta['namespace']}/{PLURALS[kind]}/{meta['name']}"
-
-
-def _describe(obj: dict) -> str:
-    return f"{obj['kind']} {obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
-
-
-# ---------------------------------------------------------------- apply and wait
+# ---------------------------------------------------------------- apply, scale, delete
 
 
 def apply(
@@ -187,277 +88,6 @@ def apply(
     return applied
 
 
-def rolled_out(deployment: dict) -> bool:
-    """What `kubectl rollout status` waits for: the controller saw the latest spec, and every
-    replica is updated and available with no old one left."""
-    want = deployment.get("spec", {}).get("replicas", 1)
-    status = deployment.get("status") or {}
-    return (
-        status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
-        and status.get("updatedReplicas", 0) == status.get("availableReplicas", 0) == want
-        and status.get("replicas", 0) == want
-    )
-
-
-def _stalled(deployment: dict) -> bool:
-    """Kubernetes itself declared no progress within the Deployment's progressDeadlineSeconds."""
-    return any(
-        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
-        for c in (deployment.get("status") or {}).get("conditions", [])
-    )
-
-
-def status_line(deployment: dict) -> str:
-    status = deployment.get("status") or {}
-    conditions = (
-        "; ".join(
-            f"{c.get('type')}={c.get('status')} ({c.get('reason')}: {c.get('message')})"
-            for c in status.get("conditions", [])
-        )
-        or "none"
-    )
-    return (
-        f"generation {deployment['metadata'].get('generation')} observed {status.get('observedGeneration')}, "
-        f"want {deployment.get('spec', {}).get('replicas', 1)} replicas: updated {status.get('updatedReplicas', 0)}, "
-        f"available {status.get('availableReplicas', 0)}, total {status.get('replicas', 0)}; conditions: {conditions}"
-    )
-
-
-def wait_rollout(api, deployments: list[dict], timeout_s: float, poll_s: float = 5.0) -> None:
-    """Poll each Deployment until it has rolled out; RolloutFailed names the first that has not."""
-    started = last_log = time.monotonic()
-    pending = {object_path(d): d for d in deployments}
-    current: dict[str, dict] = {}
-    if pending:
-        log.info("rollout: waiting up to %.0f s for %s", timeout_s, ", ".join(_describe(d) for d in deployments))
-    while pending:
-        for path in list(pending):
-            current[path] = _call(api, "GET", path)
-            if rolled_out(current[path]):
-                log.info("rollout: %s available after %.0f s", _describe(pending.pop(path)), time.monotonic() - started)
-            elif _stalled(current[path]):
-                raise RolloutFailed(
-                    f"{_describe(pending[path])}: Kubernetes reports no progress: {status_line(current[path])}"
-                )
-        elapsed = time.monotonic() - started
-        if pending and elapsed > timeout_s:
-            path = next(iter(pending))
-            raise RolloutFailed(
-                f"{_describe(pending[path])} not rolled out after {timeout_s:g} s: {status_line(current[path])}"
-            )
-        if pending and time.monotonic() - last_log >= LOG_EVERY_S:
-            last_log = time.monotonic()
-            log.info(
-                "rollout: %d of %d Deployments available, %.0f s of %.0f s; waiting on %s",
-                len(deployments) - len(pending),
-                len(deployments),
-                elapsed,
-                timeout_s,
-                ", ".join(f"{pending[p]['metadata']['name']} ({status_line(current[p])})" for p in pending),
-            )
-        if pending:
-            time.sleep(poll_s)
-
-
-# ---------------------------------------------------------------- smoke test
-
-
-def service_endpoint(api, namespace: str, service: str, port: int) -> Endpoint:
-    """A Service's engine as lm-eval reaches it: through the API server's service proxy, with the
-    client's own credentials (its bearer token, refreshed as the client refreshes it) and CA, so
-    the check needs no route into the cluster network, like the smoke test."""
-    configuration = api.configuration
-    headers = {
-        auth["key"].title() if auth["key"].lower() == "authorization" else auth["key"]: auth["value"]
-        for auth in configuration.auth_settings().values()
-        if auth.get("in") == "header" and auth.get("value")
-    }
-    return Endpoint(
-        url=f"{configuration.host.rstrip('/')}/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy",
-        headers=headers,
-        ca_cert=configuration.ssl_ca_cert,
-        verify=bool(configuration.verify_ssl),
-    )
-
-
-GATEWAY_API = "gateway.networking.k8s.io/v1"
-RETRIED = {404, 502, 503, 504}  # the Gateway has no rule or no ready endpoint for the request yet
-
-
-def gateway_url(api, route: dict) -> tuple[str, str]:
-    """(Gateway namespace/name, its URL) for the route's first parent: the first address in the
-    Gateway's status (what its controller programmed: the load balancer users reach) and the port of
-    the listener the route attaches to (its sectionName, else the first HTTP or HTTPS one). From an
-    Airflow worker in the cluster this is the path a client takes; reading it needs `get` on
-    gateways only."""
-    parent = route["spec"]["parentRefs"][0]
-    name = f"{parent.get('namespace') or route['metadata']['namespace']}/{parent['name']}"
-    namespace, gateway_name = name.split("/")
-    try:
-        gateway = _call(api, "GET", f"/apis/{GATEWAY_API}/namespaces/{namespace}/gateways/{gateway_name}")
-    except KubernetesError as exc:
-        if exc.status != 404:
-            raise
-        raise SmokeFailed(f"Gateway {name}: not found (promotion.gateway names it); create it first") from None
-    status = gateway.get("status") or {}
-    addresses = [a["value"] for a in status.get("addresses") or [] if a.get("value")]
-    if not addresses:
-        conditions = ", ".join(f"{c.get('type')}={c.get('status')}" for c in status.get("conditions", [])) or "none"
-        raise SmokeFailed(f"Gateway {name}: no address in its status (not programmed yet? conditions: {conditions})")
-    section = parent.get("sectionName")
-    listeners = gateway.get("spec", {}).get("listeners", [])
-    listener = next(
-        (
-            item
-            for item in listeners
-            if (item.get("name") == section if section else item.get("protocol") in ("HTTP", "HTTPS"))
-        ),
-        None,
-    )
-    if listener is None:
-        raise SmokeFailed(f"Gateway {name}: no {'listener ' + section if section else 'HTTP or HTTPS listener'}")
-    host = addresses[0]
-    host = f"[{host}]" if ":" in host else host  # an IPv6 address
-    scheme = "https" if listener.get("protocol") == "HTTPS" else "http"
-    return name, f"{scheme}://{host}:{listener['port']}"
-
-
-def named_smoke(
-    api,
-    manifests: list[dict],
-    timeout_s: float = 120.0,
-    deadline_s: float = 60.0,
-    retry_delay_s: float = 2.0,
-) -> GatewaySmoke:
-    """One short completion through the model's Gateway, as a client sends it, naming the release's
-    Service in RELEASE_HEADER: it passes only when the answer carries that header back (the Gateway
-    served the release's own rule, whose one backend selects only its pods) with a completion.
-    An answer from elsewhere (no header: the default rule; another release's; a 404 or 5xx of the
-    Gateway, or no connection) means the Gateway's data plane does not serve the rule yet, though the
-    route's status may say Accepted: asked again until `deadline_s`. A wrong answer of the release
-    itself (an error, no choices) fails at once."""
-    import requests
-
-    namespace, service, _, model = _smoke_target(manifests)
-    route = _route_of(manifests)
-    gateway, base = gateway_url(api, route)
-    where = f"smoke test through Gateway {gateway} ({base}, HTTPRoute {namespace}/{route['metadata']['name']})"
-    body: dict[str, Any] = {"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
-    wrong: list[str] = []
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            response = requests.post(
-                f"{base}/v1/completions",
-                json=body,
-                headers={RELEASE_HEADER: service},
-                timeout=(min(10.0, timeout_s), timeout_s),  # an address not reachable from here fails fast
-            )
-        except requests.RequestException as exc:
-            answered, status, answer = f"no answer ({type(exc).__name__})", None, {}
-        else:
-            status, answered = response.status_code, response.headers.get(RELEASE_HEADER, "")
-            try:
-                answer = response.json()
-            except ValueError:
-                answer = {"text": response.text[:300]}
-        if status is not None and answered == service and status not in RETRIED - {404}:
-            choices = (answer.get("choices") or []) if status == 200 else []
-            if not choices:
-                raise SmokeFailed(
-                    f"{where}: release {service} answered HTTP {status}, expected a completion: "
-                    + json.dumps(answer)[:300]
-                )
-            return GatewaySmoke(
-                gateway=gateway,
-                url=base,
-                release=service,
-                answered_by=answered,
-                tries=len(wrong) + 1,
-                wrong=wrong,
-                text=str(choices[0].get("text", "")),
-            )
-        if status is not None:  # another release's rule, or none of a release (the default rule, no rule)
-            answered = f"HTTP {status} " + (f"from {answered}" if answered else f"without {RELEASE_HEADER}")
-        wrong.append(answered)
-        if time.monotonic() > deadline:
-            raise SmokeFailed(
-                f"{where}: no answer from release {service} in {len(wrong)} tries over {deadline_s:g} s; "
-                f"the last: {wrong[-1]} (does the Gateway serve the route's rule for {RELEASE_HEADER}: {service}?)"
-            )
-        time.sleep(retry_delay_s)
-
-
-def gateway_serves(
-    api,
-    route: dict,
-    weights: dict[str, int],
-    deadline_s: float = 60.0,
-    retry_delay_s: float = 2.0,
-    confirmations: int = 3,
-) -> int:
-    """Wait until the Gateway's data plane serves the route's default rule with `weights`: a route's
-    status may say Accepted while its proxies still route by the previous rules (they are
-    reconfigured after the controller accepted the change), and a step judged then would judge
-    traffic the new release never got. Asks the Gateway's address as a client does (GET /v1/models,
-    which every engine answers and no request metric counts) until `confirmations` answers in a row
-    carry the rule's WEIGHTS_HEADER for these weights (one answer proves only the proxy that routed
-    it). RolloutFailed past `deadline_s`; returns the requests it took."""
-    import requests
-
-    gateway, base = gateway_url(api, route)
-    want = weights_tag(weights)
-    seen: list[str] = []
-    in_a_row = 0
-    deadline = time.monotonic() + deadline_s
-    while in_a_row < confirmations:
-        try:
-            response = requests.get(f"{base}/v1/models", timeout=(10.0, 30.0))
-            served = response.headers.get(WEIGHTS_HEADER) or f"HTTP {response.status_code} without {WEIGHTS_HEADER}"
-        except requests.RequestException as exc:
-            served = f"no answer ({type(exc).__name__})"
-        seen.append(served)
-        in_a_row = in_a_row + 1 if served == want else 0
-        if in_a_row < confirmations and time.monotonic() > deadline:
-            meta = route["metadata"]
-            raise RolloutFailed(
-                f"HTTPRoute {meta['namespace']}/{meta['name']}: accepted, but Gateway {gateway} ({base}) did not "
-                f"serve its weights {want} within {deadline_s:g} s ({len(seen)} requests, the last answered "
-                f"{seen[-1]}): its data plane has not taken the change, so no traffic moved"
-            )
-        if served != want:
-            time.sleep(retry_delay_s)
-    log.info("Gateway %s serves %s (after %d requests)", gateway, want, len(seen))
-    return len(seen)
-
-
-def _engine_argv(deployment: dict) -> list[str]:
-    """The engine command a rendered Deployment's pods run."""
-    return deployment["spec"]["template"]["spec"]["containers"][0]["command"]
-
-
-def _smoke_target(manifests: list[dict]) -> tuple[str, str, int, str]:
-    """(namespace, service, port, served model name) from the rendered objects."""
-    service = next((obj for obj in manifests if obj["kind"] == "Service"), None)
-    deployment = next((obj for obj in manifests if obj["kind"] == "Deployment"), None)
-    if service is None or deployment is None:
-        raise ReleaseError(
-            "manifests: expected at least one Deployment and a Service (see pipeline.k8s.manifests.render)"
-        )
-    argv = _engine_argv(deployment)
-    model = argv[argv.index("--served-model-name") + 1]
-    meta = service["metadata"]
-    return meta["namespace"], meta["name"], int(service["spec"]["ports"][0]["port"]), model
-
-
-def _progress_deadline(manifests: list[dict]) -> float:
-    deadlines = [obj["spec"].get("progressDeadlineSeconds", 600) for obj in manifests if obj["kind"] == "Deployment"]
-    return float(max(deadlines, default=600) + 60)
-
-
-# ---------------------------------------------------------------- scale, list, delete
-
-
 def scale(api, deployment: dict, replicas: int) -> None:
     """What `kubectl scale` sends: a merge patch of the Deployment's scale subresource."""
     _call(
@@ -470,30 +100,14 @@ def scale(api, deployment: dict, replicas: int) -> None:
     deployment.setdefault("spec", {})["replicas"] = replicas
 
 
-LISTED = {  # plural -> (group/version, kind) of what a deploy lists
-    "deployments": ("apps/v1", "Deployment"),
-    "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
-    "services": ("v1", "Service"),
-    "scaledobjects": (autoscaler.KEDA_API, "ScaledObject"),
-    "pods": ("v1", "Pod"),
-}
-
-
-def listing(api, namespace: str, plural: str, selector: dict[str, str]) -> list[dict]:
-    group_version, kind = LISTED[plural]
-    root = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
-    query = {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())}
-    items = _call(api, "GET", f"{root}/namespaces/{namespace}/{plural}", query=query).get("items", [])
-    for item in items:  # a List's items carry no kind / apiVersion
-        item.setdefault("kind", kind)
-        item.setdefault("apiVersion", group_version)
-        item["metadata"].setdefault("namespace", namespace)
-    return items
-
-
 def delete(api, obj: dict) -> None:
     _call(api, "DELETE", object_path(obj), query={"propagationPolicy": "Background"})
     log.info("deleted %s", _describe(obj))
+
+
+def _progress_deadline(manifests: list[dict]) -> float:
+    deadlines = [obj["spec"].get("progressDeadlineSeconds", 600) for obj in manifests if obj["kind"] == "Deployment"]
+    return float(max(deadlines, default=600) + 60)
 
 
 # ---------------------------------------------------------------- the progressive rollout
@@ -1019,12 +633,3 @@ def _release_objects(manifests: list[dict]) -> tuple[dict, list[dict], str, dict
     deps = [obj for obj in manifests if obj["kind"] == "Deployment"]
     instance = {k: deps[0]["metadata"]["labels"][k] for k in (INSTANCE_LABEL, MANAGED_BY_LABEL)}
     return _route_of(manifests), deps, _release_of(deps[0]), instance
-
-
-def _route_of(manifests: list[dict]) -> dict:
-    route = next((obj for obj in manifests if obj["kind"] == "HTTPRoute"), None)
-    if route is None:
-        raise ReleaseError(
-            "manifests: no HTTPRoute (the model's address on the Gateway): render them again with promotion.gateway set"
-        )
-    return route

@@ -1,6 +1,6 @@
 """Preflight: everything a release needs from the cluster, checked before any GPU pod starts.
 
-Two halves. `gather` reads the cluster (the official client, through deploy.py's connection
+Two halves. `gather` reads the cluster (the official client, through kubeapi.py's connection
 helpers) into a `Cluster`: the objects as the API server returns them, or the one-line error a
 read got. Each check in `CHECKS` is then a pure function of the spec and that `Cluster`, and
 returns its problems, one line each: the object, what is wrong, the fix. A test hands the checks
@@ -20,7 +20,7 @@ from typing import Any
 from pipeline.core.errors import ClusterUnreachable, KubernetesError, PreflightFailed, ReleaseError
 from pipeline.core.spec import LoadedSpec
 from pipeline.k8s import install, manifests
-from pipeline.k8s.deploy import _call, api_client
+from pipeline.k8s.kubeapi import _call, api_client
 from pipeline.k8s.pods import ClusterSettings
 
 __all__ = [

@@ -3,7 +3,8 @@
 A DAG edited by mistake cannot skip a gate: `promote()` reads the evidence from the registry
 (accuracy gate, SLO gate, an allowed reviewer's approval) and re-verifies the staged artifact
 at its storage URI, and refuses, recording the refusal, when any of them is missing. Every
-step of a rollout, and every rollback, is an event in the release's audit trail.
+step of a rollout, and every rollback, is an event in the release's audit trail. What the gates
+read back from the registry is `pipeline.release.evidence`.
 """
 
 from __future__ import annotations
@@ -16,95 +17,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.core import storage
 from pipeline.core.errors import DeployFailed, LeaseHeld, LeaseLost, PromotionRefused, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.rollout import WEIGHT_TOTAL, RolloutOutcome, ServerStep
 from pipeline.core.rollout import Event as ControllerEvent
-from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds, load_recorded
+from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.records import events as ev
-from pipeline.records.evaluate import Endpoint, EvalResult, EvaluationPair
-from pipeline.records.events import GateVerdict, KeepWindow, Recovered, RollbackStarted
+from pipeline.records.evaluate import Endpoint, EvalResult
+from pipeline.records.events import KeepWindow, Recovered, RollbackStarted
 from pipeline.records.release import StagedRef, Verification
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.release import analysis, controller, local_target, lock, rollout_plan, step_review
-from pipeline.release.registry import Event, Registry, Release, ReleaseData
+from pipeline.release.evidence import gate_problems, gate_results, last_event, release_spec
+from pipeline.release.registry import Registry, Release, ReleaseData
 from pipeline.stages import served_accuracy, serving
 
 log = logging.getLogger(__name__)
-
-
-def release_spec(rel: Release) -> LoadedSpec:
-    """The spec as it was when the release was opened: its recorded text, hardware profile and
-    resolved model source (registry `inputs`), never the files as they read now: a spec or profile
-    edited after the run must not change what gets deployed, rolled back to or re-measured."""
-    kept = rel.inputs
-    if kept is None:  # opened before releases kept their inputs: the profile on disk now
-        log.warning("release %d: no recorded hardware profile; reading %s's from disk", rel.id, rel.spec_path)
-    return load_recorded(
-        rel.spec_path,
-        rel.spec_yaml,
-        kept.hardware_path if kept else None,
-        kept.hardware_yaml if kept else None,
-        kept.model_source if kept else None,
-    )
-
-
-def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:
-    """The in-process (baseline, candidate) results the accuracy gate recorded for this release."""
-    recorded = rel.data.evaluation
-    if recorded is None:
-        return None  # released before the registry kept them: the served answers are not checked
-    return recorded.pair()
-
-
-def evaluation_pair(stored: dict[str, Any]) -> tuple[EvalResult, EvalResult]:
-    """(baseline, candidate) from their stored form, an EvaluationPair's JSON (the registry's
-    release data, the release DAG's XCom, a file handed to a pod)."""
-    return EvaluationPair.model_validate(stored).pair()
-
-
-def last_event(reg: Registry, release_id: int, *kinds: str) -> Event | None:
-    events = [e for e in reg.events(release_id) if e.kind in kinds]
-    return events[-1] if events else None
-
-
-def gate_problems(reg: Registry, rel: Release, loaded: LoadedSpec) -> list[str]:
-    """Every reason this release may not be promoted; empty when it may."""
-    problems = []
-    acc = last_event(reg, rel.id, "accuracy_gate")
-    if acc is None or not (isinstance(acc.detail, GateVerdict) and acc.detail.passed):  # unread: not passed
-        problems.append("accuracy gate: " + ("not run" if acc is None else "failed"))
-    slo = last_event(reg, rel.id, "slo_gate")
-    if slo is None or not (isinstance(slo.detail, GateVerdict) and slo.detail.passed):
-        problems.append("SLO gate: " + ("not run" if slo is None else "failed"))
-    promotion = loaded.spec.promotion
-    if promotion.requires_approval:
-        decision = last_event(reg, rel.id, "approved", "rejected")
-        if decision is None:
-            problems.append("approval: no reviewer has approved this release")
-        elif decision.kind == "rejected":
-            problems.append(f"approval: rejected by {decision.actor}")
-        elif decision.actor not in promotion.reviewers:
-            problems.append(
-                f"approval: {decision.actor!r} is not an allowed reviewer "
-                f"(spec promotion.reviewers: {', '.join(promotion.reviewers)})"
-            )
-    data = rel.data
-    if not data.manifest_hash:
-        problems.append("artifact: no staged artifact recorded")
-    else:
-        try:
-            storage.verify_staged(data.manifest_hash, data.s3_uri, data.nfs_path, loaded.spec.staging.s3)
-        except ReleaseError as exc:
-            problems.append(f"artifact: {exc}")
-    if rel.status not in ("approved", "candidate", "failed", "rolled_back"):
-        problems.append(f"status: release is {rel.status}, not a candidate awaiting promotion")
-    return problems
 
 
 def promote(
@@ -431,7 +363,7 @@ def _opened_kubernetes(
         checked = k8s_deploy.named_smoke(
             client, objs, cluster.smoke_timeout_s, cluster.route_timeout_s, cluster.smoke_retry_delay_s
         )
-        return f"{checked.url} ({k8s_deploy.RELEASE_HEADER}: {checked.release})", checked.text
+        return f"{checked.url} ({manifests.RELEASE_HEADER}: {checked.release})", checked.text
 
     if purpose == "verify" or (purpose == "recover" and not objs):  # nothing to roll out or recover
         yield Opened(None, None, None, 0, 0.0, lambda: ReleaseData(endpoint=endpoint), smoke)
