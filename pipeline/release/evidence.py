@@ -6,12 +6,11 @@ reason a release may not be promoted (the gates `promote.promote` enforces).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from pipeline.core import storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.spec import LoadedSpec, load_recorded
-from pipeline.records.evaluate import EvalResult, EvaluationPair
+from pipeline.records.evaluate import EvalResult
 from pipeline.records.events import GateVerdict
 from pipeline.release.registry import Event, Registry, Release
 
@@ -40,12 +39,6 @@ def gate_results(rel: Release) -> tuple[EvalResult, EvalResult] | None:
     if recorded is None:
         return None  # released before the registry kept them: the served answers are not checked
     return recorded.pair()
-
-
-def evaluation_pair(stored: dict[str, Any]) -> tuple[EvalResult, EvalResult]:
-    """(baseline, candidate) from their stored form, an EvaluationPair's JSON (the registry's
-    release data, the release DAG's XCom, a file handed to a pod)."""
-    return EvaluationPair.model_validate(stored).pair()
 
 
 def last_event(reg: Registry, release_id: int, *kinds: str) -> Event | None:
