@@ -280,10 +280,18 @@ def stage_s3(
         remote = _remote_manifest(client, target.bucket, manifest_key)
         progress = Progress(f"stage {uri}", manifest.total_bytes)
         existing = _existing_objects(client, target.bucket, _key(target.prefix, name, "") + "/")
+        keys = [_key(target.prefix, name, entry.path) for entry in manifest.files]
+        with ThreadPoolExecutor(WORKERS) as pool:  # one HEAD per file, in parallel
+            matches = list(
+                pool.map(
+                    lambda e, key: _object_matches(client, target.bucket, key, e, existing, artifact / e.path),
+                    manifest.files,
+                    keys,
+                )
+            )
         todo = []
-        for entry in manifest.files:
-            key = _key(target.prefix, name, entry.path)
-            if _object_matches(client, target.bucket, key, entry, existing, artifact / entry.path):
+        for entry, key, match in zip(manifest.files, keys, matches, strict=True):
+            if match:
                 progress.add(entry.size)
             else:
                 todo.append((entry, key))
@@ -296,10 +304,8 @@ def stage_s3(
             client.delete_object(Bucket=target.bucket, Key=manifest_key)
         sent = _upload_all(client, target.bucket, artifact, todo, progress)
         skipped = len(manifest.files) - len(todo)
-        # check what the server holds before committing, one HEAD at a time: moto answered 500 to
-        # eight HEADs in parallel right after the uploads (2 of 3 benchmark runs, none serially)
-        for entry in manifest.files:
-            _check_object(client, target.bucket, _key(target.prefix, name, entry.path), entry)
+        with ThreadPoolExecutor(WORKERS) as pool:  # check what the server holds before committing
+            list(pool.map(lambda entry, key: _check_object(client, target.bucket, key, entry), manifest.files, keys))
         body = (artifact / artifacts.MANIFEST).read_bytes()
         client.put_object(
             Bucket=target.bucket, Key=manifest_key, Body=body, ContentMD5=_b64md5(body), ContentType="application/json"
