@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.core import measurements
 from pipeline.core.files import atomic_write
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.stages import benchmark, sources
 
 PROBE_SECONDS = 8

@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.core import artifacts, measurements
 from pipeline.core.errors import ArtifactError
 from pipeline.core.paths import home
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.core import measurements
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.stages import benchmark, tiny_model
 
 SPIN = (

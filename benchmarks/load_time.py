@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core import artifacts, measurements, storage
 from pipeline.core.paths import PROJECT_ROOT, home
-from pipeline.core.spec import S3Target, StagingSpec, load_spec
+from pipeline.core.specs import S3Target, StagingSpec, load_spec
 from pipeline.stages import dequant, interference, serving
 from pipeline.stages.quantize import quantize
 from pipeline.stages.sources import materialize

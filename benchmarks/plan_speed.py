@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.planner import plan as planner
 from pipeline.planner.step_time import StepModel
 

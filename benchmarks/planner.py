@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.core import measurements
 from pipeline.core.files import atomic_write
-from pipeline.core.spec import Layout, load_spec
+from pipeline.core.specs import Layout, load_spec
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
 from pipeline.records.benchmark import LayoutResult

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.core import measurements  # noqa: E402
-from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec, load_hardware, load_spec  # noqa: E402
+from pipeline.core.specs import HardwareProfile, Layout, ReleaseSpec, load_hardware, load_spec  # noqa: E402
 from pipeline.planner import simulate as sim  # noqa: E402
 from pipeline.planner import step_time, uncertainty  # noqa: E402
 

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core import measurements  # noqa: E402
-from pipeline.core.spec import Layout, load_spec  # noqa: E402
+from pipeline.core.specs import Layout, load_spec  # noqa: E402
 from pipeline.planner import host, step_time  # noqa: E402
 from pipeline.planner import plan as planner  # noqa: E402
 from pipeline.planner import simulate as sim  # noqa: E402

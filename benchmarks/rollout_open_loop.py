@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.core import measurements  # noqa: E402
 from pipeline.core.errors import ReleaseError, RolloutAborted  # noqa: E402
 from pipeline.core.paths import home  # noqa: E402
-from pipeline.core.spec import load_spec  # noqa: E402
+from pipeline.core.specs import load_spec  # noqa: E402
 from pipeline.release import local_target  # noqa: E402
 from pipeline.stages import serving, tiny_model  # noqa: E402
 

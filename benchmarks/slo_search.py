@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.core import measurements
-from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.core.specs import SloSpec, WorkloadSpec
 from pipeline.records.benchmark import Probe
 from pipeline.stages import benchmark, serving, tiny_model
 from testkit.simserver import true_max_rate

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.core import artifacts, measurements, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import PROJECT_ROOT, home
-from pipeline.core.spec import S3Target, StagingSpec
+from pipeline.core.specs import S3Target, StagingSpec
 from testkit.s3server import FaultProxy, MotoServer
 
 MB = 1024 * 1024

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core import measurements
 from pipeline.core.paths import PROJECT_ROOT
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.stages import benchmark, dequant, serving
 from pipeline.stages.quantize import quantize
 from pipeline.stages.sources import materialize

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core import artifacts, measurements
 from pipeline.core.paths import PROJECT_ROOT, home
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.stages import evaluate, tiny_model
 
 SPIN = "import time\nwhile True:\n    sum(range(10000))\n"

@@ -19,7 +19,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.sdk import chain, dag, task
 
 from pipeline.airflow.review_tasks import cluster_preflight, review_and_promote
-from pipeline.core.spec import LoadedSpec
+from pipeline.core.specs import LoadedSpec
 from pipeline.k8s import pods
 from pipeline.records import edge
 from pipeline.records.edge import Json

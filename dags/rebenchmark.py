@@ -24,7 +24,7 @@ from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, t
 
 from pipeline.airflow import pools
 from pipeline.airflow.review_tasks import ENGINE_IMAGE, LIVE
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.k8s import pods
 from pipeline.records import edge
 from pipeline.records.edge import Json

@@ -1,7 +1,7 @@
 """Generate the docs pages that must not drift from the code or the measurements:
 
 - docs/reference/spec.md   the release spec and hardware profile fields, from the pydantic models
-                           in pipeline/core/spec/ (field, type, default, constraints, description);
+                           in pipeline/core/specs/ (field, type, default, constraints, description);
 - docs/reference/cli.md    every `model-release` command and option, from `pipeline.cli.parser`;
 - docs/measurements.md     the latest record of each name under benchmarks/results/ (pipeline/core/measurements.py);
 - README.md's demo block   the latest `make demo` record (between the demo-results markers).
@@ -34,7 +34,8 @@ from pydantic.fields import FieldInfo  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 
 from pipeline import cli  # noqa: E402
-from pipeline.core import measurements, spec  # noqa: E402
+from pipeline.core import measurements  # noqa: E402
+from pipeline.core import specs as spec  # noqa: E402
 
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
@@ -154,10 +155,10 @@ def spec_reference() -> str:
     walk.visit("", spec.ReleaseSpec)
     walk.visit("hardware profile", spec.HardwareProfile)
     out = [
-        _banner("the pydantic models in pipeline/core/spec/"),
+        _banner("the pydantic models in pipeline/core/specs/"),
         "# Release spec reference\n\n",
         "A release is one YAML file in `configs/releases/`; its `hardware:` names a profile in "
-        "`configs/hardware/`. Both are read by `pipeline/core/spec/`: unknown keys are errors, and "
+        "`configs/hardware/`. Both are read by `pipeline/core/specs/`: unknown keys are errors, and "
         "`model-release validate` then checks feasibility (layouts fit the node, weights fit device "
         "memory; see [Write a release spec](../guides/ml-ops.md#write-a-release-spec)). "
         "`null` in YAML is Python's `None`. Constraints below are checked when the spec loads; a model's "

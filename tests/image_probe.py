@@ -225,7 +225,7 @@ def _check_registry_postgres() -> None:
 
 
 def _check_manifest_validation() -> None:
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.k8s import manifests
 
     loaded = load_spec(ROOT / "configs" / "releases" / "qwen3-235b-a22b-fp8-mi325x.yaml")

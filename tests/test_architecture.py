@@ -53,8 +53,8 @@ def test_the_tree_keeps_the_layering_contracts():
         ("records/__init__.py", "from pipeline.stages import serving", "Layers: each imports only the layers below it"),
         ("records/evaluate.py", "import lm_eval", "Records import only pipeline.core and pydantic"),
         (
-            "core/spec/feasibility.py",
-            "from pipeline.core.spec import loading",
+            "core/specs/feasibility.py",
+            "from pipeline.core.specs import loading",
             "The spec: sections, then the whole, then feasibility, then loading",
         ),
     ],

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import EngineFailed, EngineStopped
-from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
+from pipeline.core.specs import SloSpec, WorkloadSpec, load_spec
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Probe, SearchOutcome
 from pipeline.records.plan import LayoutPrediction
 from pipeline.records.rebenchmark import Verdict
@@ -506,7 +506,7 @@ def test_select_and_gate():
 
 
 def test_the_prediction_is_kept_beside_the_measurement_with_its_error():
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from tests.conftest import TINY_SPEC
 
     hw = load_spec(TINY_SPEC).hardware
@@ -550,7 +550,7 @@ def test_killed_benchmark_leaves_no_engine(tiny_model_dir, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(
         "import sys\nfrom pathlib import Path\nfrom pipeline.stages import serving\n"
-        "from pipeline.core.spec import load_spec\n"
+        "from pipeline.core.specs import load_spec\n"
         f"loaded = load_spec({str(TINY_SPEC)!r})\n"
         "layout = loaded.spec.layouts[int(sys.argv[1])]\n"
         "cmds = serving.build_commands(loaded.spec, loaded.hardware, layout,"

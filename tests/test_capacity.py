@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.core.errors import GateFailed, SpecError
 from pipeline.core.paths import PROJECT_ROOT
-from pipeline.core.spec import CapacitySpec, WorkloadSpec, load_spec
+from pipeline.core.specs import CapacitySpec, WorkloadSpec, load_spec
 from pipeline.entry import flow
 from pipeline.records import edge
 from pipeline.records.benchmark import LayoutResult

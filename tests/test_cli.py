@@ -371,7 +371,7 @@ def test_stage_refuses_a_damaged_artifact_from_a_shell_and_commits_nothing(world
     """The real command, as a user types it: exit 1, the file named in one line, no traceback, and
     no manifest in the bucket (nothing a later fetch could take for whole)."""
     from pipeline.core import storage
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
 
     shell = [str(Path(sys.executable).parent / "model-release"), "stage", str(world["tiny"])]
     done = subprocess.run(

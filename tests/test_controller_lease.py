@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import LeaseHeld, LeaseLost, PrometheusError
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.k8s.deploy import KubernetesTarget
 from pipeline.k8s.lease import Fenced, Lease
 from pipeline.records.rollout import StepReview

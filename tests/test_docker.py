@@ -45,7 +45,7 @@ def test_compose_has_the_airflow_components_on_postgres_without_secrets():
 
 
 def test_worker_image_carries_the_engine_the_production_spec_names_where_the_pods_expect_it():
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.k8s import pods
     from tests.conftest import PROD_SPEC
 

@@ -130,7 +130,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 def test_a_demo_record_renders_on_the_page_and_in_the_readme(tmp_path: Path) -> None:
     """What `make demo` records (demo.figures over a release's registry data) is what the README shows."""
     from pipeline.core import measurements
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.embedded import demo
     from pipeline.records.evaluate import GateDecision, TaskVerdict
     from pipeline.records.plan import LayoutPrediction, PredictionCheck

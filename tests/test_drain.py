@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.release import analysis, controller, local_target
 from pipeline.stages import drain, serving
 from testkit.s3server import free_port

@@ -24,7 +24,7 @@ import requests
 import yaml
 
 from pipeline.core.paths import home
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.records.events import RolloutAbort, RolloutStep, detail_of

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.core import artifacts
 from pipeline.core.errors import GateFailed, ReleaseError, SpecError
-from pipeline.core.spec import EvalTask, load_spec
+from pipeline.core.specs import EvalTask, load_spec
 from pipeline.entry import flow
 from pipeline.records.evaluate import EvalResult, TaskScore
 from pipeline.records.sources import ModelSource
@@ -181,7 +181,7 @@ def test_missing_data_file_is_named(tiny_model_dir, evaluation, tmp_path, monkey
 
 
 def test_vllm_backend_shards_the_model_like_the_widest_layout(spec_file):
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.stages import evaluate as evaluate_stage
     from tests.conftest import PROD_SPEC
 
@@ -227,7 +227,7 @@ def test_results_are_reused_only_for_bytes_that_verify(small_artifact, evaluatio
 def test_each_local_completions_evaluation_keeps_its_own_concurrency(spec_file):
     """The gate run against an endpoint (backend local-completions) keeps `evaluation.num_concurrent`;
     the serving-path check keeps `evaluation.served.num_concurrent`; neither borrows the other's."""
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.stages import evaluate as evaluate_stage
     from pipeline.stages import served_accuracy
     from tests.conftest import TINY_SPEC

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.paths import PROJECT_ROOT
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.records.benchmark import BenchmarkFile
 from pipeline.records.events import detail_of
 from pipeline.release import registry, report

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.k8s import autoscaler, manifests
 from pipeline.stages import capacity
 from tests.conftest import PROD_SPEC

@@ -13,7 +13,7 @@ import logging
 
 import pytest
 
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.k8s import manifests
 from pipeline.k8s.deploy import KubernetesTarget
 from pipeline.release import controller, rollout_plan

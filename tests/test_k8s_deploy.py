@@ -18,7 +18,7 @@ from kubernetes import client
 
 from pipeline.core.errors import ClusterUnreachable, ReleaseError, RolloutFailed, SmokeFailed
 from pipeline.core.rollout import ServerStep
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.k8s.deploy import KubernetesTarget

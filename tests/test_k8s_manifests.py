@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.k8s import crds, manifests, pods
 from pipeline.k8s.manifests import Artifact, RenderOptions
 from pipeline.stages import drain

@@ -22,7 +22,7 @@ import yaml
 from pipeline import __version__, cli
 from pipeline.core.errors import GateFailed, ReleaseError
 from pipeline.core.paths import PROJECT_ROOT
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.entry import flow, pod_steps
 from pipeline.k8s import pods
 from pipeline.k8s.manifests import s3_secret_name

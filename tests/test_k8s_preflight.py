@@ -12,7 +12,7 @@ import json
 import pytest
 
 from pipeline import cli
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.k8s import crds, install, preflight
 from pipeline.k8s.pods import ClusterSettings
 from testkit import http_stub

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.rollout import WEIGHT_TOTAL
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.release import analysis, controller, local_target
 from pipeline.stages import serving
 from testkit.s3server import free_port

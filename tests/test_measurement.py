@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.core.specs import SloSpec, WorkloadSpec
 from pipeline.records.benchmark import BenchmarkFile, Probe
 from pipeline.stages import affinity_guard, benchmark, engine_metrics, interference
 
@@ -345,7 +345,7 @@ def test_cpu_work_injected_in_the_client_makes_its_probes_client_bound_and_the_r
     ~8 s on a quiet machine (a server, two 0.8 s probes and their drain), 20 s at a load of 15."""
     import socket
 
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.release import report
     from tests.conftest import TINY_SPEC
     from tests.test_benchmark import layout_result

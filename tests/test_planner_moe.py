@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.core.errors import SpecError
-from pipeline.core.spec import Layout, load_spec
+from pipeline.core.specs import Layout, load_spec
 from pipeline.planner import host, step_time, uncertainty
 from pipeline.planner import plan as planner
 from pipeline.planner import simulate as sim
@@ -96,7 +96,7 @@ def test_data_parallel_dispatch_and_combine_volume_by_hand():
 
 
 def test_dp_layouts_are_candidates_and_their_weights_split_experts_over_ep():
-    from pipeline.core.spec import weights_per_device_gb
+    from pipeline.core.specs import weights_per_device_gb
 
     names = [lay.name for lay in planner.data_parallel_shapes(LOADED.spec, LOADED.hardware)]
     assert "tp1-dp8-ep8" in names and "tp4-dp2-ep8" in names
@@ -259,7 +259,7 @@ def test_a_replica_whose_kv_cache_cannot_hold_one_max_length_sequence_is_infeasi
 
 
 def test_a_profile_without_a_layouts_all_reduce_latency_is_refused_naming_the_field():
-    from pipeline.core.spec import feasibility_problems
+    from pipeline.core.specs import feasibility_problems
 
     perf = PERF.model_copy(update={"all_reduce_latency_us": {4: 14.0}})
     hw = LOADED.hardware.model_copy(update={"performance": perf})

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pipeline.core.spec import Layout, load_spec
+from pipeline.core.specs import Layout, load_spec
 from pipeline.planner import simulate as sim
 from pipeline.planner import step_time
 from pipeline.planner.step_time import Batch, StepModel

@@ -11,7 +11,7 @@ import pytest
 from pipeline.core import artifacts, storage
 from pipeline.core.errors import DeployFailed, LocalDeployFailed, PromotionRefused, ReleaseError, RolloutAborted
 from pipeline.core.rollout import RolloutOutcome
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, SelectionVerdict
 from pipeline.records.events import detail_of
 from pipeline.records.plan import LayoutPrediction

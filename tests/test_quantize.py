@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.core import artifacts
 from pipeline.core.errors import ArtifactError, ReleaseError
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.records.sources import ModelSource
 from pipeline.stages import quantize
 from tests.conftest import TINY_SPEC

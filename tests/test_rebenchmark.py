@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core import storage
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.entry import flow
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Probe, SearchOutcome
 from pipeline.records.events import detail_of

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from pipeline.core.errors import PrometheusError
-from pipeline.core.spec import RolloutSpec, SloSpec, load_spec
+from pipeline.core.specs import RolloutSpec, SloSpec, load_spec
 from pipeline.records.events import detail_of
 from pipeline.release import analysis, local_prometheus, local_target
 from pipeline.release.registry import ReleaseData

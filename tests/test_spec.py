@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.core.errors import SpecError
-from pipeline.core.spec import kv_reserve_gb, load_spec, weights_per_device_gb
+from pipeline.core.specs import kv_reserve_gb, load_spec, weights_per_device_gb
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.spec import SloSpec, WorkloadSpec, load_spec
+from pipeline.core.specs import SloSpec, WorkloadSpec, load_spec
 from pipeline.records.benchmark import Interference, SearchOutcome
 from pipeline.stages import benchmark
 from pipeline.stages.benchmark import confirm, steady

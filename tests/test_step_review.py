@@ -93,7 +93,7 @@ def test_a_local_rollout_step_holds_its_traffic_until_reviewed_and_an_abort_ends
     a reviewer's Abort moves the front back (the engines, the front, Prometheus and the analysis
     stand in here; the local-target test runs them for real)."""
     from pipeline.core.rollout import Fleet
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.release import analysis, controller, local_prometheus, local_target
 
     spec = load_spec(TINY_SPEC).spec  # steps 50%, 100%

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core import artifacts, storage
 from pipeline.core.errors import ArtifactError, ReleaseError
-from pipeline.core.spec import NfsTarget, S3Target, StagingSpec
+from pipeline.core.specs import NfsTarget, S3Target, StagingSpec
 from testkit.s3server import FaultProxy, MotoServer
 
 MB = 1024 * 1024

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core import artifacts
 from pipeline.core.paths import PROJECT_ROOT
-from pipeline.core.spec import load_spec
+from pipeline.core.specs import load_spec
 from pipeline.stages import tiny_model
 from tests.conftest import TINY_SPEC
 

@@ -17,7 +17,7 @@ from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
 from pipeline.core import platform
-from pipeline.core.spec import LoadedSpec, duration_seconds
+from pipeline.core.specs import LoadedSpec, duration_seconds
 from pipeline.records import edge
 from pipeline.records.events import ApprovalRequested, Approved, Rejected
 from pipeline.records.release import ReleaseRef

@@ -26,7 +26,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from pipeline.airflow.approval import PLUGIN_PATH, comment_form
 from pipeline.airflow.rest import SETTLE_S
 from pipeline.core import platform
-from pipeline.core.spec import SloSpec
+from pipeline.core.specs import SloSpec
 from pipeline.records import edge
 from pipeline.records.edge import Json
 from pipeline.records.release import ReleaseRef

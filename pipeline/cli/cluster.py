@@ -30,7 +30,7 @@ def _platform(args: argparse.Namespace) -> int:
 def _kubernetes_spec(path: str):
     """The spec, refused in one line where it promotes to no cluster (nothing to check or install)."""
     from pipeline.core.errors import SpecError
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
 
     loaded = load_spec(path)
     if loaded.spec.promotion.target != "kubernetes":

@@ -10,7 +10,7 @@ from pipeline.core.errors import ReleaseError
 
 
 def _manifests(args: argparse.Namespace) -> int:
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.k8s import manifests
 
     loaded = load_spec(args.spec)

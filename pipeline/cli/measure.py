@@ -53,7 +53,7 @@ def _benchmark(args: argparse.Namespace) -> int:
 def _remeasure(args: argparse.Namespace) -> int:
     """A live release's re-benchmark on this node; exit 0 when it could not measure (the stored
     result says why, and the judge task alerts with it)."""
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.entry import pod_steps
 
     # the arguments themselves are checked first: a layout or a source that is not there is the

@@ -39,7 +39,7 @@ def _tiny_accuracy(args: argparse.Namespace) -> int:
 
 
 def _materialize(args: argparse.Namespace) -> int:
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.stages import sources
 
     loaded = load_spec(args.spec)
@@ -48,7 +48,7 @@ def _materialize(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.stages import quantize, sources
 
     loaded = load_spec(args.spec)

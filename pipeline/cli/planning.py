@@ -32,7 +32,7 @@ def _given_rates(values: list[str], layouts: list[str], default: str | None) -> 
 
 def _capacity(args: argparse.Namespace) -> int:
     """Fleet and cost for planning, from a given rate or the newest measured one; no benchmark runs."""
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.release import registry
     from pipeline.stages import capacity
 
@@ -83,7 +83,7 @@ def _plan(args: argparse.Namespace) -> int:
     """Predict every feasible layout's max SLO rate from the step-time model (fitted by the newest
     profiling run of this hardware and engine image, else the datasheet's); no engine starts."""
     from pipeline.core.paths import home
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.planner import plan as planner
     from pipeline.release.registry import cached
 
@@ -116,7 +116,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _rollout_plan(args: argparse.Namespace) -> int:
     """What a rollout would run at each step, from the registry or given rates; changes nothing."""
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
     from pipeline.release import registry, rollout_plan
 
     loaded = load_spec(args.spec)

@@ -10,7 +10,7 @@ from pipeline.core.errors import SpecError
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from pipeline.core.spec import load_spec
+    from pipeline.core.specs import load_spec
 
     failed = False
     for path in args.spec:

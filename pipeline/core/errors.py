@@ -7,7 +7,7 @@ The module that raises each one is named after it.
 The tree:
 
 * ReleaseError
-  + SpecError              - the spec or a file it names is invalid (core.spec)
+  + SpecError              - the spec or a file it names is invalid (core.specs)
   + ArtifactError          - an artifact is missing or does not match its manifest (core, stages)
   + MeasurementError       - a results record could not say which code measured it (core.measurements)
   + EngineFailed           - an engine did not come up or died (stages.serving)

@@ -48,7 +48,7 @@ from pipeline.core import artifacts, platform
 from pipeline.core.errors import ArtifactError, ReleaseError
 from pipeline.core.files import atomic_json
 from pipeline.core.paths import home
-from pipeline.core.spec import NfsTarget, S3Target, StagingSpec
+from pipeline.core.specs import NfsTarget, S3Target, StagingSpec
 
 log = logging.getLogger(__name__)
 

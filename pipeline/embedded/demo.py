@@ -19,7 +19,7 @@ from typing import Any
 from pipeline.core import measurements
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import PROJECT_ROOT, run_dir
-from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.core.specs import LoadedSpec, load_spec
 from pipeline.embedded import local_s3
 from pipeline.embedded.airflow_standalone import Standalone, standalone_env
 from pipeline.entry import flow

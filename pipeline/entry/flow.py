@@ -15,7 +15,7 @@ from pipeline.core import storage
 from pipeline.core.errors import GateFailed, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import PROJECT_ROOT, home, run_dir
-from pipeline.core.spec import LoadedSpec, load_spec, local_source
+from pipeline.core.specs import LoadedSpec, load_spec, local_source
 from pipeline.planner import calibration, uncertainty
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling

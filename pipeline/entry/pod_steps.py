@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from pipeline.core import artifacts, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
-from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.core.specs import LoadedSpec, load_spec
 from pipeline.entry import flow
 from pipeline.k8s import pods
 from pipeline.records import edge

@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import LoadedSpec, duration_seconds
+from pipeline.core.specs import LoadedSpec, duration_seconds
 from pipeline.k8s import crds
 from pipeline.stages import capacity
 

@@ -37,7 +37,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import LoadedSpec, ReleaseSpec
+from pipeline.core.specs import LoadedSpec, ReleaseSpec
 from pipeline.k8s import manifests, monitoring
 from pipeline.k8s.pods import ClusterSettings
 

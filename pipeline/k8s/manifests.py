@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 from pipeline import __version__
 from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import WEIGHT_TOTAL
-from pipeline.core.spec import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
+from pipeline.core.specs import BYTES_PER_PARAM, HardwareProfile, Layout, LoadedSpec, ReleaseSpec
 from pipeline.k8s import autoscaler, crds
 from pipeline.stages import drain, serving
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.core.spec import LoadedSpec, ReleaseSpec
+from pipeline.core.specs import LoadedSpec, ReleaseSpec
 from pipeline.k8s import crds
 from pipeline.k8s.manifests import FIELD_PREFIX, RELEASE_LABEL, dns_name, instance_labels
 

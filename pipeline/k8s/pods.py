@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT, run_key
-from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.core.specs import LoadedSpec, load_spec
 from pipeline.k8s.manifests import DEFAULT_QUANTIZE_IMAGE, DEFAULT_WORKER_IMAGE, label_value, s3_secret_name
 
 Step = Literal["quantize", "evaluate", "stage", "fetch", "benchmark", "rebenchmark"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.errors import ClusterUnreachable, KubernetesError, PreflightFailed, ReleaseError
-from pipeline.core.spec import LoadedSpec
+from pipeline.core.specs import LoadedSpec
 from pipeline.k8s import install, manifests
 from pipeline.k8s.kubeapi import _call, api_client
 from pipeline.k8s.pods import ClusterSettings

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-from pipeline.core.spec import Layout
+from pipeline.core.specs import Layout
 from pipeline.records.plan import PredictionCheck
 
 LAST = 5  # ratios per key: recent enough to follow an engine's changes, enough to damp one noisy run

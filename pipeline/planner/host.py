@@ -26,7 +26,7 @@ import math
 
 from pydantic import BaseModel
 
-from pipeline.core.spec import HardwareProfile, Layout
+from pipeline.core.specs import HardwareProfile, Layout
 
 SATURATED = 0.9  # of a core's time: beyond it the host's queue grows without bound
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
-from pipeline.core.spec import (
+from pipeline.core.specs import (
     HardwareProfile,
     Layout,
     LoadedSpec,

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import (
+from pipeline.core.specs import (
     HardwareProfile,
     Layout,
     ReleaseSpec,

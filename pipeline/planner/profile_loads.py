@@ -17,7 +17,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import (
+from pipeline.core.specs import (
     HardwareProfile,
     Layout,
     ReleaseSpec,

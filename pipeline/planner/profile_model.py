@@ -20,7 +20,7 @@ from scipy.optimize import nnls
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
-from pipeline.core.spec import (
+from pipeline.core.specs import (
     DevicePerformance,
     HardwareProfile,
     Layout,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import (
+from pipeline.core.specs import (
     Architecture,
     DevicePerformance,
     HardwareProfile,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+from pipeline.core.specs import HardwareProfile, Layout, ReleaseSpec
 
 if TYPE_CHECKING:
     from pipeline.planner.profile import Profile

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.core.spec import limits_by_their_name
+from pipeline.core.specs import limits_by_their_name
 
 __all__ = [
     "ModelRef",

@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from pipeline.core import platform
-from pipeline.core.spec import LoadedSpec
+from pipeline.core.specs import LoadedSpec
 from pipeline.records.events import Alert
 from pipeline.records.rebenchmark import Promoted, Remeasure, Verdict
 from pipeline.release.registry import Registry, Release

@@ -16,7 +16,7 @@ import time
 import requests
 
 from pipeline.core.errors import PrometheusError
-from pipeline.core.spec import RolloutSpec, SloSpec, duration_seconds
+from pipeline.core.specs import RolloutSpec, SloSpec, duration_seconds
 from pipeline.records.rollout import Query, StepAnalysis
 
 log = logging.getLogger(__name__)

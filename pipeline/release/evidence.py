@@ -9,7 +9,7 @@ import logging
 
 from pipeline.core import storage
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import LoadedSpec, load_recorded
+from pipeline.core.specs import LoadedSpec, load_recorded
 from pipeline.records.evaluate import EvalResult
 from pipeline.records.events import GateVerdict
 from pipeline.release.registry import Event, Registry, Release

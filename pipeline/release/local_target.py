@@ -29,7 +29,7 @@ from pipeline.core.errors import AnswersWorse, LocalDeployFailed, RolloutAborted
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.rollout import WEIGHT_TOTAL, Deployment, Event, Fleet, RolloutOutcome, RolloutRecord, ServerStep
-from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+from pipeline.core.specs import HardwareProfile, Layout, ReleaseSpec
 from pipeline.records import events as ev
 from pipeline.release import analysis, controller, local_prometheus, step_review
 from pipeline.release.controller import Judge

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeline.core.errors import LeaseHeld
-from pipeline.core.spec import LoadedSpec
+from pipeline.core.specs import LoadedSpec
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s.lease import Fenced, Lease, holder_identity
 from pipeline.release import local_target

@@ -22,7 +22,7 @@ from pipeline.core.files import atomic_write
 from pipeline.core.paths import home
 from pipeline.core.rollout import WEIGHT_TOTAL, RolloutOutcome, ServerStep
 from pipeline.core.rollout import Event as ControllerEvent
-from pipeline.core.spec import EvaluationSpec, LoadedSpec, duration_seconds
+from pipeline.core.specs import EvaluationSpec, LoadedSpec, duration_seconds
 from pipeline.k8s import deploy as k8s_deploy
 from pipeline.k8s import manifests
 from pipeline.records import events as ev

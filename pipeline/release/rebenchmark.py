@@ -20,7 +20,7 @@ from typing import Any
 from pipeline.core import storage
 from pipeline.core.errors import MeasurementCancelled, ReleaseError, SpecError
 from pipeline.core.paths import CONFIGS_DIR, PROJECT_ROOT
-from pipeline.core.spec import LoadedSpec, load_spec
+from pipeline.core.specs import LoadedSpec, load_spec
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.evaluate import EvalResult
 from pipeline.records.events import AlertFailed, RebenchmarkCancelled, RebenchmarkFailed, TrendPoint

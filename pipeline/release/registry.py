@@ -29,7 +29,7 @@ from pipeline.core import platform
 from pipeline.core.errors import ReleaseError, UnknownRelease
 from pipeline.core.paths import home
 from pipeline.core.rollout import Deployment
-from pipeline.core.spec import LoadedSpec, hardware_path, resolved_source
+from pipeline.core.specs import LoadedSpec, hardware_path, resolved_source
 from pipeline.planner.calibration import Measurements, observations
 from pipeline.planner.profile import Profile
 from pipeline.records import events

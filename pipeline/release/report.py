@@ -21,7 +21,7 @@ import markupsafe
 
 from pipeline.core.files import atomic_write
 from pipeline.core.html import environment
-from pipeline.core.spec import LoadedSpec
+from pipeline.core.specs import LoadedSpec
 from pipeline.planner import calibration
 from pipeline.records import edge
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
 from pipeline.core.rollout import WEIGHT_TOTAL, ServerStep
-from pipeline.core.spec import LoadedSpec, duration_seconds
+from pipeline.core.specs import LoadedSpec, duration_seconds
 from pipeline.release import controller
 from pipeline.release.registry import NOTHING_CHOSEN, Release
 from pipeline.stages import capacity, drain

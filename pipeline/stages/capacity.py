@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pipeline.core.spec import CapacitySpec, HardwareProfile, LoadedSpec, WorkloadSpec, duration_seconds
+from pipeline.core.specs import CapacitySpec, HardwareProfile, LoadedSpec, WorkloadSpec, duration_seconds
 from pipeline.records.capacity import CapacityPlan, CostChange, FleetCost, LeadTime, Scaling, Source
 from pipeline.records.selection import ChosenFigures
 

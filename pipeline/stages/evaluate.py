@@ -25,7 +25,7 @@ from pipeline.core import artifacts
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_json
 from pipeline.core.paths import CONFIGS_DIR, home
-from pipeline.core.spec import EvalTask, EvaluationSpec
+from pipeline.core.specs import EvalTask, EvaluationSpec
 from pipeline.records.evaluate import Endpoint, EvalResult, GateDecision, TaskScore, TaskVerdict
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ import psutil
 from pipeline.core import artifacts, checkpoint
 from pipeline.core.errors import ArtifactError, ReleaseError
 from pipeline.core.paths import artifacts_dir
-from pipeline.core.spec import ReleaseSpec
+from pipeline.core.specs import ReleaseSpec
 from pipeline.records.quantize import NumericCheck, QuantizeResult
 from pipeline.records.sources import ModelSource
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import EvaluationSpec
+from pipeline.core.specs import EvaluationSpec
 from pipeline.records.evaluate import Endpoint, EvalResult, TaskScore
 from pipeline.records.served_accuracy import ServedAccuracy
 from pipeline.stages import gx_suite

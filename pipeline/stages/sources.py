@@ -15,7 +15,7 @@ from pipeline.core import artifacts
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_json
 from pipeline.core.paths import home, models_dir
-from pipeline.core.spec import ReleaseSpec, local_source
+from pipeline.core.specs import ReleaseSpec, local_source
 from pipeline.records.sources import ModelSource
 from pipeline.stages import tiny_model
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec import HardwareProfile, SloSpec, WorkloadSpec
+from pipeline.core.specs import HardwareProfile, SloSpec, WorkloadSpec
 from pipeline.records.benchmark import Probe
 from pipeline.stages import serving
 from pipeline.stages.benchmark import steady

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 
-from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.core.specs import SloSpec, WorkloadSpec
 from pipeline.records.benchmark import Probe, SearchOutcome
 from pipeline.stages.benchmark.search import RunProbe, is_clean, slo_search
 from pipeline.stages.benchmark.steady import confirm_seconds

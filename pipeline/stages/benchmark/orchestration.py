@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import EngineStopped, ReleaseError
-from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+from pipeline.core.specs import HardwareProfile, Layout, ReleaseSpec
 from pipeline.records.benchmark import LayoutResult, LoadSplit, Probe
 from pipeline.records.evaluate import EvalResult
 from pipeline.records.plan import LayoutPrediction

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from pipeline.core.files import atomic_write
-from pipeline.core.spec import SloSpec
+from pipeline.core.specs import SloSpec
 from pipeline.records.benchmark import BenchmarkFile, LayoutResult, Selection, SelectionVerdict
 
 

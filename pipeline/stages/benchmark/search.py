@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
-from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.core.specs import SloSpec, WorkloadSpec
 from pipeline.records.benchmark import Probe, SearchOutcome
 
 log = logging.getLogger(__name__)

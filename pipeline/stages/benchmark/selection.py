@@ -3,7 +3,7 @@ spec's minimum, and a rate as a reader must take it (a bound, unsteady, client-b
 
 from __future__ import annotations
 
-from pipeline.core.spec import HardwareProfile, SloSpec
+from pipeline.core.specs import HardwareProfile, SloSpec
 from pipeline.records.benchmark import LayoutResult, Selection
 
 

@@ -23,7 +23,7 @@ import bisect
 import math
 from typing import Any, NamedTuple
 
-from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.core.specs import SloSpec, WorkloadSpec
 
 TRIM = 0.25  # share of the send span at the start left out of the trend: the queue filling from empty
 MAX_POINTS = 800  # Theil-Sen is quadratic in its points: longer probes are thinned evenly to this many

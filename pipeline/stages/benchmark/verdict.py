@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.core.spec import SloSpec, WorkloadSpec
+from pipeline.core.specs import SloSpec, WorkloadSpec
 from pipeline.records.benchmark import Probe
 
 KEEP_UP = 0.90  # achieved throughput must be at least this share of the offered rate (less sampling noise)

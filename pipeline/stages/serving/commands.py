@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from pipeline.core.paths import PROJECT_ROOT, home
-from pipeline.core.spec import HardwareProfile, Layout, ReleaseSpec
+from pipeline.core.specs import HardwareProfile, Layout, ReleaseSpec
 
 SERVE_PYTHON = PROJECT_ROOT / ".venv-serve" / "bin" / "python"
 

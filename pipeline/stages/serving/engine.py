@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline.core import storage
 from pipeline.core.errors import EngineFailed, EngineStopped, ReleaseError
 from pipeline.core.paths import home
-from pipeline.core.spec import LoadedSpec
+from pipeline.core.specs import LoadedSpec
 from pipeline.stages import dequant
 from pipeline.stages.serving.commands import EngineCommand
 from pipeline.stages.serving.front import engine_keep_alive_s, nginx_binary, write_nginx_conf

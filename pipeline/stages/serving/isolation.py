@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.core.files import atomic_json
 from pipeline.core.paths import home
-from pipeline.core.spec import HardwareProfile, Layout
+from pipeline.core.specs import HardwareProfile, Layout
 from pipeline.stages import affinity_guard
 from pipeline.stages.serving.commands import device_sets
 

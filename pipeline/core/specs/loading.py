@@ -11,9 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from pipeline.core.errors import SpecError
 from pipeline.core.paths import CONFIGS_DIR
-from pipeline.core.spec.feasibility import feasibility_problems, generated_layouts
-from pipeline.core.spec.hardware import HardwareProfile
-from pipeline.core.spec.release import LoadedSpec, ReleaseSpec
+from pipeline.core.specs.feasibility import feasibility_problems, generated_layouts
+from pipeline.core.specs.hardware import HardwareProfile
+from pipeline.core.specs.release import LoadedSpec, ReleaseSpec
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from pipeline.core.spec.base import Strict
+from pipeline.core.specs.base import Strict
 
 
 class S3Target(Strict):

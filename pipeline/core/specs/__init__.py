@@ -21,16 +21,16 @@ whole and the ways to read it:
 - feasibility  the checks that span fields and hardware; the generated layouts
 - loading      load_spec and load_recorded: YAML, types, then feasibility
 
-Callers import from the package (`from pipeline.core.spec import load_spec`); the names below are
+Callers import from the package (`from pipeline.core.specs import load_spec`); the names below are
 the modules' public ones.
 """
 
 from __future__ import annotations
 
-from pipeline.core.spec.base import DURATION_PATTERN, Strict, duration_seconds
-from pipeline.core.spec.capacity import AutoscaleSpec, CapacitySpec
-from pipeline.core.spec.evaluation import EvalTask, EvaluationSpec, ServedAccuracySpec
-from pipeline.core.spec.feasibility import (
+from pipeline.core.specs.base import DURATION_PATTERN, Strict, duration_seconds
+from pipeline.core.specs.capacity import AutoscaleSpec, CapacitySpec
+from pipeline.core.specs.evaluation import EvalTask, EvaluationSpec, ServedAccuracySpec
+from pipeline.core.specs.feasibility import (
     KNOB_NAMES,
     arg_number,
     feasibility_problems,
@@ -39,7 +39,7 @@ from pipeline.core.spec.feasibility import (
     kv_reserve_gb,
     weights_per_device_gb,
 )
-from pipeline.core.spec.hardware import (
+from pipeline.core.specs.hardware import (
     PER_WORLD_SIZE,
     RANGED_FIGURES,
     DevicePerformance,
@@ -48,7 +48,7 @@ from pipeline.core.spec.hardware import (
     NodeProvisioning,
     ranged_figure,
 )
-from pipeline.core.spec.loading import (
+from pipeline.core.specs.loading import (
     hardware_path,
     load_hardware,
     load_recorded,
@@ -56,7 +56,7 @@ from pipeline.core.spec.loading import (
     local_source,
     resolved_source,
 )
-from pipeline.core.spec.model import (
+from pipeline.core.specs.model import (
     BYTES_PER_PARAM,
     DEFAULT_IGNORE,
     SOURCE_PATTERN,
@@ -64,10 +64,10 @@ from pipeline.core.spec.model import (
     ModelSpec,
     QuantizationSpec,
 )
-from pipeline.core.spec.promotion import GatewayRef, PromotionSpec, RolloutSpec
-from pipeline.core.spec.rebenchmark import SCHEDULE_PRESETS, NotifySpec, RebenchmarkSpec
-from pipeline.core.spec.release import LoadedSpec, ReleaseSpec
-from pipeline.core.spec.serving import (
+from pipeline.core.specs.promotion import GatewayRef, PromotionSpec, RolloutSpec
+from pipeline.core.specs.rebenchmark import SCHEDULE_PRESETS, NotifySpec, RebenchmarkSpec
+from pipeline.core.specs.release import LoadedSpec, ReleaseSpec
+from pipeline.core.specs.serving import (
     FLAG_PATTERN,
     LAYOUT_FLAGS,
     CandidatesSpec,
@@ -76,8 +76,8 @@ from pipeline.core.spec.serving import (
     Scalar,
     ServingSpec,
 )
-from pipeline.core.spec.staging import NfsTarget, S3Target, StagingSpec
-from pipeline.core.spec.workload import SloSpec, WorkloadSpec, limits_by_their_name
+from pipeline.core.specs.staging import NfsTarget, S3Target, StagingSpec
+from pipeline.core.specs.workload import SloSpec, WorkloadSpec, limits_by_their_name
 
 __all__ = [
     "BYTES_PER_PARAM",

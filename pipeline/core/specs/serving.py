@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from pipeline.core.spec.base import Strict
+from pipeline.core.specs.base import Strict
 
 Scalar = str | int | float | bool | None
 EngineArgs = dict[str, Scalar | dict[str, Any] | list[Any]]

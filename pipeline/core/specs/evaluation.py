@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from pipeline.core.spec.base import Strict
+from pipeline.core.specs.base import Strict
 
 
 class EvalTask(Strict):

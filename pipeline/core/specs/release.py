@@ -9,16 +9,16 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ReleaseError
-from pipeline.core.spec.base import Strict
-from pipeline.core.spec.capacity import CapacitySpec
-from pipeline.core.spec.evaluation import EvaluationSpec
-from pipeline.core.spec.hardware import HardwareProfile
-from pipeline.core.spec.model import ModelSpec, QuantizationSpec
-from pipeline.core.spec.promotion import PromotionSpec, RolloutSpec
-from pipeline.core.spec.rebenchmark import RebenchmarkSpec
-from pipeline.core.spec.serving import CandidatesSpec, Layout, ServingSpec
-from pipeline.core.spec.staging import StagingSpec
-from pipeline.core.spec.workload import SloSpec, WorkloadSpec
+from pipeline.core.specs.base import Strict
+from pipeline.core.specs.capacity import CapacitySpec
+from pipeline.core.specs.evaluation import EvaluationSpec
+from pipeline.core.specs.hardware import HardwareProfile
+from pipeline.core.specs.model import ModelSpec, QuantizationSpec
+from pipeline.core.specs.promotion import PromotionSpec, RolloutSpec
+from pipeline.core.specs.rebenchmark import RebenchmarkSpec
+from pipeline.core.specs.serving import CandidatesSpec, Layout, ServingSpec
+from pipeline.core.specs.staging import StagingSpec
+from pipeline.core.specs.workload import SloSpec, WorkloadSpec
 
 
 class ReleaseSpec(Strict):

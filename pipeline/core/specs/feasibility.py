@@ -8,10 +8,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.spec.hardware import HardwareProfile
-from pipeline.core.spec.model import BYTES_PER_PARAM
-from pipeline.core.spec.release import ReleaseSpec
-from pipeline.core.spec.serving import Layout
+from pipeline.core.specs.hardware import HardwareProfile
+from pipeline.core.specs.model import BYTES_PER_PARAM
+from pipeline.core.specs.release import ReleaseSpec
+from pipeline.core.specs.serving import Layout
 
 KNOB_NAMES = {"max-num-seqs": "seqs", "max-num-batched-tokens": "tokens"}
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.core.spec.base import Strict
+from pipeline.core.specs.base import Strict
 
 
 class WorkloadSpec(Strict):

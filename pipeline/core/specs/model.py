@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.core.spec.base import Strict
+from pipeline.core.specs.base import Strict
 
 SOURCE_PATTERN = re.compile(r"^(hf://[\w.-]+/[\w.-]+(@[\w./-]+)?|s3://[\w.-]+/.+|builtin://[\w.-]+|[^:]+)$")
 DEFAULT_IGNORE = ["lm_head", "model.embed_tokens", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]

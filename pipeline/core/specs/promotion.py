@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from pipeline.core.spec.base import DURATION_PATTERN, Strict
+from pipeline.core.specs.base import DURATION_PATTERN, Strict
 
 
 class GatewayRef(Strict):

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from pipeline.core.spec.base import DURATION_PATTERN, Strict
+from pipeline.core.specs.base import DURATION_PATTERN, Strict
 
 
 class AutoscaleSpec(Strict):
