@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 
-from pipeline.core.spec import SloSpec
+from pipeline.core.specs import SloSpec
 from pipeline.records.benchmark import Probe
 from pipeline.stages import benchmark
 
