@@ -1,5 +1,6 @@
 """A real HTTP endpoint for tests (a /metrics page to scrape, an engine's completions): answers
-every GET and POST with whatever `render()` returns at that moment."""
+every GET and POST with whatever `render()` returns at that moment (None: 503, a page that is
+unavailable just then, as a loaded engine's scrape can be)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 METRICS = "text/plain; version=0.0.4"
 
 
-def serve(render: Callable[[], bytes], content_type: str = METRICS, status: int = 200) -> ThreadingHTTPServer:
+def serve(render: Callable[[], bytes | None], content_type: str = METRICS, status: int = 200) -> ThreadingHTTPServer:
     """Start it on a free port (`server.server_address[1]`), answering with `status`; `server.shutdown()` stops it."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             body = render()
+            if body is None:
+                self.send_error(503)
+                return
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))

@@ -20,7 +20,6 @@ test_promotion's.
 
 from __future__ import annotations
 
-import http.server
 import os
 import subprocess
 import threading
@@ -34,6 +33,7 @@ import pytest
 from pipeline.core.specs import load_spec
 from pipeline.release import analysis, controller, local_target
 from pipeline.stages import drain, serving
+from testkit import http_stub
 from testkit.s3server import free_port
 from tests.conftest import SERVE_PYTHON, TINY_SPEC
 from tests.load import LoadClient
@@ -214,42 +214,27 @@ def run(loaded, drain_s: float, monkeypatch) -> tuple[LoadClient, list[dict], li
     return load, stops, list(holders.values())
 
 
-class _Busy(http.server.BaseHTTPRequestHandler):
-    """An engine's /metrics under load: its first scrape is missed (503), then it shows 3 requests
-    running, once a stale 0 (as vLLM's gauges once read with 16 running), 3 again, then none."""
-
-    scrapes: list[int] = []
-    script = [None, 3, 0, 3]
-
-    def do_GET(self):
-        self.scrapes.append(1)
-        running = self.script[len(self.scrapes) - 1] if len(self.scrapes) <= len(self.script) else 0
-        if running is None:
-            self.send_error(503)
-            return
-        body = f"vllm:num_requests_running {running}.0\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_drain_is_not_fooled_by_a_missed_read_or_a_stale_zero():
     """A busy engine's missed first read is not "nothing held" (the event said None where requests
     ran), and one read of 0 is not idle: the drain waits for two in a row (a stop after a stale 0
     would cut what still runs)."""
-    _Busy.scrapes = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # an engine's /metrics under load: its first scrape is missed (503), then it shows 3 requests
+    # running, once a stale 0 (as vLLM's gauges once read with 16 running), 3 again, then none
+    script: list[int | None] = [None, 3, 0, 3]
+    scrapes: list[int] = []
+
+    def busy() -> bytes | None:
+        scrapes.append(1)
+        running = script[len(scrapes) - 1] if len(scrapes) <= len(script) else 0
+        return None if running is None else f"vllm:num_requests_running {running}.0\n".encode()
+
+    server = http_stub.serve(busy)
     try:
         seen = drain.wait_idle(f"http://127.0.0.1:{server.server_address[1]}", 30, poll_s=0.05)
     finally:
         server.shutdown()
     assert seen["in_flight"] == 3 and seen["left"] == 0, seen
-    assert len(_Busy.scrapes) == len(_Busy.script) + 2, _Busy.scrapes  # past the stale 0, then 0 twice
+    assert len(scrapes) == len(script) + 2, scrapes  # past the stale 0, then 0 twice
     # an engine that never answers is gone: nothing to wait for
     gone = drain.wait_idle(f"http://127.0.0.1:{free_port()}", 30, poll_s=0.05, unreadable_s=0.3)
     assert gone["in_flight"] is None and gone["left"] is None, gone

@@ -4,10 +4,8 @@ carrying the layout, placement, weights and identity the release needs."""
 from __future__ import annotations
 
 import copy
-import http.server
 import subprocess
 import sys
-import threading
 
 import pytest
 import yaml
@@ -17,6 +15,7 @@ from pipeline.core.specs import load_spec
 from pipeline.k8s import crds, manifests, pods
 from pipeline.k8s.manifests import Artifact, RenderOptions
 from pipeline.stages import drain
+from testkit import http_stub
 from tests.conftest import PROD_SPEC, TINY_SPEC
 
 HASH = "3f" * 32
@@ -365,25 +364,6 @@ def test_the_readme_command_renders_a_preview_from_the_spec_alone(tmp_path):
     assert "/mnt/models/ARTIFACT" in out.stdout  # the spec's NFS share, where the staged weights would be
 
 
-class _Draining(http.server.BaseHTTPRequestHandler):
-    """An engine's /metrics whose running gauge shows `busy` requests for the first scrapes, then none."""
-
-    scrapes: list[int] = []
-    busy = 3
-
-    def do_GET(self):
-        self.scrapes.append(1)
-        running = self.busy if len(self.scrapes) <= self.busy else 0
-        body = f'vllm:num_requests_running{{engine="0"}} {running}.0\nvllm:num_requests_waiting 0.0\n'.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_pod_drains_before_sigterm_within_a_grace_period_above_the_routes_timeout(prod, spec_file):
     """The production image's vLLM (0.11.2) aborts what it runs on SIGTERM and has no
     --shutdown-timeout: its pods wait in preStop until the engine's own /metrics shows nothing
@@ -403,9 +383,14 @@ def test_a_pod_drains_before_sigterm_within_a_grace_period_above_the_routes_time
 
     # the hook itself, run as the kubelet runs it (this venv's python: prometheus-client, as vLLM's
     # image has), against an engine busy for its first scrapes: it returns once the engine is idle
-    _Draining.scrapes = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Draining)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    busy, scrapes = 3, []
+
+    def draining() -> bytes:  # an engine's /metrics: `busy` requests running for its first scrapes, then none
+        scrapes.append(1)
+        running = busy if len(scrapes) <= busy else 0
+        return f'vllm:num_requests_running{{engine="0"}} {running}.0\nvllm:num_requests_waiting 0.0\n'.encode()
+
+    server = http_stub.serve(draining)
     try:
         run = [sys.executable, "-c", hook[2], str(server.server_address[1]), "60", "0"]
         done = subprocess.run(run, capture_output=True, text=True, timeout=60)
@@ -413,7 +398,7 @@ def test_a_pod_drains_before_sigterm_within_a_grace_period_above_the_routes_time
         server.shutdown()
     assert done.returncode == 0, done.stderr
     assert "'in_flight': 3.0" in done.stdout and "'left': 0.0" in done.stdout, done.stdout
-    assert len(_Draining.scrapes) == _Draining.busy + 2  # it kept asking until the engine read idle twice
+    assert len(scrapes) == busy + 2  # it kept asking until the engine read idle twice
 
     # an image whose vLLM drains on SIGTERM itself gets the flag too; a spec that sets it keeps its own
     newer = load_spec(spec_file(PROD_SPEC, lambda d: d["serving"].update(engine_image="vllm/vllm-openai:v0.18.0")))
