@@ -190,8 +190,10 @@ def test_the_demo_record_keeps_each_layouts_confirmation_runs(tmp_path: Path, mo
             p90_e2el_ms=200, confirmation=confirmation, passed=passed,
         )  # fmt: skip
 
-    def layout(name: str, probes: list[Probe]) -> dict:
-        result = LayoutResult(layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", probes=probes)
+    def layout(name: str, probes: list[Probe], **confirmed) -> dict:
+        result = LayoutResult(
+            layout=name, tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", probes=probes, **confirmed
+        )
         return json.loads(result.model_dump_json())
 
     out = run_dir("manual__r1") / "benchmark"
@@ -199,7 +201,8 @@ def test_the_demo_record_keeps_each_layouts_confirmation_runs(tmp_path: Path, mo
     layouts = [
         layout("single", [probe(200, 8, 300, False, True), probe(210, 12.5, 620, True, False),
                           probe(199.5, 12.0, 410.04, True, True)]),
-        layout("two-replicas", [probe(150, 8, 200, False, True), probe(150, 11.5, 180, True, True)]),
+        layout("two-replicas", [probe(150, 8, 200, False, True), probe(150, 11.5, 180, True, True)],
+               confirm_engine="fresh", confirm_wall_s=41.5),
     ]  # fmt: skip
     (out / "benchmark.json").write_text(json.dumps({"layouts": layouts}))
     seen = demo.confirmations("manual__r1")
@@ -208,7 +211,9 @@ def test_the_demo_record_keeps_each_layouts_confirmation_runs(tmp_path: Path, mo
     assert seen["layouts"]["single"][1] == {
         "rate": 199.5, "requests": 2394, "seconds": 12.0, "p90_ttft_ms": 410.0, "p90_tpot_ms": 9, "passed": True,
     }  # fmt: skip
-    assert seen["minutes_added"] == round((12.5 + 12.0 + 11.5) / 60, 2)
+    # a fresh engine's confirmation adds its start too (the record's wall time); one without it, its runs
+    assert seen["minutes_added"] == round((12.5 + 12.0 + 41.5) / 60, 2)
+    assert seen["engines"] == {"single": None, "two-replicas": "fresh"}
 
 
 def _repo(tmp_path: Path) -> Path:

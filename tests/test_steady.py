@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.core.specs import SloSpec, WorkloadSpec, load_spec
 from pipeline.records.benchmark import Interference, SearchOutcome
+from pipeline.records.evaluate import EvalResult
 from pipeline.stages import benchmark
 from pipeline.stages.benchmark import confirm, steady
 from testkit.probes import fixed_probe, mm1_run
@@ -66,7 +67,8 @@ def test_validate_refuses_a_confirmation_below_the_floor_naming_the_field(spec_f
     assert main(["validate", str(short)]) == 1
     assert "workload.confirm_seconds" in capsys.readouterr().err
     assert load_spec(spec_file(TINY_SPEC, lambda d: d["workload"].update(confirm_seconds=12))).spec.workload
-    assert load_spec(TINY_SPEC).spec.workload.confirm_seconds is None  # the shipped spec: the floor
+    unset = spec_file(TINY_SPEC, lambda d: d["workload"].pop("confirm_seconds"))
+    assert load_spec(unset).spec.workload.confirm_seconds is None  # none: the floor
 
 
 def test_the_trend_fails_an_overloaded_probe_that_its_p90_passes_and_passes_a_sustained_one(tmp_path):
@@ -218,3 +220,94 @@ def test_the_report_shows_the_confirmation_beside_the_searchs_probes():
     assert f"{held.rate:.3g} req/s x {held.num_prompts}: p90 TTFT 200 ms, trend -, pass</td>" in html
     assert html.count("<td>confirmation: fail</td>") == 1 and html.count("<td>confirmation: pass</td>") == 1
     assert result.deciding_probe() is held  # the performance row's p90s are the confirmation's
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_the_answer_is_confirmed_on_a_fresh_engine_started_after_the_searchs_stopped(fresh, tmp_path, monkeypatch):
+    """Two instances of one layout: the search's sustains 100 req/s, the next one 88 (#61 measured two
+    instances of one engine 4-10% apart on this host). The fresh instance's confirmation fails the
+    search's answer and steps it down to a rate it holds; its served answers are checked there. Off
+    (`confirm_on_fresh_engine: false`), the search's own engine confirms what it found."""
+    import contextlib
+
+    from pipeline.records.served_accuracy import ServedAccuracy
+    from pipeline.stages import served_accuracy
+    from pipeline.stages.benchmark import orchestration
+
+    loaded = load_spec(TINY_SPEC)
+    spec = loaded.spec.model_copy(deep=True)
+    spec.workload = WorkloadSpec(
+        input_len=1, output_len=1, num_prompts=10, min_probe_seconds=1, repeats=0, confirm_on_fresh_engine=fresh
+    )
+    spec.slo = SLO
+    events: list[str] = []
+    seen: list[tuple[int, float]] = []  # (instance, rate) of every probe
+
+    @contextlib.contextmanager
+    def running(spec, hw, layout, model_dir, out_dir, base_port=None):
+        instance = 1 + sum(e.startswith("start") for e in events)
+        mu = {1: 100.0, 2: 88.0}[instance]
+        engine = type(
+            "Engine",
+            (),
+            {"url": f"http://instance-{instance}", "load_seconds": [1.0], "load_splits": lambda self: []},
+        )()
+        sustained = sustains(mu, SLO, [])
+
+        def probe(rate: float, n: int, seed: int):
+            assert events[-1] == f"start {instance}", "a probe of an engine that is not running"
+            seen.append((instance, rate))
+            return sustained(rate, n, seed)
+
+        events.append(f"start {instance}")
+        try:
+            yield engine, probe
+        finally:
+            events.append(f"stop {instance}")
+
+    checked: list[str] = []
+
+    def check(url, *args, **kwargs):
+        checked.append(url)
+        return ServedAccuracy(passed=True, endpoint=url, limit=20, tasks=[], seconds=1.0)
+
+    monkeypatch.setattr(orchestration, "running_layout", running)
+    monkeypatch.setattr(served_accuracy, "check", check)
+    gate = EvalResult.model_construct()
+    result = benchmark.benchmark_layout(
+        spec, loaded.hardware, loaded.layout("single"), tmp_path, tmp_path, prior=90.0, accuracy=(gate, gate)
+    )
+    confirmations = [p for p in result.probes if p.confirmation]
+    searched = [rate for instance, rate in seen if instance == 1]
+    assert result.status == "ok" and confirmations and result.confirmed
+    assert max(p.rate for p in result.probes if not p.confirmation and p.passed) > 100.0  # short probes flatter
+    if fresh:
+        assert events == ["start 1", "stop 1", "start 2", "stop 2"]  # the fresh one starts once the search's stopped
+        assert [rate for instance, rate in seen if instance == 2] == [p.rate for p in confirmations]
+        assert result.step_downs >= 1 and result.max_slo_rate <= 88.0  # it holds what the second instance sustains
+        assert checked == ["http://instance-2"] and result.confirm_engine == "fresh"
+        assert "on a fresh engine" in result.stop_reason
+    else:
+        assert events == ["start 1", "stop 1"] and checked == ["http://instance-1"]
+        assert len(searched) == len(result.probes) and result.confirm_engine == "searched"
+        assert 100.0 * (1 - SLO.resolution) ** 2 <= result.max_slo_rate <= 100.0
+    assert result.confirm_wall_s is not None and result.confirm_wall_s >= 0
+
+
+def test_no_fresh_engine_starts_for_a_search_without_an_answer(tmp_path, monkeypatch):
+    import contextlib
+
+    from pipeline.stages.benchmark import orchestration
+
+    loaded = load_spec(TINY_SPEC)
+    starts: list[int] = []
+
+    @contextlib.contextmanager
+    def running(*args, **kwargs):
+        starts.append(1)
+        engine = type("Engine", (), {"url": "http://x", "load_seconds": [1.0], "load_splits": lambda self: []})()
+        yield engine, lambda rate, n, seed: fixed_probe(rate, n, 5000.0, SLO, achieved=min(rate, 50.0))
+
+    monkeypatch.setattr(orchestration, "running_layout", running)
+    result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, loaded.layout("single"), tmp_path, tmp_path)
+    assert starts == [1] and result.max_slo_rate is None and result.confirm_engine is None

@@ -63,7 +63,8 @@ def layout_figures(check: PredictionCheck) -> dict[str, Any]:
 
 def confirmations(run_id: str) -> dict[str, Any]:
     """Each layout's confirmation runs (#61), from the run's benchmark.json: length, rate, p90s,
-    verdict; and the minutes they added to the DAG (their runs' wall time, summed over layouts)."""
+    verdict, the engine instance they ran on; and the minutes they added to the DAG (from each search's
+    answer to its confirmation's verdict, a fresh engine's start included, summed over layouts)."""
     path = run_dir(run_id) / "benchmark" / "benchmark.json"
     if not path.exists():
         return {}
@@ -84,7 +85,15 @@ def confirmations(run_id: str) -> dict[str, Any]:
             ]
             for name, probes in runs.items()
         },
-        "minutes_added": round(sum(p.duration_s for probes in runs.values() for p in probes) / 60, 2),
+        "engines": {lay.layout: lay.confirm_engine for lay in layouts},
+        "minutes_added": round(
+            sum(
+                lay.confirm_wall_s if lay.confirm_wall_s is not None else sum(p.duration_s for p in runs[lay.layout])
+                for lay in layouts
+            )
+            / 60,
+            2,
+        ),
     }
 
 

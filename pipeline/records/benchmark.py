@@ -5,6 +5,8 @@ they cross XCom, pod results and benchmark.json as themselves (inf as the string
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.records.plan import LayoutPrediction, PredictionCheck
@@ -213,6 +215,16 @@ class LayoutResult(BaseModel):
         "false: every confirmation down to the step-down cap failed and there is no answer; None: none ran",
     )
     step_downs: int = Field(0, description="times a failed confirmation moved the answer down before one held")
+    confirm_engine: Literal["searched", "fresh"] | None = Field(
+        None,
+        description="the engine instance the confirmation ran on: the search's own, or a fresh one started after "
+        "it stopped (workload.confirm_on_fresh_engine); None: none ran",
+    )
+    confirm_wall_s: float | None = Field(
+        None,
+        description="wall seconds from the search's answer to the confirmation's verdict, a fresh engine's start "
+        "included: what the confirmation adds to the release",
+    )
     placement: dict[str, str] = Field(default_factory=dict, description="what ran on which cores (cpu profile)")
     prediction: LayoutPrediction | None = Field(
         None, description="the planner's figures for this layout, made before the measurement; the search's prior"

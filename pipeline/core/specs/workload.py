@@ -26,6 +26,15 @@ class WorkloadSpec(Strict):
             "the p90 TTFT past its limit within it); null: the floor",
         ),
     ] = None
+    confirm_on_fresh_engine: Annotated[
+        bool,
+        Field(
+            description="run the confirmation on an engine started after the search's was stopped (same layout, "
+            "flags and cores), not on the one the search tuned its answer on: a fleet is many instances, and on "
+            "a shared CPU host two instances of one engine sustained rates 4-10% apart (#61); costs one more "
+            "engine start per layout"
+        ),
+    ] = True
     arrival: Literal["poisson", "constant"] = "poisson"
     seed: int = 0
     repeats: Annotated[

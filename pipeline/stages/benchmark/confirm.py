@@ -30,11 +30,14 @@ def step_down(rate: float, failed: Probe, slo: SloSpec) -> float:
     return min(rate, served) * (1 - slo.resolution)
 
 
-def confirm(run: RunProbe, outcome: SearchOutcome, workload: WorkloadSpec, slo: SloSpec) -> SearchOutcome:
+def confirm(
+    run: RunProbe, outcome: SearchOutcome, workload: WorkloadSpec, slo: SloSpec, where: str = ""
+) -> SearchOutcome:
     """Confirm `outcome`'s answer with a `confirm_seconds` run (appended to its probes, marked
     `confirmation`); where it fails, step down (`step_down`, at most `MAX_STEP_DOWNS` times) and
     confirm again. A run that other processes disturbed is run again, as the search's probes are
-    (`workload.interference_retries`). The outcome's answer becomes the rate that held, or None."""
+    (`workload.interference_retries`). The outcome's answer becomes the rate that held, or None.
+    `where`: the engine instance `run` measures, for the verdict's text (" on a fresh engine")."""
     if outcome.max_slo_rate is None:
         return outcome
     seconds = confirm_seconds(workload, slo)
@@ -51,7 +54,8 @@ def confirm(run: RunProbe, outcome: SearchOutcome, workload: WorkloadSpec, slo: 
                 break
             probe.superseded = True
         log.info(
-            "confirmation at %.3g req/s x %d (%.0f s): p90 TTFT %.1f ms, trend %s ms/s, backlog %s -> %s",
+            "confirmation%s at %.3g req/s x %d (%.0f s): p90 TTFT %.1f ms, trend %s ms/s, backlog %s -> %s",
+            where,
             rate,
             probe.num_prompts,
             seconds,
@@ -67,10 +71,10 @@ def confirm(run: RunProbe, outcome: SearchOutcome, workload: WorkloadSpec, slo: 
                 outcome.deciding_p90_ttft_ms, outcome.spread = [round(probe.p90_ttft_ms, 2)], None
                 outcome.stop_reason += (
                     f"; the confirmation failed at {searched:.3g} req/s: stepped down {downs}x to {rate:.3g}, "
-                    f"which held for {seconds:.0f} s"
+                    f"which held for {seconds:.0f} s{where}"
                 )
             else:
-                outcome.stop_reason += f"; confirmed by {seconds:.0f} s at {rate:.3g} req/s"
+                outcome.stop_reason += f"; confirmed by {seconds:.0f} s at {rate:.3g} req/s{where}"
             return outcome
         if downs < MAX_STEP_DOWNS:
             log.warning("the confirmation at %.3g req/s failed; stepping down", rate)
@@ -79,7 +83,7 @@ def confirm(run: RunProbe, outcome: SearchOutcome, workload: WorkloadSpec, slo: 
     outcome.deciding_p90_ttft_ms, outcome.spread = [], None
     outcome.stop_reason += (
         f"; the confirmation failed at {searched:.3g} req/s and at {MAX_STEP_DOWNS} steps down to {rate:.3g} "
-        f"({seconds:.0f} s each): no rate is confirmed"
+        f"({seconds:.0f} s each{where}): no rate is confirmed"
     )
     return outcome
 

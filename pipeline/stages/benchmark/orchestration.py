@@ -10,16 +10,17 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.core.errors import EngineStopped, ReleaseError
 from pipeline.core.specs import HardwareProfile, Layout, ReleaseSpec
-from pipeline.records.benchmark import LayoutResult, LoadSplit, Probe
+from pipeline.records.benchmark import LayoutResult, LoadSplit, Probe, SearchOutcome
 from pipeline.records.evaluate import EvalResult
 from pipeline.records.plan import LayoutPrediction
 from pipeline.stages import engine_metrics, interference, served_accuracy, serving
 from pipeline.stages.benchmark.client import BenchClient, bench_client, bench_command, parse_result
-from pipeline.stages.benchmark.confirm import confirmed_search
+from pipeline.stages.benchmark.confirm import confirm
+from pipeline.stages.benchmark.search import RunProbe, slo_search
 from pipeline.stages.benchmark.selection import finish
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,8 @@ def benchmark_layout(
     answers_without_slo: bool = False,
 ) -> LayoutResult:
     """Start the layout's engines, run the search against their one endpoint and confirm its answer
-    with a long run (`confirm`), always tear down.
+    with a long run (`confirm`) on a fresh instance of the layout (the search's stopped first, unless
+    `workload.confirm_on_fresh_engine` is off), always tear down.
 
     Each probe records who else used the CPU meanwhile and the engine's own histograms.
     `prior`: where the search starts (a re-benchmark's promoted rate, whose first probe is then
@@ -136,47 +138,32 @@ def benchmark_layout(
     )
     prior = prior or result.predicted_rate
     prober: Prober | None = None
+    outcome: SearchOutcome | None = None
+    workload, slo = spec.workload, spec.slo
     try:
         with running_layout(spec, hw, layout, model_dir, out_dir, base_port) as (engine, prober):
             result.load_seconds = engine.load_seconds
             result.load_splits = [LoadSplit.model_validate(split) for split in engine.load_splits()]
             result.weights_source = "local path"
-            outcome = confirmed_search(prober, spec.workload, spec.slo, max_probes, prior=prior)
-            result.probes = outcome.probes
-            result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate
-            result.bound_only, result.extrapolated, result.stop_reason, result.burst_rps = (
-                outcome.bound_only,
-                outcome.extrapolated,
-                outcome.stop_reason,
-                outcome.burst_rps,
+            outcome = slo_search(prober, workload, slo, max_probes, prior=prior)
+            answered = time.monotonic()
+            fresh = workload.confirm_on_fresh_engine and outcome.max_slo_rate is not None
+            if not fresh:
+                outcome = confirmed(result, prober, outcome, spec, "searched", answered)
+                check_answers(result, engine, model_dir, spec, out_dir, accuracy, answers_without_slo)
+        if fresh:
+            # the search's engine is stopped: its successor starts on the same cores, as a fleet's next
+            # instance would, and the answer must hold there too
+            log.info(
+                "layout %s: confirming %.3g req/s on a fresh engine (the search's is stopped)",
+                layout.name,
+                outcome.max_slo_rate,
             )
-            result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
-            result.unsteady, result.client_bound = outcome.unsteady, outcome.client_bound
-            result.client_bound_rates = outcome.client_bound_rates
-            result.unclean_rates = outcome.unclean_rates
-            result.confirm_seconds, result.confirmed = outcome.confirm_seconds, outcome.confirmed
-            result.step_downs = outcome.step_downs
-            if (
-                accuracy
-                and spec.evaluation.served.enabled
-                and (outcome.max_slo_rate is not None or answers_without_slo)
-            ):
-                checked = served_accuracy.check(
-                    engine.url, model_dir, serving.SERVED_NAME, *accuracy, spec.evaluation, out_dir / "served-accuracy"
-                )
-                result.served_accuracy = checked
-                log.info(
-                    "layout %s: serving-path accuracy %s in %.0f s: %s",
-                    layout.name,
-                    "passed" if checked.passed else "FAILED",
-                    checked.seconds,
-                    checked.summary(),
-                )
-                if not checked.passed:
-                    result.status = "failed"
-                    result.error = "serving-path accuracy: " + "; ".join(checked.failures)
+            with running_layout(spec, hw, layout, model_dir, out_dir / "fresh-engine", base_port) as (again, run):
+                outcome = confirmed(result, run, outcome, spec, "fresh", answered)
+                check_answers(result, again, model_dir, spec, out_dir, accuracy, answers_without_slo)
     except (ReleaseError, subprocess.TimeoutExpired) as exc:
-        result.probes = result.probes or (prober.done if prober else [])
+        result.probes = result.probes or (outcome.probes if outcome else prober.done if prober else [])
         result.status = "cancelled" if isinstance(exc, EngineStopped) else "failed"
         result.error = str(exc)
         log.error("layout %s failed: %s", layout.name, exc)
@@ -185,3 +172,65 @@ def benchmark_layout(
     if result.bound_only and result.status == "ok":
         log.warning("layout %s: %s", layout.name, result.stop_reason)
     return result
+
+
+def confirmed(
+    result: LayoutResult,
+    run: RunProbe,
+    searched: SearchOutcome,
+    spec: ReleaseSpec,
+    engine: Literal["searched", "fresh"],
+    answered: float,
+) -> SearchOutcome:
+    """Confirm the search's answer (`confirm`) with `run`, a probe of the `engine` instance named, and
+    copy the outcome into `result`; the wall time from the search's answer to the verdict is kept in
+    `result.confirm_wall_s` (from `answered`, the search's end by the monotonic clock: a fresh engine's
+    start included, what the confirmation adds to the release)."""
+    where = " on a fresh engine" if engine == "fresh" else ""
+    outcome = confirm(run, searched, spec.workload, spec.slo, where)
+    if outcome.confirmed is not None:
+        result.confirm_engine, result.confirm_wall_s = engine, round(time.monotonic() - answered, 1)
+    result.probes = outcome.probes
+    result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate
+    result.bound_only, result.extrapolated, result.stop_reason, result.burst_rps = (
+        outcome.bound_only,
+        outcome.extrapolated,
+        outcome.stop_reason,
+        outcome.burst_rps,
+    )
+    result.deciding_p90_ttft_ms, result.spread = outcome.deciding_p90_ttft_ms, outcome.spread
+    result.unsteady, result.client_bound = outcome.unsteady, outcome.client_bound
+    result.client_bound_rates = outcome.client_bound_rates
+    result.unclean_rates = outcome.unclean_rates
+    result.confirm_seconds, result.confirmed = outcome.confirm_seconds, outcome.confirmed
+    result.step_downs = outcome.step_downs
+    return outcome
+
+
+def check_answers(
+    result: LayoutResult,
+    engine: Any,
+    model_dir: Path,
+    spec: ReleaseSpec,
+    out_dir: Path,
+    accuracy: tuple[EvalResult, EvalResult] | None,
+    answers_without_slo: bool,
+) -> None:
+    """lm-eval at the engine's endpoint (`served_accuracy`) when the layout holds the SLO (or
+    `answers_without_slo`); a layout that answers worse than the in-process candidate fails."""
+    if not (accuracy and spec.evaluation.served.enabled and (result.max_slo_rate is not None or answers_without_slo)):
+        return
+    checked = served_accuracy.check(
+        engine.url, model_dir, serving.SERVED_NAME, *accuracy, spec.evaluation, out_dir / "served-accuracy"
+    )
+    result.served_accuracy = checked
+    log.info(
+        "layout %s: serving-path accuracy %s in %.0f s: %s",
+        result.layout,
+        "passed" if checked.passed else "FAILED",
+        checked.seconds,
+        checked.summary(),
+    )
+    if not checked.passed:
+        result.status = "failed"
+        result.error = "serving-path accuracy: " + "; ".join(checked.failures)
