@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.core import artifacts, measurements, storage
+from pipeline.core import artifacts, measurements, s3, s3_upload, storage
 from pipeline.core.errors import ReleaseError
 from pipeline.core.paths import PROJECT_ROOT, home
 from pipeline.core.specs import S3Target, StagingSpec
@@ -144,7 +144,7 @@ def main() -> None:
         manifest = artifacts.read_manifest(artifact)
         total = manifest.total_bytes
         target = S3Target(bucket="bench", prefix="ours", endpoint_url=server.url, create_bucket=True)
-        client = storage.s3_client(target)
+        client = s3.s3_client(target)
         client.create_bucket(Bucket="bench")
         aws_cp = [str(aws), "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", server.url]
         load_before = os.getloadavg()
@@ -166,7 +166,7 @@ def main() -> None:
                 print(f"upload run {run} {side:7} {wall:7.2f} s {total / 1e6 / wall:7.1f} MB/s cpu {cpu:6.2f} s")
 
         staged_target = target.model_copy(update={"prefix": f"ours-{args.runs - 1}"})
-        uri = storage.s3_uri(staged_target, artifact.name)
+        uri = s3.s3_uri(staged_target, artifact.name)
         down: dict[str, list[dict]] = {"awscli": [], "fetch": []}
         for run in range(args.runs):
             order = ["awscli", "fetch"] if run % 2 == 0 else ["fetch", "awscli"]
@@ -209,10 +209,10 @@ def main() -> None:
             if (params["Key"], params.get("PartNumber", 0)) in held:
                 resend["twice"] += size
 
-        resumer = storage.upload_client(resume_target)
+        resumer = s3_upload.upload_client(resume_target)
         resumer.meta.events.register("provide-client-params.s3.UploadPart", count)
         resumer.meta.events.register("provide-client-params.s3.PutObject", count)
-        resumed = storage.stage_s3(artifact, manifest, resume_target, artifact.name, client=resumer)
+        resumed = s3_upload.stage_s3(artifact, manifest, resume_target, artifact.name, client=resumer)
         held_bytes = sum(held.values())
 
         mb = total / 1e6

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.specs import load_spec
-from pipeline.release import analysis, controller, local_target
+from pipeline.release import analysis, controller, local_engines, local_target
 from pipeline.stages import drain, serving
 from testkit import http_stub
 from testkit.s3server import free_port
@@ -71,7 +71,7 @@ def pool_engine(loaded, model_dir: Path, release_id: int, core: int, index: int)
         log_dir=str(log_dir),
         cores=[[core]],
     )
-    local_target._wait_healthy(dep, 400)
+    local_engines._wait_healthy(dep, 400)
     return dep
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from pipeline.core.rollout import WEIGHT_TOTAL
 from pipeline.core.specs import load_spec
-from pipeline.release import analysis, controller, local_target
+from pipeline.release import analysis, controller, local_engines, local_target
 from pipeline.stages import serving
 from testkit.s3server import free_port
 from tests.conftest import TINY_SPEC
@@ -199,7 +199,7 @@ def test_a_release_whose_engine_cannot_start_leaves_the_live_one_serving_untouch
     def exits_at_once(spec, hw, layout, model_dir, release_id, timeout, beside=None):
         refusal = ["import sys; sys.exit('error: max_num_seqs must be >= 1')"]
         dep = standin(spec, layout, model_dir, release_id, free_port(), refusal)
-        local_target._wait_healthy(dep, timeout)  # the target's own wait: it must see the exit
+        local_engines._wait_healthy(dep, timeout)  # the target's own wait: it must see the exit
         return dep
 
     monkeypatch.setattr(local_target, "_start_engines", exits_at_once)

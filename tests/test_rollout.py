@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from pipeline.core.errors import PrometheusError
 from pipeline.core.specs import RolloutSpec, SloSpec, load_spec
 from pipeline.records.events import detail_of
-from pipeline.release import analysis, local_prometheus, local_target
+from pipeline.release import analysis, local_engines, local_prometheus, local_target
 from pipeline.release.registry import ReleaseData
 from testkit import http_stub
 from tests.conftest import TINY_SPEC
@@ -248,10 +248,10 @@ def test_a_new_release_starts_on_cores_the_live_one_leaves_free(monkeypatch):
     loaded = load_spec(TINY_SPEC)
     single, two = loaded.spec.layouts
     monkeypatch.setattr(serving, "all_cores", lambda: [0, 1])
-    assert local_target.cores_beside(loaded.hardware, single, [[0]]) == [[1]]
-    assert local_target.cores_beside(loaded.hardware, single, [[1]]) == [[0]]
-    assert local_target.cores_beside(loaded.hardware, two, [[0]]) is None  # too few free: the usual cores
-    assert local_target.cores_beside(loaded.hardware, single, []) is None
+    assert local_engines.cores_beside(loaded.hardware, single, [[0]]) == [[1]]
+    assert local_engines.cores_beside(loaded.hardware, single, [[1]]) == [[0]]
+    assert local_engines.cores_beside(loaded.hardware, two, [[0]]) is None  # too few free: the usual cores
+    assert local_engines.cores_beside(loaded.hardware, single, []) is None
     commands = serving.build_commands(loaded.spec, loaded.hardware, single, "/m", 9000, [[1]])
     assert commands[0].devices == [1] and commands[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
 

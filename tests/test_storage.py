@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core import artifacts, storage
+from pipeline.core import artifacts, s3_upload, storage
 from pipeline.core.errors import ArtifactError, ReleaseError
 from pipeline.core.specs import NfsTarget, S3Target, StagingSpec
 from testkit.s3server import FaultProxy, MotoServer
@@ -22,8 +22,9 @@ def aws_env(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     # small parts so a test file exercises multipart (S3's minimum part is 5 MiB)
-    monkeypatch.setattr(storage, "PART_SIZE", 5 * MB)
-    monkeypatch.setattr(storage, "MULTIPART_THRESHOLD", 5 * MB)
+    # (each in the module that reads it: the upload's part sizes, the fetch's range)
+    monkeypatch.setattr(s3_upload, "PART_SIZE", 5 * MB)
+    monkeypatch.setattr(s3_upload, "MULTIPART_THRESHOLD", 5 * MB)
     monkeypatch.setattr(storage, "FETCH_PART", 5 * MB)  # and fetch them in several ranges
 
 
@@ -136,8 +137,8 @@ def test_restage_repairs_bytes_overwritten_with_their_metadata_kept(s3, artifact
 
 
 def test_interrupted_upload_resumes_without_resending_and_commits_last(s3, artifact, monkeypatch):
-    monkeypatch.setattr(storage, "WORKERS", 1)  # parts in order, so the cut lands after two whole parts
-    monkeypatch.setattr(storage, "READERS", 1)
+    monkeypatch.setattr(s3_upload, "WORKERS", 1)  # parts in order, so the cut lands after two whole parts
+    monkeypatch.setattr(s3_upload, "READERS", 1)
     target = target_for(s3.url)
     proxy = FaultProxy(s3.port, cut_after=14 * MB)
     try:
@@ -275,8 +276,8 @@ def test_verify_staged_passes_a_whole_artifact_and_names_what_is_missing(s3, art
 def test_a_part_damaged_on_the_way_is_refused_naming_its_file_and_never_committed(s3, artifact, monkeypatch, tmp_path):
     """The payload is no longer SHA-256-signed: the server's ETag (the MD5 of what it stored) must
     equal the MD5 of the local part, and a flipped byte fails that check even on moto."""
-    monkeypatch.setattr(storage, "WORKERS", 1)  # one request at a time, files in order
-    monkeypatch.setattr(storage, "READERS", 1)
+    monkeypatch.setattr(s3_upload, "WORKERS", 1)  # one request at a time, files in order
+    monkeypatch.setattr(s3_upload, "READERS", 1)
     target = target_for(s3.url)
     proxy = FlipProxy(s3.port, flip_at=3 * MB)  # inside the first shard's first part
     try:
@@ -298,7 +299,7 @@ def test_restage_of_an_unchanged_artifact_reads_no_local_bytes(s3, artifact, mon
     def no_reading(*args, **kwargs):
         raise AssertionError(f"read {args[0]} again")
 
-    monkeypatch.setattr(storage, "open", no_reading, raising=False)  # digests come from the stat-keyed cache
+    monkeypatch.setattr(s3_upload, "open", no_reading, raising=False)  # digests come from the stat-keyed cache
     again = storage.stage(artifact, StagingSpec(s3=target))
     assert (again.bytes_sent, again.files_skipped) == (0, 4)
 

@@ -28,11 +28,11 @@ def _manifests(args: argparse.Namespace) -> int:
     s3_uri, nfs_path, preview = args.s3_uri, args.nfs_path, ""
     if not (s3_uri or nfs_path):
         # a preview from the spec's own staging targets: where a staged artifact would be
-        from pipeline.core import storage
+        from pipeline.core import s3
 
         name = "ARTIFACT"
         nfs_path = str(Path(staging.nfs.path) / name) if staging.nfs else None
-        s3_uri = storage.s3_uri(staging.s3, name) if staging.s3 else None
+        s3_uri = s3.s3_uri(staging.s3, name) if staging.s3 else None
         preview = (
             f"# preview from {loaded.path.name}'s staging targets: artifact name {name!r} and manifest hash "
             f"{args.manifest_hash[:12]}… are placeholders; a promotion renders the staged artifact's "

@@ -26,7 +26,7 @@ from pipeline.entry import flow
 from pipeline.records.benchmark import LayoutResult
 from pipeline.records.events import ServingStopped
 from pipeline.records.plan import PredictionCheck
-from pipeline.release import local_target
+from pipeline.release import local_engines, local_target
 from pipeline.release.registry import ReleaseData, cached
 from pipeline.stages import capacity, tiny_model
 
@@ -264,7 +264,7 @@ def run(
             log.info("  live %.1f min after the command (setup included)", minutes["command_to_live"])
         if rel.status == "live":
             url = local_target.endpoint(loaded.spec)
-            completion = local_target.smoke(url)
+            completion = local_engines.smoke(url)
             log.info("  live endpoint: %s/v1/completions  (model 'model'); a completion just now: %r", url, completion)
         path = measurements.record(
             "demo",

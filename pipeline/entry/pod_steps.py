@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from pipeline.core import artifacts, storage
+from pipeline.core import artifacts, s3
 from pipeline.core.errors import ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.specs import LoadedSpec, load_spec
@@ -51,14 +51,14 @@ log = logging.getLogger(__name__)
 def _s3(uri: str, loaded: LoadedSpec):
     if loaded.spec.staging.s3 is None:
         raise ReleaseError(f"{uri}: the spec has no staging.s3 to reach it with")
-    bucket, key = storage.parse_s3_uri(uri)
-    return storage.s3_client(loaded.spec.staging.s3), bucket, key
+    bucket, key = s3.parse_s3_uri(uri)
+    return s3.s3_client(loaded.spec.staging.s3), bucket, key
 
 
 def write_bytes(uri: str, data: bytes, loaded: LoadedSpec) -> str:
     if uri.startswith("s3://"):
         client, bucket, key = _s3(uri, loaded)
-        with storage.s3_errors(uri):
+        with s3.s3_errors(uri):
             client.put_object(Bucket=bucket, Key=key, Body=data)
         return uri
     atomic_write(Path(uri), data)  # a reader never sees half a result
@@ -73,7 +73,7 @@ def write(uri: str, record: BaseModel, loaded: LoadedSpec) -> str:
 def read_text(uri: str, loaded: LoadedSpec) -> str:
     if uri.startswith("s3://"):
         client, bucket, key = _s3(uri, loaded)
-        with storage.s3_errors(uri):
+        with s3.s3_errors(uri):
             return client.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
     try:
         return Path(uri).read_text()

@@ -7,20 +7,15 @@ task that started them. A new release starts beside the old one on free ports; o
 replica is healthy and answers a smoke completion is the front switched (nginx reload, no
 dropped connections) and the old engines stopped. If anything fails before the switch, the new
 engines are killed and the old release keeps serving, untouched.
+
+Here is the rollout (`LocalRelease`, the controller's Target, and the doors that run it); the
+engines are `local_engines.py`, the front `local_front.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import logging
-import os
-import re
-import signal
-import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -33,360 +28,32 @@ from pipeline.core.specs import HardwareProfile, Layout, ReleaseSpec
 from pipeline.records import events as ev
 from pipeline.release import analysis, controller, local_prometheus, step_review
 from pipeline.release.controller import Judge
+from pipeline.release.local_engines import (
+    SMOKE_PROMPT,
+    _smoke_replica,
+    _start_engines,
+    _stop_groups,
+    current,
+    drain,
+    is_healthy,
+    state_dir,
+    switching,
+)
+from pipeline.release.local_front import (
+    _front_pid,
+    _front_release,
+    _only,
+    _point_front,
+    endpoint,
+    front_attempts,
+    front_failures,
+    split,
+)
 from pipeline.stages import drain as drain_engine
 from pipeline.stages import serving
 from pipeline.stages.served_accuracy import Answers
 
 log = logging.getLogger(__name__)
-
-SMOKE_PROMPT = "12+34="
-
-
-def state_dir(name: str) -> Path:
-    path = home() / "live" / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@contextlib.contextmanager
-def switching(name: str):
-    """One switch of `name` at a time (a promotion, a rollback DAG and an auto-rollback may race)."""
-    with open(state_dir(name) / "switch.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def current(name: str) -> Deployment | None:
-    path = state_dir(name) / "current.json"
-    return Deployment.model_validate_json(path.read_text()) if path.exists() else None
-
-
-def endpoint(spec: ReleaseSpec) -> str:
-    return f"http://127.0.0.1:{spec.serving.port}"
-
-
-def smoke(url: str, timeout: float = 60) -> str:
-    """One real completion; raises unless the engine returns non-empty text."""
-    body = json.dumps(
-        {"model": serving.SERVED_NAME, "prompt": SMOKE_PROMPT, "max_tokens": 8, "temperature": 0}
-    ).encode()
-    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            data = json.loads(response.read())
-    except OSError as exc:
-        raise LocalDeployFailed(f"smoke completion at {url} failed: {exc}") from None
-    text = (data.get("choices") or [{}])[0].get("text", "")
-    if not text:
-        raise LocalDeployFailed(f"smoke completion at {url} returned no text: {json.dumps(data)[:300]}")
-    return text
-
-
-def _smoke_replica(dep: Deployment, replica: int, port: int) -> str:
-    """The smoke completion at one new engine; a failure carries the tail of that engine's log,
-    where vLLM writes why it answered an error."""
-    try:
-        return smoke(f"http://127.0.0.1:{port}")
-    except LocalDeployFailed as exc:
-        raise LocalDeployFailed(f"{exc}; {_replica_log(dep, replica)}") from None
-
-
-def _stop_groups(pgids: list[int], grace: float = 30) -> None:
-    # recorded pids may have been reused since (a reboot, a crash): only signal our own processes
-    serving.stop_groups([p for p in pgids if serving.group_is_engine(p)], grace)
-
-
-def is_healthy(dep: Deployment) -> bool:
-    return all(serving.alive_group(p) for p in dep.pgids) and all(
-        serving.healthy(f"http://127.0.0.1:{p}") for p in dep.ports
-    )
-
-
-def cores_beside(hw: HardwareProfile, layout: Layout, busy: list[list[int]]) -> list[list[int]] | None:
-    """Cores for a new release's replicas that the live release does not use, or None (the usual
-    ones) when too few are free. A vLLM CPU worker under load keeps its core saturated, and an
-    engine started onto that core stalls in its own CPU binding until the load stops (measured
-    here: 5 minutes at 25 req/s without progress); its replicas go elsewhere while both serve."""
-    if hw.kind != "cpu" or not busy:
-        return None
-    taken = {c for cores in busy for c in cores}
-    free = [c for c in serving.all_cores() if c not in taken]
-    need = layout.devices_per_replica
-    if len(free) < need * layout.replicas:
-        return None
-    return [free[i * need : (i + 1) * need] for i in range(layout.replicas)]
-
-
-def _start_engines(
-    spec: ReleaseSpec,
-    hw: HardwareProfile,
-    layout: Layout,
-    model_dir: Path,
-    release_id: int,
-    timeout: float,
-    beside: Deployment | None = None,
-) -> Deployment:
-    log_dir = state_dir(spec.name) / f"release-{release_id}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    ports = [serving.free_port() for _ in range(layout.replicas)]
-    devices = cores_beside(hw, layout, beside.cores) if beside else None
-    if beside and hw.kind == "cpu" and devices is None:
-        log.warning("release %d shares cores with live release %d (too few free cores)", release_id, beside.release_id)
-    commands = serving.build_commands(spec, hw, layout, str(model_dir), ports[0], devices)
-    pgids: list[int] = []
-    for cmd, port in zip(commands, ports, strict=True):
-        argv = list(cmd.argv)
-        argv[argv.index("--port") + 1] = str(port)  # free ports need not be consecutive
-        argv += drain_engine.shutdown_flags(spec.serving.engine_image, serving.engine_args(spec, layout))
-        with open(log_dir / f"engine-{cmd.replica}.log", "wb") as out:
-            out.write((cmd.shell() + "\n").encode())
-            out.flush()
-            # Detached on purpose: the live server must outlive the task that promoted it. Beside a
-            # live release, it starts on its own cores (its processes inherit them), so none of
-            # them is ever moved onto a core that a loaded engine keeps busy.
-            proc = subprocess.Popen(
-                argv,
-                env={**os.environ, **cmd.env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=(lambda cores=cmd.devices: os.sched_setaffinity(0, cores)) if devices else None,
-            )
-        pgids.append(proc.pid)
-        (log_dir / f"engine-{cmd.replica}.pid").write_text(str(proc.pid))
-    dep = Deployment(
-        release_id=release_id,
-        layout=layout.name,
-        model_dir=str(model_dir),
-        pgids=pgids,
-        ports=ports,
-        log_dir=str(log_dir),
-        cores=[c.devices for c in commands] if hw.kind == "cpu" else [],
-    )
-    try:
-        _wait_healthy(dep, timeout)
-    except BaseException:  # a failed start or a killed task must not leave detached engines behind
-        _stop_groups(pgids)
-        raise
-    if devices:  # the API servers may run anywhere again (a wider mask moves nothing)
-        for pgid in pgids:
-            serving.pin(pgid, serving.all_cores())
-    return dep
-
-
-def _wait_healthy(dep: Deployment, timeout: float) -> None:
-    pgids, ports, log_dir, release_id = dep.pgids, dep.ports, Path(dep.log_dir), dep.release_id
-    started = time.monotonic()
-    pending = set(range(len(ports)))
-    while pending:
-        for i in sorted(pending):
-            if not serving.alive_group(pgids[i]):
-                raise LocalDeployFailed(
-                    f"release {release_id}: engine replica {i} exited before it was healthy; " + _replica_log(dep, i)
-                )
-            if serving.healthy(f"http://127.0.0.1:{ports[i]}"):
-                dep.load_seconds.append(round(time.monotonic() - started, 1))
-                log.info(
-                    "release %d replica %d healthy on port %d after %.0f s",
-                    release_id,
-                    i,
-                    ports[i],
-                    dep.load_seconds[-1],
-                )
-                pending.discard(i)
-        if pending and time.monotonic() - started > timeout:
-            raise LocalDeployFailed(
-                f"release {release_id}: engine not healthy after {timeout:.0f} s; logs in {log_dir}"
-            )
-        if pending:
-            time.sleep(1)
-            if int(time.monotonic() - started) % 15 == 0:
-                log.info("waiting for %d replica(s) to load (%.0f s)", len(pending), time.monotonic() - started)
-
-
-def _replica_log(dep: Deployment, replica: int) -> str:
-    """Where an engine replica logs, and the end of it: what a failure to start or answer says."""
-    path = Path(dep.log_dir) / f"engine-{replica}.log"
-    return f"log {path}:\n{_tail(path)}"
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-
-
-# ---------------------------------------------------------------- the front (nginx on the spec's port)
-
-
-def _front_conf(name: str, port: int, weights: dict[int, int], marker: str, shares: bool, keep_alive_s: float) -> Path:
-    root = state_dir(name) / "front"
-    root.mkdir(exist_ok=True)
-    return serving.write_nginx_conf(
-        root,
-        port,
-        list(weights),
-        f'location = /__release {{ return 200 "{marker}"; }}',
-        access_log=True,
-        weights=weights if shares else None,  # one release's replicas: least connections
-        engine_keep_alive_s=keep_alive_s,
-    )
-
-
-def _front_pid(name: str) -> int | None:
-    path = state_dir(name) / "front" / "front.pid"
-    if not path.exists():
-        return None
-    pid = int(path.read_text())
-    return pid if serving.alive_group(pid) and serving.group_is_engine(pid) else None
-
-
-def _front_release(spec: ReleaseSpec) -> str | None:
-    try:
-        with urllib.request.urlopen(f"{endpoint(spec)}/__release", timeout=3) as response:
-            return response.read().decode()
-    except OSError:
-        return None
-
-
-def _accepting_workers(master: int) -> set[int]:
-    """nginx's worker processes under `master` that may still accept connections. After a reload an
-    old worker finishes its requests but accepts none once its title reads "shutting down" (nginx
-    sets it as it closes its listening sockets), or once it has exited."""
-    workers = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            state, parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-            title = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if int(parent) == master and state != "Z" and b"shutting down" not in title:
-            workers.add(int(proc.name))
-    return workers
-
-
-def _point_front(spec: ReleaseSpec, weights: dict[int, int], marker: str, shares: bool = False) -> None:
-    """Start nginx on the spec's port, or reload it with new backends (old connections finish).
-
-    `weights`: backend port -> weight, a share of requests when `shares` (a rollout step: weighted
-    round robin), else least connections; `marker`: what /__release answers (a release id, or
-    `new@fraction` during a rollout step). A reload is asynchronous and a bad config keeps the old
-    workers answering, so the switch counts only once the front itself answers with `marker`.
-    """
-    nginx = serving.nginx_binary()
-    conf = _front_conf(
-        spec.name, spec.serving.port, weights, marker, shares, serving.engine_keep_alive_s(spec.serving.env)
-    )
-    check = subprocess.run([nginx, "-t", "-c", str(conf), "-p", str(conf.parent)], capture_output=True, text=True)
-    if check.returncode:
-        raise LocalDeployFailed(f"front config {conf} rejected by nginx -t: {check.stderr.strip()[-500:]}")
-    pid = _front_pid(spec.name)
-    old_workers: set[int] = set()
-    if pid is not None:
-        old_workers = _accepting_workers(pid)
-        os.kill(pid, signal.SIGHUP)
-    else:
-        with open(conf.parent / "nginx.log", "ab") as out:
-            proc = subprocess.Popen(
-                [nginx, "-c", str(conf), "-p", str(conf.parent)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        (conf.parent / "front.pid").write_text(str(proc.pid))
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        # the new worker answers `marker` while an old one may still accept a connection (and send it
-        # to a backend the caller stops next: a 502): switched once the old ones accept no more
-        if _front_release(spec) == marker and not old_workers & _accepting_workers(pid or 0):
-            return
-        time.sleep(0.3)
-    raise LocalDeployFailed(
-        f"front (nginx) on port {spec.serving.port} does not serve {marker}: "
-        f"{_tail(conf.parent / 'nginx-error.log', 5)}"
-    )
-
-
-def _only(dep: Deployment) -> dict[int, int]:
-    return dict.fromkeys(dep.ports, 1)
-
-
-def split(old: Deployment, new: Deployment, fraction: float) -> dict[int, int]:
-    """nginx weights putting `fraction` of requests on the new release's replicas, the rest on the old's."""
-    if fraction >= 1:
-        return _only(new)
-    new_share = round(fraction * 100)
-    weights = dict.fromkeys(old.ports, max(1, round((100 - new_share) / len(old.ports))))
-    weights |= dict.fromkeys(new.ports, max(1, round(new_share / len(new.ports))))
-    return weights
-
-
-def front_attempts(name: str, ports: list[int], since: float, until: float) -> tuple[int, int]:
-    """(attempts, failed) the front made at these engine ports between two wall-clock times, from
-    its access log: an attempt failed where the engine answered 5xx or nothing (nginx then logs
-    502/504, or tries another engine, and the client may never see it: the engine's own metrics
-    never count it either)."""
-    path = state_dir(name) / "front" / "access.log"
-    if not path.exists():
-        return 0, 0
-    ours = {f"127.0.0.1:{port}" for port in ports}
-    attempts = failed = 0
-    for line in path.read_text(errors="replace").splitlines():
-        match = serving.FRONT_LOG.match(line)
-        if not match or not since <= float(match["time"]) <= until:
-            continue
-        addrs = [a.strip() for a in re.split(r"[,:] (?=\d)", match["addrs"])]
-        statuses = [s.strip() for s in re.split(r"[,:] ", match["statuses"])]
-        for addr, status in zip(addrs, statuses, strict=False):
-            if addr in ours:
-                attempts += 1
-                failed += not status.isdigit() or int(status) >= 500
-    return attempts, failed
-
-
-def drain(dep: Deployment, timeout: float = drain_engine.REQUEST_TIMEOUT_S) -> dict[str, float | None]:
-    """Wait until the replicas hold no request (the front no longer sends them any), so stopping
-    them fails nobody; gives up after `timeout` (the route's request timeout: the front cuts a
-    longer request anyway, and a stuck engine must not block a rollback). What it saw, summed
-    over the replicas (`drain.wait_idle`)."""
-    deadline = time.monotonic() + timeout
-    seen = [drain_engine.wait_idle(f"http://127.0.0.1:{p}", max(0.0, deadline - time.monotonic())) for p in dep.ports]
-
-    def total(key: str) -> float | None:  # None where any replica's /metrics did not answer
-        values = [s[key] for s in seen]
-        return None if any(v is None for v in values) else sum(v or 0 for v in values)
-
-    out: dict[str, float | None] = {
-        "in_flight": total("in_flight"),
-        "left": total("left"),
-        "seconds": max((s["seconds"] or 0 for s in seen), default=0.0),
-        "bound_s": timeout,
-    }
-    if out["left"]:
-        log.warning("release %d still holds requests after %.0f s; stopping it anyway", dep.release_id, timeout)
-    return out
-
-
-def front_failures(name: str, since: float, until: float) -> int:
-    """Requests the front answered with a failure between two wall-clock times, from its access log:
-    5xx (an engine that reset or aborted a request: nginx's 502) and 499 (the client gave up)."""
-    path = state_dir(name) / "front" / "access.log"
-    if not path.exists():
-        return 0
-    failed = 0
-    for line in path.read_text(errors="replace").splitlines():
-        match = serving.FRONT_LOG.match(line)
-        if match and since <= float(match["time"]) <= until:
-            failed += int(match["status"]) >= 500 or match["status"] == "499"
-    return failed
-
-
-# ---------------------------------------------------------------- progressive rollout
 
 
 def prometheus_root(name: str) -> Path:

@@ -31,7 +31,7 @@ from pipeline.records.events import KeepWindow, Recovered, RollbackStarted
 from pipeline.records.release import StagedRef, Verification
 from pipeline.records.rollout import StepAnalysis
 from pipeline.records.served_accuracy import ServedAccuracy
-from pipeline.release import analysis, controller, local_target, lock, rollout_plan, step_review
+from pipeline.release import analysis, controller, local_engines, local_target, lock, rollout_plan, step_review
 from pipeline.release.evidence import gate_problems, gate_results, last_event, release_spec
 from pipeline.release.registry import Registry, Release, ReleaseData
 from pipeline.stages import served_accuracy, serving
@@ -319,7 +319,7 @@ def _opened_local(
         dep = local_target.current(rel.name)
         if dep is None or dep.release_id != rel.id or not local_target.is_healthy(dep):
             raise ReleaseError(f"release {rel.id}: the local engines are not running or not healthy")
-        return local_target.endpoint(spec), local_target.smoke(local_target.endpoint(spec))
+        return local_target.endpoint(spec), local_engines.smoke(local_target.endpoint(spec))
 
     yield Opened(
         target=target,
