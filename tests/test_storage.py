@@ -156,14 +156,15 @@ def test_interrupted_upload_resumes_without_resending_and_commits_last(s3, artif
     assert client.list_multipart_uploads(Bucket=target.bucket).get("Uploads", []) == []
 
 
-def test_transient_server_errors_are_retried(s3, artifact):
+@pytest.mark.parametrize("status", ["503 Slow Down", "500 Internal Server Error"])  # moto answers 500s under load
+def test_transient_server_errors_are_retried(s3, artifact, status):
     target = target_for(s3.url)
     storage.stage(artifact, StagingSpec(s3=target.model_copy(update={"create_bucket": True})))  # bucket exists now
     other = artifact.parent / "other"
     other.mkdir()
     (other / "x.bin").write_bytes(b"x" * 1000)
     artifacts.write_manifest(other, kind="fp8-model")
-    proxy = FaultProxy(s3.port, fail_first=3)
+    proxy = FaultProxy(s3.port, fail_first=3, fail_status=status)
     try:
         staged = storage.stage(other, StagingSpec(s3=target.model_copy(update={"endpoint_url": proxy.url})))
     finally:
