@@ -45,10 +45,14 @@ class MotoServer:
 
 class FaultProxy:
     """Forwards TCP to `upstream`; after `cut_after` client bytes it drops every connection,
-    and the first `fail_first` connections get an HTTP 503 instead of reaching the server."""
+    and the first `fail_first` connections get `fail_status` (a 503 Slow Down, or the 500 a loaded
+    server answers) instead of reaching the server."""
 
-    def __init__(self, upstream_port: int, cut_after: int | None = None, fail_first: int = 0):
+    def __init__(
+        self, upstream_port: int, cut_after: int | None = None, fail_first: int = 0, fail_status: str = "503 Slow Down"
+    ):
         self.upstream_port, self.cut_after, self.fail_first = upstream_port, cut_after, fail_first
+        self.fail_status = fail_status
         self.forwarded = 0
         self.failed = 0
         self.lock = threading.Lock()
@@ -75,7 +79,7 @@ class FaultProxy:
             self.failed += inject
         if inject:
             client.recv(65536)
-            client.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            client.sendall(f"HTTP/1.1 {self.fail_status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
             client.close()
             return
         upstream = socket.create_connection(("127.0.0.1", self.upstream_port))

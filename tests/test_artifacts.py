@@ -72,3 +72,22 @@ def test_publishing_is_all_or_nothing(tmp_path):
     with artifacts.publishing(final) as tmp:
         make_artifact(tmp)
     assert artifacts.verify(final).kind == "test"
+
+
+def test_the_sha256_a_manifest_was_written_with_is_recorded_by_stat_and_only_while_the_file_is_unchanged(tmp_path):
+    """`scan` records each file's sha256 under its stat key, so staging next need not read it for
+    that: a write since (same size, mtime put back) moves ctime and drops the record; a file
+    written within RACY_NS of the scan (it could change again within one timestamp tick) gets none."""
+    (tmp_path / "settled.bin").write_bytes(b"s" * 4096)
+    __import__("time").sleep(2 * artifacts.RACY_NS / 1e9)
+    (tmp_path / "fresh.bin").write_bytes(b"f" * 4096)
+    manifest = artifacts.write_manifest(tmp_path, kind="test")
+    settled, fresh = tmp_path / "settled.bin", tmp_path / "fresh.bin"
+    by_path = {f.path: f.sha256 for f in manifest.files}
+    assert artifacts.recorded_sha256(artifacts.stat_key(settled)) == by_path["settled.bin"]
+    assert artifacts.recorded_sha256(artifacts.stat_key(fresh)) is None
+    before = settled.stat()
+    with open(settled, "r+b") as handle:
+        handle.write(b"S")  # same inode, same size
+    __import__("os").utime(settled, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert artifacts.recorded_sha256(artifacts.stat_key(settled)) is None

@@ -157,14 +157,15 @@ def test_interrupted_upload_resumes_without_resending_and_commits_last(s3, artif
     assert client.list_multipart_uploads(Bucket=target.bucket).get("Uploads", []) == []
 
 
-def test_transient_server_errors_are_retried(s3, artifact):
+@pytest.mark.parametrize("status", ["503 Slow Down", "500 Internal Server Error"])  # moto answers 500s under load
+def test_transient_server_errors_are_retried(s3, artifact, status):
     target = target_for(s3.url)
     storage.stage(artifact, StagingSpec(s3=target.model_copy(update={"create_bucket": True})))  # bucket exists now
     other = artifact.parent / "other"
     other.mkdir()
     (other / "x.bin").write_bytes(b"x" * 1000)
     artifacts.write_manifest(other, kind="fp8-model")
-    proxy = FaultProxy(s3.port, fail_first=3)
+    proxy = FaultProxy(s3.port, fail_first=3, fail_status=status)
     try:
         staged = storage.stage(other, StagingSpec(s3=target.model_copy(update={"endpoint_url": proxy.url})))
     finally:
@@ -315,3 +316,83 @@ def test_a_file_changed_in_place_with_its_mtime_restored_is_not_taken_from_the_d
     os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime: only ctime moved
     with pytest.raises(ArtifactError, match=r"model-00002-of-00002\.safetensors: sha256 does not match"):
         storage.stage(artifact, StagingSpec(s3=target))
+
+
+class _CountingHashlib:
+    """storage's hashlib, counting the bytes it sha256es (what a recorded sha256 saves)."""
+
+    def __init__(self):
+        import hashlib
+
+        self.md5, self.sha256_bytes, self._sha256 = hashlib.md5, 0, hashlib.sha256
+
+    def sha256(self, data: bytes = b""):
+        counter, real = self, self._sha256(data)
+        counter.sha256_bytes += len(data)
+
+        class Counted:
+            def update(self, more: bytes) -> None:
+                counter.sha256_bytes += len(more)
+                real.update(more)
+
+            def hexdigest(self) -> str:
+                return real.hexdigest()
+
+        return Counted()
+
+
+@pytest.fixture
+def settled(artifact) -> Path:
+    """The artifact with its manifest written again once its files are older than RACY_NS, as a
+    publish step leaves it: every sha256 recorded by stat."""
+    __import__("time").sleep(2 * artifacts.RACY_NS / 1e9)
+    artifacts.write_manifest(artifact, kind="fp8-model")
+    return artifact
+
+
+def test_a_stage_after_the_manifest_does_not_sha256_the_shards_again(s3, settled, monkeypatch, tmp_path):
+    counting = _CountingHashlib()
+    monkeypatch.setattr(s3_upload, "hashlib", counting)
+    staged = storage.stage(settled, StagingSpec(s3=target_for(s3.url)))
+    # the shards (17 and 6 MB, multipart) were read once, for their MD5s only; what was sha256ed is
+    # the small files (single PUTs) and the digest cache's file names
+    assert 0 < counting.sha256_bytes < MB
+    storage.fetch(staged.s3_uri, tmp_path / "pod", target_for(s3.url, bucket=staged.s3_uri.split("/")[2]))
+
+
+def test_a_shard_changed_after_its_recorded_sha256_is_hashed_and_refused(s3, settled):
+    """The recorded sha256 is not taken for a file written since (same size, mtime put back): the
+    stage hashes it, finds the damage and names the file; nothing is committed."""
+    shard = settled / "model-00001-of-00002.safetensors"
+    before = shard.stat()
+    with open(shard, "r+b") as handle:
+        handle.seek(7 * MB)
+        byte = handle.read(1)
+        handle.seek(7 * MB)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    target = target_for(s3.url)
+    with pytest.raises(ArtifactError, match=r"model-00001-of-00002\.safetensors: sha256 does not match"):
+        storage.stage(settled, StagingSpec(s3=target))
+    assert f"releases/{settled.name}/manifest.json" not in keys(storage.s3_client(target), target.bucket)
+
+
+def test_a_shard_written_while_it_is_staged_on_a_recorded_sha256_is_refused(s3, settled, monkeypatch):
+    """With the sha256 taken from the record, the bytes sent are not hashed against the manifest:
+    a write during the upload moves the file's stat, and that refuses the file, naming it."""
+    shard = settled / "model-00001-of-00002.safetensors"
+    real_open = open
+
+    def open_then_write(path, *args, **kwargs):
+        handle = real_open(path, *args, **kwargs)
+        if Path(path) == shard:
+            with real_open(shard, "r+b") as writer:  # another process, as the upload starts reading
+                writer.seek(12 * MB)
+                writer.write(b"\0" * 16)
+        return handle
+
+    monkeypatch.setattr(s3_upload, "open", open_then_write, raising=False)
+    target = target_for(s3.url)
+    with pytest.raises(ArtifactError, match=r"model-00001-of-00002\.safetensors: changed while it was read"):
+        storage.stage(settled, StagingSpec(s3=target))
+    assert f"releases/{settled.name}/manifest.json" not in keys(storage.s3_client(target), target.bucket)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -24,11 +25,15 @@ from pydantic import BaseModel, Field
 
 from pipeline.core.errors import ArtifactError
 from pipeline.core.files import atomic_write
+from pipeline.core.paths import home
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 CHUNK = 8 * 1024 * 1024
+# A file whose ctime is this close to the moment it was hashed may still change within the same
+# timestamp tick and keep its stat: its sha256 is not recorded (git's "racy clean" rule)
+RACY_NS = 100_000_000
 
 
 class FileEntry(BaseModel):
@@ -61,17 +66,54 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def stat_key(path: Path) -> str:
+    """Changes whenever the file's bytes may have: a write or a utime moves ctime, a replace the inode."""
+    st = path.stat()
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _sha256_record(key: str) -> Path:
+    dev, ino = key.split(":")[:2]
+    return home() / "cache" / "file-sha256" / f"{dev}-{ino}.json"
+
+
+def hash_and_record(path: Path) -> str:
+    """The file's sha256, read from disk, recorded under its stat key when the stat did not move
+    while it was read (and is not racy), so a later step (the stage) need not read it again."""
+    now = time.time_ns()
+    key = stat_key(path)
+    digest = sha256_file(path)
+    ctime_ns = int(key.rsplit(":", 1)[1])
+    if stat_key(path) == key and ctime_ns < now - RACY_NS:
+        try:
+            atomic_write(_sha256_record(key), json.dumps({"stat": key, "sha256": digest}))
+        except OSError as exc:  # a cache: staging then hashes the file itself
+            log.debug("%s: sha256 not recorded: %s", path, exc)
+    return digest
+
+
+def recorded_sha256(key: str) -> str | None:
+    """The sha256 `hash_and_record` read for the file whose stat key is `key`, if it recorded one:
+    the same device, inode, size, mtime and ctime mean no write since."""
+    try:
+        record = json.loads(_sha256_record(key).read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("sha256") if record.get("stat") == key else None
+
+
 def file_matches(path: Path, entry: FileEntry) -> bool:
     """True when `path` holds exactly the bytes the manifest entry describes (size first: cheap)."""
     return path.is_file() and path.stat().st_size == entry.size and sha256_file(path) == entry.sha256
 
 
 def scan(root: Path) -> list[FileEntry]:
-    """Every regular file under root except the manifest, with size and sha256, in path order."""
+    """Every regular file under root except the manifest, with size and sha256, in path order
+    (each sha256 recorded by stat, so staging the artifact next reads each file once, not twice)."""
     entries = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
         entries.append(
-            FileEntry(path=path.relative_to(root).as_posix(), size=path.stat().st_size, sha256=sha256_file(path))
+            FileEntry(path=path.relative_to(root).as_posix(), size=path.stat().st_size, sha256=hash_and_record(path))
         )
     return entries
 

@@ -1,12 +1,15 @@
 """Stage to S3: an artifact's files up, checked against what the server stored, the manifest last.
 
 Every local byte is read once per stage: the buffer read for a part gets its MD5 (in the thread
-that sends it) and feeds the file's sha256 (in the reader, in order). The part goes up with its
-Content-MD5, which AWS and Spaces verify before they accept it, and the ETag the server answers
-(the MD5 of the bytes it stored) must equal the local one, a check that also holds on servers that
-do not verify Content-MD5 (moto). The sha256 must match the manifest before the manifest is
-committed. With a signed Content-MD5 on every upload, the SigV4 payload hash (a third pass over
-the bytes over plain http) is not computed: uploads go as UNSIGNED-PAYLOAD. Large files go up as
+that sends it) and feeds the file's sha256 (in the reader, in order). A file whose sha256 was
+recorded when the manifest was written (`artifacts.scan`, keyed by the file's stat) and whose stat
+has not moved since is not sha256ed again: the record is checked against the manifest before a
+byte is sent, and the stat again after the last part is read (a write in between refuses the file).
+The part goes up with its Content-MD5, which AWS and Spaces verify before they accept it, and the
+ETag the server answers (the MD5 of the bytes it stored) must equal the local one, a check that
+also holds on servers that do not verify Content-MD5 (moto). The sha256 must match the manifest
+before the manifest is committed. With a signed Content-MD5 on every upload, the SigV4 payload
+hash (a third pass over the bytes over plain http) is not computed: uploads go as UNSIGNED-PAYLOAD. Large files go up as
 multipart uploads resumed across runs and processes: a re-run lists the parts the server already
 holds, keeps those whose MD5 matches the local bytes and sends only the rest (boto3's transfer
 manager cannot resume another process's upload, so uploads use the client's multipart calls).
@@ -172,9 +175,7 @@ class LocalDigest(BaseModel):
 
 
 def _stat_key(path: Path) -> str:
-    """Changes whenever the file's bytes may have: a write or a utime moves ctime, a replace the inode."""
-    st = path.stat()
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    return artifacts.stat_key(path)
 
 
 def _cache_file(path: Path) -> Path:
@@ -208,14 +209,23 @@ def local_digest(path: Path, entry: artifacts.FileEntry) -> LocalDigest:
     digest = _cached_digest(path)
     if digest is None:
         stat_before = _stat_key(path)
+        recorded = artifacts.recorded_sha256(stat_before)  # hashed when the manifest was written
+        if recorded is not None:
+            _check_sha256(path, entry, recorded)
         size = path.stat().st_size
         sha, md5s = hashlib.sha256(), []
         with open(path, "rb", buffering=0) as handle:
             while data := handle.read(part_size(size)):
-                sha.update(data)
+                if recorded is None:
+                    sha.update(data)
                 md5s.append(hashlib.md5(data).hexdigest())
+        if recorded is not None and _stat_key(path) != stat_before:
+            raise ArtifactError(f"{path}: changed while it was read for staging; run the stage again")
         digest = LocalDigest(
-            size=size, part_size=part_size(size), sha256=sha.hexdigest(), part_md5s=md5s or [hashlib.md5().hexdigest()]
+            size=size,
+            part_size=part_size(size),
+            sha256=recorded or sha.hexdigest(),
+            part_md5s=md5s or [hashlib.md5().hexdigest()],
         )
         _remember_digest(path, stat_before, digest)
     _check_sha256(path, entry, digest.sha256)
@@ -304,6 +314,9 @@ def _upload_all(
             digest = LocalDigest(size=entry.size, part_size=size, sha256=entry.sha256, part_md5s=[md5.hexdigest()])
             _remember_digest(path, stat_before, digest)
             return
+        recorded = artifacts.recorded_sha256(stat_before)  # hashed when the manifest was written
+        if recorded is not None:
+            _check_sha256(path, entry, recorded)  # before anything is sent
         upload_id, held = _resumable_upload(client, bucket, key, {"sha256": entry.sha256})
         count = -(-entry.size // size)
         digest = LocalDigest(size=entry.size, part_size=size, sha256=entry.sha256, part_md5s=[""] * count)
@@ -317,14 +330,17 @@ def _upload_all(
                     break
                 try:
                     data = handle.read(size)
-                    sha.update(data)
+                    if recorded is None:
+                        sha.update(data)
                 except BaseException:
                     slots.release()
                     raise
                 read += 1
                 futures.append(senders.submit(send_part, key, upload_id, number, data, held, digest))
-        if read == count:  # bad bytes: the upload is left unfinished, never committed
+        if read == count and recorded is None:  # bad bytes: the upload is left unfinished, never committed
             _check_sha256(path, entry, sha.hexdigest())
+        elif read == count and _stat_key(path) != stat_before:  # the recorded sha256 may not be of what was sent
+            raise ArtifactError(f"{path}: changed while it was read for staging; run the stage again")
         # the reader goes on to the next file while its parts are sent and the upload completed
         finishing.append(finishers.submit(finish, path, stat_before, key, upload_id, futures, digest))
 

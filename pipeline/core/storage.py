@@ -8,7 +8,7 @@ This module is the door (stage, fetch, verify_staged) and the NFS and fetch side
 `s3_upload.py`, the client and its errors `s3.py`, the sizes and thread counts `transfer.py`.
 
 Memory: a stage holds at most (WORKERS + READERS) parts of PART_SIZE, a fetch (WORKERS + 1)
-ranges of FETCH_PART (192 MiB and 288 MiB with the defaults). A fetch downloads ranges in
+ranges of FETCH_PART (144 MiB and 288 MiB with the defaults). A fetch downloads ranges in
 parallel and writes and hashes them in order, so no file is read back from disk to verify it.
 """
 
