@@ -23,7 +23,7 @@ The tree:
   + UnknownRelease         - no release of that id in the registry (release.registry)
   + PromotionRefused       - a gate or the approval is missing; nothing deployed (release.promote)
   + DeployFailed           - the rollout failed and was undone (release.promote)
-  + LocalDeployFailed      - the local target could not serve a release (release.local_target)
+  + LocalDeployFailed      - the local target could not serve a release (release.local_target, _engines, _front)
   + RolloutAborted         - a step failed its check; traffic went back (release)
   + RolloutFailed          - a rollout could not go on; undone like an abort (release, k8s)
   + SmokeFailed            - the new servers did not answer a smoke completion (k8s.deploy)
