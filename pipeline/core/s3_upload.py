@@ -174,10 +174,6 @@ class LocalDigest(BaseModel):
         return f"{hashlib.md5(joined).hexdigest()}-{len(self.part_md5s)}"
 
 
-def _stat_key(path: Path) -> str:
-    return artifacts.stat_key(path)
-
-
 def _cache_file(path: Path) -> Path:
     return home() / "cache" / "stage-digests" / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]}.json"
 
@@ -185,7 +181,7 @@ def _cache_file(path: Path) -> Path:
 def _cached_digest(path: Path) -> LocalDigest | None:
     try:
         record = json.loads(_cache_file(path).read_text())
-        if record.get("stat") != _stat_key(path):
+        if record.get("stat") != artifacts.stat_key(path):
             return None
         digest = LocalDigest.model_validate(record["digest"])
     except (OSError, ValueError, KeyError):
@@ -195,7 +191,7 @@ def _cached_digest(path: Path) -> LocalDigest | None:
 
 def _remember_digest(path: Path, stat_before: str, digest: LocalDigest) -> None:
     """Cache the digest only when the file did not change while it was read."""
-    if _stat_key(path) == stat_before:
+    if artifacts.stat_key(path) == stat_before:
         atomic_json(_cache_file(path), {"stat": stat_before, "digest": digest.model_dump()})
 
 
@@ -208,7 +204,7 @@ def local_digest(path: Path, entry: artifacts.FileEntry) -> LocalDigest:
     """The file's digest from the stat-keyed cache, else from one read; checked against the manifest."""
     digest = _cached_digest(path)
     if digest is None:
-        stat_before = _stat_key(path)
+        stat_before = artifacts.stat_key(path)
         recorded = artifacts.recorded_sha256(stat_before)  # hashed when the manifest was written
         if recorded is not None:
             _check_sha256(path, entry, recorded)
@@ -219,7 +215,7 @@ def local_digest(path: Path, entry: artifacts.FileEntry) -> LocalDigest:
                 if recorded is None:
                     sha.update(data)
                 md5s.append(hashlib.md5(data).hexdigest())
-        if recorded is not None and _stat_key(path) != stat_before:
+        if recorded is not None and artifacts.stat_key(path) != stat_before:
             raise ArtifactError(f"{path}: changed while it was read for staging; run the stage again")
         digest = LocalDigest(
             size=size,
@@ -292,7 +288,7 @@ def _upload_all(
 
     def upload_file(entry: artifacts.FileEntry, key: str) -> None:
         path = root / entry.path
-        stat_before = _stat_key(path)
+        stat_before = artifacts.stat_key(path)
         size = part_size(entry.size)
         sha = hashlib.sha256()
         if entry.size < MULTIPART_THRESHOLD:
@@ -339,7 +335,9 @@ def _upload_all(
                 futures.append(senders.submit(send_part, key, upload_id, number, data, held, digest))
         if read == count and recorded is None:  # bad bytes: the upload is left unfinished, never committed
             _check_sha256(path, entry, sha.hexdigest())
-        elif read == count and _stat_key(path) != stat_before:  # the recorded sha256 may not be of what was sent
+        elif (
+            read == count and artifacts.stat_key(path) != stat_before
+        ):  # the recorded sha256 may not be of what was sent
             raise ArtifactError(f"{path}: changed while it was read for staging; run the stage again")
         # the reader goes on to the next file while its parts are sent and the upload completed
         finishing.append(finishers.submit(finish, path, stat_before, key, upload_id, futures, digest))

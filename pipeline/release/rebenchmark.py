@@ -121,10 +121,11 @@ def measure(
 ) -> LayoutResult:
     """A fresh instance of the layout on the staged artifact (verified, then fetched): a short SLO
     search plus a probe at the promoted rate, its answer confirmed by a long run as a release's is
-    (`benchmark.confirmed_search`: no alert raised or missed on a short probe's luck), then (with
-    the gate's in-process results) the serving-path accuracy check. Raises ReleaseError when it
-    cannot measure; answers that got worse are a measurement, judged as degradation. This is what
-    runs beside Airflow (local) or in a pod on the GPU node (`model-release remeasure`)."""
+    (`benchmark.benchmark_layout`, on a fresh engine where the spec says: no alert raised or missed on
+    a short probe's luck), then (with the gate's in-process results) the serving-path accuracy check.
+    Raises ReleaseError when it cannot measure; answers that got worse are a measurement, judged as
+    degradation. This is what runs beside Airflow (local) or in a pod on the GPU node
+    (`model-release remeasure`)."""
     layout = loaded.layout(layout_name)
     storage.verify_staged(staged.manifest_hash, staged.s3_uri, staged.nfs_path, loaded.spec.staging.s3)
     model = promote.serving_dir(loaded, staged)
