@@ -128,8 +128,9 @@ def test_a_failed_confirmation_steps_down_until_one_holds():
     workload = WorkloadSpec(input_len=1, output_len=1, num_prompts=10, repeats=0)
     seen: list[tuple[float, int]] = []
     out = confirm.confirm(sustains(90.0, SLO, seen), SearchOutcome(probes=[], max_slo_rate=100.0), workload, SLO)
-    # 100 fails; down to min(100, served 90) x 0.95 = 85.5, which holds
-    assert [round(r, 2) for r, _ in seen] == [100.0, 85.5]
+    # a resolution under the search's 100: 95 fails; down to min(95, served 90) x 0.95 = 85.5, which holds
+    assert [round(r, 2) for r, _ in seen] == [95.0, 85.5]
+    assert out.searched_rate == 100.0 and "failed at 95 req/s (5% under the search's 100)" in out.stop_reason
     assert all(n == math.ceil(r * SLO.confirm_floor_seconds) for r, n in seen)
     assert out.max_slo_rate == pytest.approx(85.5) and out.confirmed and out.step_downs == 1
     assert all(p.confirmation for p in out.probes) and out.deciding_p90_ttft_ms == [200.0]
@@ -146,7 +147,7 @@ def test_a_confirmation_that_never_holds_leaves_no_answer_after_the_cap():
         return fixed_probe(rate, n, 2000.0, SLO)
 
     out = confirm.confirm(never, SearchOutcome(probes=[], max_slo_rate=100.0), workload, SLO)
-    assert seen == pytest.approx([100 * 0.95**k for k in range(1 + confirm.MAX_STEP_DOWNS)])
+    assert seen == pytest.approx([100 * 0.95 ** (1 + k) for k in range(1 + confirm.MAX_STEP_DOWNS)])
     assert out.max_slo_rate is None and out.confirmed is False and out.step_downs == confirm.MAX_STEP_DOWNS
     assert "no rate is confirmed" in out.stop_reason
     nothing = confirm.confirm(never, SearchOutcome(probes=[]), workload, SLO)
@@ -159,7 +160,7 @@ def test_a_disturbed_confirmation_is_run_again_not_stepped_down():
     out = confirm.confirm(
         sustains(100.0, SLO, seen, dirty={1}), SearchOutcome(probes=[], max_slo_rate=100.0), workload, SLO
     )
-    assert [r for r, _ in seen] == [100.0, 100.0] and out.probes[0].superseded and out.max_slo_rate == 100.0
+    assert [r for r, _ in seen] == [95.0, 95.0] and out.probes[0].superseded and out.max_slo_rate == 95.0
 
 
 def test_the_search_with_its_confirmation_reports_a_rate_the_engine_sustains():
@@ -171,10 +172,13 @@ def test_the_search_with_its_confirmation_reports_a_rate_the_engine_sustains():
     assert alone.max_slo_rate is not None and alone.max_slo_rate > 60.0
     out = benchmark.confirmed_search(sustains(60.0, SLO, seen), workload, SLO, prior=50.0)
     assert out.confirmed and 60.0 * (1 - SLO.resolution) ** 2 <= out.max_slo_rate <= 60.0
-    # a queue-free engine (the M/M/1 formula has no trend) confirms the search's own answer
+    # a queue-free engine (the M/M/1 formula has no trend) holds a resolution under the search's edge at
+    # once: that is the answer, a lower bound; the edge is kept beside it
     plain = benchmark.confirmed_search(mm1_run(60.0, SLO), workload, SLO, prior=50.0)
+    edge = benchmark.slo_search(mm1_run(60.0, SLO), workload, SLO, prior=50.0).max_slo_rate
     assert plain.confirmed and plain.step_downs == 0 and plain.probes[-1].confirmation
-    assert plain.max_slo_rate == benchmark.slo_search(mm1_run(60.0, SLO), workload, SLO, prior=50.0).max_slo_rate
+    assert plain.searched_rate == edge and plain.max_slo_rate == pytest.approx(edge * (1 - SLO.resolution))
+    assert plain.deciding_p90_ttft_ms == [round(plain.probes[-1].p90_ttft_ms, 2)]  # the confirmation's, not the edge's
 
 
 def test_fidelity_reports_an_answer_too_high_as_loudly_as_one_too_low():
@@ -212,11 +216,15 @@ def test_the_report_shows_the_confirmation_beside_the_searchs_probes():
     result = LayoutResult(
         layout="single", tp=1, dp=1, ep=1, pp=1, replicas=1, devices=1, status="ok", probes=out.probes,
         max_slo_rate=out.max_slo_rate, confirm_seconds=out.confirm_seconds, confirmed=out.confirmed,
-        step_downs=out.step_downs,
+        step_downs=out.step_downs, searched_rate=out.searched_rate,
     )  # fmt: skip
     html = report._section_measurement(BenchmarkFile(layouts=[result]))
     failed, held = [p for p in out.probes if p.confirmation]
-    assert f"11 s runs, held, 1 step-down: {failed.rate:.3g} req/s x {failed.num_prompts}: p90 TTFT 2000 ms" in html
+    assert failed.rate == pytest.approx(out.searched_rate * (1 - SLO.resolution))
+    assert (
+        f"11 s runs from under the search&#39;s {out.searched_rate:.3g} req/s, held, 1 step-down: "
+        f"{failed.rate:.3g} req/s x {failed.num_prompts}: p90 TTFT 2000 ms"
+    ) in html
     assert f"{held.rate:.3g} req/s x {held.num_prompts}: p90 TTFT 200 ms, trend -, pass</td>" in html
     assert html.count("<td>confirmation: fail</td>") == 1 and html.count("<td>confirmation: pass</td>") == 1
     assert result.deciding_probe() is held  # the performance row's p90s are the confirmation's

@@ -63,8 +63,9 @@ def layout_figures(check: PredictionCheck) -> dict[str, Any]:
 
 def confirmations(run_id: str) -> dict[str, Any]:
     """Each layout's confirmation runs (#61), from the run's benchmark.json: length, rate, p90s,
-    verdict, the engine instance they ran on; and the minutes they added to the DAG (from each search's
-    answer to its confirmation's verdict, a fresh engine's start included, summed over layouts)."""
+    verdict, the engine instance they ran on, the search's answer they started a resolution under; and
+    the minutes they added to the DAG (from each search's answer to its confirmation's verdict, a fresh
+    engine's start included, summed over layouts)."""
     path = run_dir(run_id) / "benchmark" / "benchmark.json"
     if not path.exists():
         return {}
@@ -86,6 +87,7 @@ def confirmations(run_id: str) -> dict[str, Any]:
             for name, probes in runs.items()
         },
         "engines": {lay.layout: lay.confirm_engine for lay in layouts},
+        "searched": {lay.layout: lay.searched_rate for lay in layouts},
         "minutes_added": round(
             sum(
                 lay.confirm_wall_s if lay.confirm_wall_s is not None else sum(p.duration_s for p in runs[lay.layout])

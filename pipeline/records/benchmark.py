@@ -215,6 +215,12 @@ class LayoutResult(BaseModel):
         "false: every confirmation down to the step-down cap failed and there is no answer; None: none ran",
     )
     step_downs: int = Field(0, description="times a failed confirmation moved the answer down before one held")
+    searched_rate: float | None = Field(
+        None,
+        description="the search's answer, req/s, before its confirmation: the confirmation runs a resolution "
+        "under it (slo.resolution), so the answer reported is a lower bound on what an instance sustains; None: "
+        "no confirmation ran",
+    )
     confirm_engine: Literal["searched", "fresh"] | None = Field(
         None,
         description="the engine instance the confirmation ran on: the search's own, or a fresh one started after "
@@ -321,3 +327,4 @@ class SearchOutcome(BaseModel):
     confirm_seconds: float | None = Field(None, description="length of the confirmation runs, s (see LayoutResult)")
     confirmed: bool | None = Field(None, description="see LayoutResult.confirmed")
     step_downs: int = Field(0, description="see LayoutResult.step_downs")
+    searched_rate: float | None = Field(None, description="see LayoutResult.searched_rate")

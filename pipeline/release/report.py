@@ -266,7 +266,8 @@ def _confirmation_text(lay: LayoutResult) -> str:
     )
     verdict = "held" if lay.confirmed else "failed: no rate confirmed"
     downs = f", {lay.step_downs} step-down{'s' * (lay.step_downs != 1)}" if lay.step_downs else ""
-    return f"{lay.confirm_seconds or 0:.0f} s runs, {verdict}{downs}: {each}"
+    under = f" from under the search's {lay.searched_rate:.3g} req/s" if lay.searched_rate else ""
+    return f"{lay.confirm_seconds or 0:.0f} s runs{under}, {verdict}{downs}: {each}"
 
 
 def _section_measurement(bench: BenchmarkFile | None) -> str:

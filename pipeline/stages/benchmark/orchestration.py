@@ -203,7 +203,7 @@ def confirmed(
     result.client_bound_rates = outcome.client_bound_rates
     result.unclean_rates = outcome.unclean_rates
     result.confirm_seconds, result.confirmed = outcome.confirm_seconds, outcome.confirmed
-    result.step_downs = outcome.step_downs
+    result.step_downs, result.searched_rate = outcome.step_downs, outcome.searched_rate
     return outcome
 
 
