@@ -319,3 +319,33 @@ def test_no_fresh_engine_starts_for_a_search_without_an_answer(tmp_path, monkeyp
     monkeypatch.setattr(orchestration, "running_layout", running)
     result = benchmark.benchmark_layout(loaded.spec, loaded.hardware, loaded.layout("single"), tmp_path, tmp_path)
     assert starts == [1] and result.max_slo_rate is None and result.confirm_engine is None
+
+
+def test_a_fresh_engine_that_fails_to_start_fails_the_layout_keeping_the_searchs_figures(tmp_path, monkeypatch):
+    """The search answered on its engine; the fresh one's start fails: the layout fails (nothing
+    confirmed the answer), and its record keeps what the search found, its answer as the search's."""
+    import contextlib
+
+    from pipeline.core.errors import ReleaseError
+    from pipeline.stages.benchmark import orchestration
+
+    loaded = load_spec(TINY_SPEC)
+    spec = loaded.spec.model_copy(deep=True)
+    spec.workload = WorkloadSpec(input_len=1, output_len=1, num_prompts=10, min_probe_seconds=1, repeats=0)
+    spec.slo = SLO
+    starts: list[int] = []
+
+    @contextlib.contextmanager
+    def running(*args, **kwargs):
+        starts.append(1)
+        if len(starts) == 2:
+            raise ReleaseError("engine exited with code 1 before it was ready")
+        engine = type("Engine", (), {"url": "http://x", "load_seconds": [1.0], "load_splits": lambda self: []})()
+        yield engine, sustains(100.0, SLO, [])
+
+    monkeypatch.setattr(orchestration, "running_layout", running)
+    result = benchmark.benchmark_layout(spec, loaded.hardware, loaded.layout("single"), tmp_path, tmp_path, prior=90.0)
+    assert starts == [1, 1] and result.status == "failed" and "before it was ready" in (result.error or "")
+    assert result.max_slo_rate is None and result.searched_rate is not None and result.searched_rate > 90.0
+    assert result.capacity_rps and result.stop_reason and result.probes
+    assert not any(p.confirmation for p in result.probes)

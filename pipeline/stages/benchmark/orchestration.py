@@ -163,6 +163,11 @@ def benchmark_layout(
                 outcome = confirmed(result, run, outcome, spec, "fresh", answered)
                 check_answers(result, again, model_dir, spec, out_dir, accuracy, answers_without_slo)
     except (ReleaseError, subprocess.TimeoutExpired) as exc:
+        if outcome is not None and not result.probes:
+            # the search finished (its engine may have been stopped already, a fresh one failed to start):
+            # its figures stay in the record, its answer only as the search's, since nothing confirmed it
+            copy_outcome(result, outcome)
+            result.searched_rate, result.max_slo_rate = outcome.max_slo_rate, None
         result.probes = result.probes or (outcome.probes if outcome else prober.done if prober else [])
         result.status = "cancelled" if isinstance(exc, EngineStopped) else "failed"
         result.error = str(exc)
@@ -190,6 +195,12 @@ def confirmed(
     outcome = confirm(run, searched, spec.workload, spec.slo, where)
     if outcome.confirmed is not None:
         result.confirm_engine, result.confirm_wall_s = engine, round(time.monotonic() - answered, 1)
+    copy_outcome(result, outcome)
+    return outcome
+
+
+def copy_outcome(result: LayoutResult, outcome: SearchOutcome) -> None:
+    """The search's (and its confirmation's) figures into the layout's record."""
     result.probes = outcome.probes
     result.capacity_rps, result.max_slo_rate = outcome.capacity, outcome.max_slo_rate
     result.bound_only, result.extrapolated, result.stop_reason, result.burst_rps = (
@@ -204,7 +215,6 @@ def confirmed(
     result.unclean_rates = outcome.unclean_rates
     result.confirm_seconds, result.confirmed = outcome.confirm_seconds, outcome.confirmed
     result.step_downs, result.searched_rate = outcome.step_downs, outcome.searched_rate
-    return outcome
 
 
 def check_answers(
