@@ -135,7 +135,7 @@ def test_a_measurement_insensitive_to_the_overheads_gives_no_multiplier_and_the_
 
 def test_the_multiplier_reaches_x4_at_most():
     rate = lambda m: 100 / (1 + m)  # noqa: E731
-    for beyond, end in ((rate(16), calibration.REACH), (rate(1 / 16), 1 / calibration.REACH)):
+    for beyond, end in ((rate(16), 4), (rate(1 / 16), 1 / 4)):  # a 4x datasheet miss, no more
         fit = calibration.solve(rate, beyond, "k")
         assert fit.capped and fit.solved == pytest.approx(end) and fit.multiplier == pytest.approx(end), fit
         assert fit.rate == pytest.approx(rate(end))
