@@ -241,7 +241,8 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
     assert measured == [first.data.layout], (measured, chosen)
     ranked = {layout.name for layout in load_spec(next_spec).spec.layouts}
     assert set(chosen["skipped"]) == ranked - set(measured) and len(ranked) == 3, (ranked, chosen)
-    # what run 1 measured calibrated run 2's plan (same hardware, engine, shape), its searches started
+    # what run 1 measured calibrated run 2's plan (same hardware, engine, shape: the per-shape ratio, or
+    # the overheads x a multiplier solved from it, where its rate is sensitive to them), its searches started
     # there; unless run 1's answer taught nothing: a bound, or client-bound (the load client's rate, not
     # the engine's), and then run 2 says it is uncalibrated (calibration.observations)
     assert not any(c.prediction and c.prediction.calibration for c in firsts)  # nothing on record before run 1
@@ -253,7 +254,11 @@ def test_approved_release_goes_live_and_rejected_one_deploys_nothing(stack):
             assert again.calibration is None, (before, again)
             continue
         assert again.calibration and f"release {first.id} {before.layout}" in again.calibration
-        assert before.prediction and before.max_slo_rate
+        assert before.prediction and before.max_slo_rate and before.figure_fit, before
+        if again.calibration_kind == "figures":  # the overheads x a multiplier solved from run 1's measurement
+            assert again.multiplier and before.figure_fit.sensitivity >= 0.2, (before, again)
+            continue
+        assert again.calibration_kind == "shape", again  # single's rate hardly moves with the overheads
         factor = before.max_slo_rate / before.prediction.planner_rate
         assert again.predicted_max_slo_rate == pytest.approx(again.planner_rate * factor, rel=1e-2)
     check_benchmark_outputs(second.data.benchmark_files, measured)  # each first probe at its prediction

@@ -24,7 +24,7 @@ from pipeline.records.benchmark import LayoutResult
 from pipeline.records.cluster import ClusterReady
 from pipeline.records.evaluate import EvalResult, EvaluationPair, GateDecision
 from pipeline.records.events import AccuracyGate, LayoutsChosen, Predicted, ReportWritten, SloGate, Staged
-from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, Predictions
+from pipeline.records.plan import LayoutPrediction, MeasuredLayouts, PredictionCheck, Predictions
 from pipeline.records.quantize import QuantizedArtifact
 from pipeline.records.rebenchmark import Verdict
 from pipeline.records.release import (
@@ -257,15 +257,25 @@ def plan_layouts(release: ValidatedRelease, run_id: str) -> Predictions:
     if loaded.hardware.performance:
         log.info("plan: step times: %s", planner.coefficients(loaded.hardware, fitted))
     figures = uncertainty.figures(spec, hw) if loaded.hardware.performance and not fitted else []
+    profile_id = fitted.id if fitted else None
     for layout in spec.layouts if loaded.hardware.performance else []:
         p = planner.predict(spec, hw, layout, spec.workload.input_len, spec.workload.output_len, True)
         uncertainty.bracket(
             p, spec, hw, spec.workload.input_len, spec.workload.output_len, figures, fitted, planner.predict
         )
         own = round(p.rate_per_replica * layout.replicas, 4)
-        key = calibration.key(loaded.hardware.name, spec.serving.engine_image, layout, fitted.id if fitted else None)
-        calibrated = calibration.calibrate(measured, key)
-        factor = calibrated.factor if calibrated else 1.0
+        key = calibration.key(loaded.hardware.name, spec.serving.engine_image, layout, profile_id)
+        figure_key = calibration.layout_figure_key(spec, loaded.hardware.name, layout, profile_id)
+        by_figures = calibration.calibrate_figures(measured, figure_key)
+        figure_rate = None
+        if by_figures is not None and own > 0:  # the planner again, on the overheads x the multiplier
+            at = planner.predict(
+                spec, calibration.scaled(hw, by_figures.multiplier), layout, spec.workload.input_len,
+                spec.workload.output_len, True, start=own,
+            )  # fmt: skip
+            figure_rate = at.rate_per_replica * layout.replicas
+        applied = calibration.choose(own, by_figures, figure_rate, calibration.calibrate(measured, key))
+        factor = applied.factor
         found.append(
             LayoutPrediction(
                 layout=layout.name,
@@ -276,9 +286,12 @@ def plan_layouts(release: ValidatedRelease, run_id: str) -> Predictions:
                 predicted_high=None if p.rate_high is None else round(p.rate_high * factor, 4),
                 binding_slo=p.binding_slo,
                 bound=p.bound,
-                calibrated=calibrated is not None,
+                calibrated=applied.kind is not None,
                 calibration_key=key,
-                calibration=calibrated.summary() if calibrated else None,
+                calibration=applied.text,
+                figure_key=figure_key,
+                calibration_kind=applied.kind,
+                multiplier=applied.multiplier,
             )
         )
         log.info(
@@ -287,7 +300,9 @@ def plan_layouts(release: ValidatedRelease, run_id: str) -> Predictions:
             found[-1].predicted_max_slo_rate,
             p.binding_slo,
             p.bound,
-            f"calibrated {calibrated.summary()}" if calibrated else f"uncalibrated: no earlier measurement of {key}",
+            f"calibrated by {applied.text}"
+            if applied.kind
+            else f"uncalibrated: no earlier measurement of {figure_key} gave a multiplier, nor of {key}",
         )
     path = run_dir(run_id) / "benchmark" / "predictions.json"
     out = Predictions(layouts=found, file=str(path), step_times=planner.coefficients(loaded.hardware, fitted))
@@ -446,7 +461,9 @@ def slo_gate(release: ValidatedRelease, selection: LayoutSelection) -> LayoutSel
                 chosen=selection.chosen,
                 benchmark_files=selection.files,
                 capacity=fleet,
-                predictions=[r.prediction_check() for r in selection.layouts],
+                predictions=figure_fits(
+                    load_spec(release.spec_path), [r.prediction_check() for r in selection.layouts]
+                ),
                 served_accuracy=[
                     ServedSummary.of(r.layout, r.served_accuracy) for r in selection.layouts if r.served_accuracy
                 ],
@@ -456,6 +473,36 @@ def slo_gate(release: ValidatedRelease, selection: LayoutSelection) -> LayoutSel
         fleet_table = f"\n{capacity.table(fleet)}" if fleet else ""
         raise GateFailed(f"SLO gate failed: {selection.reason}\n{benchmark.table(selection.layouts)}{fleet_table}")
     return selection
+
+
+def figure_fits(loaded: LoadedSpec, checks: list[PredictionCheck]) -> list[PredictionCheck]:
+    """Each usable measurement with the overhead multiplier solved from it (calibration.solve), on the
+    figures its prediction ran on: where the spec, the hardware's figures or the newest profile no longer
+    give its figure key (a record made elsewhere, a profile kept since), none is solved."""
+    hardware, spec = loaded.hardware, loaded.spec
+    if hardware.performance is None:
+        return checks
+    fitted = registry().profile(hardware.name, spec.serving.engine_image)
+    hw = fitted.hardware_at_hand(hardware) if fitted else hardware
+    layouts = {layout.name: layout for layout in spec.layouts}
+    out = []
+    for check in checks:
+        predicted, layout = check.prediction, layouts.get(check.layout)
+        key = predicted.figure_key if predicted else None
+        if key and layout and calibration.usable(check) and check.max_slo_rate:
+            if key == calibration.layout_figure_key(spec, hardware.name, layout, fitted.id if fitted else None):
+                fit = calibration.fit_figures(spec, hw, layout, check.max_slo_rate, key, planner.predict)
+                log.info(
+                    "calibration: %s: overheads x%.3g meet its %.4g req/s (sensitivity %.2g%s)%s",
+                    check.layout, fit.solved, check.max_slo_rate, fit.sensitivity,
+                    ", at the reach's end" if fit.capped else "",
+                    "" if fit.multiplier is not None else f": under {calibration.SENSITIVE}, no multiplier",
+                )  # fmt: skip
+                check = check.model_copy(update={"figure_fit": fit})
+            else:
+                log.info("calibration: %s: its figure key is not the plan's now; no multiplier solved", check.layout)
+        out.append(check)
+    return out
 
 
 def report(release: ReleaseRef | int, run_id: str) -> ReportPage:

@@ -3,11 +3,11 @@ layout's search starts from."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["LayoutPrediction", "MeasuredLayouts", "PredictionCheck", "Predictions"]
+__all__ = ["FigureFit", "LayoutPrediction", "MeasuredLayouts", "PredictionCheck", "Predictions"]
 
 
 class LayoutPrediction(BaseModel):
@@ -32,7 +32,22 @@ class LayoutPrediction(BaseModel):
         "figures x the profile's efficiency factors"
     )
     calibration_key: str = Field(description="hardware | engine image | layout shape: what a measurement transfers to")
-    calibration: str | None = Field(None, description="the factor and the measurements it comes from")
+    calibration: str | None = Field(
+        None,
+        description="which calibration applied (the overhead figures' or the per-shape ratio), its factor and the"
+        " measurements it comes from",
+    )
+    figure_key: str | None = Field(
+        None,
+        description="hardware | engine image | engine args and env but the limits the planner models | profile: what"
+        " an overhead multiplier transfers to (any shape); None: a record from before figure calibration",
+    )
+    calibration_kind: Literal["figures", "shape"] | None = Field(
+        None,
+        description="'figures': the planner ran on overheads x `multiplier`; 'shape': x the per-shape ratio; None:"
+        " uncalibrated (or a record from before the kinds)",
+    )
+    multiplier: float | None = Field(None, description="the overhead figures' multiplier the rate ran on ('figures')")
 
     def error(self, measured: float) -> float:
         """measured / predicted - 1, as the table, the report and calibration's evidence show it."""
@@ -60,6 +75,22 @@ class MeasuredLayouts(BaseModel):
     reason: str = Field(description="why these: every layout, or the top_k by predicted rate (and the live one)")
 
 
+class FigureFit(BaseModel):
+    """The overhead multiplier that makes the planner's rate for a measured layout meet its measurement
+    (planner/calibration.py, solved when the release records its measurements)."""
+
+    figure_key: str = Field(description="the prediction's figure key: the figures the multiplier was solved on")
+    multiplier: float | None = Field(
+        description="x the planner's overhead figures; None: the rate is not sensitive to them (no multiplier)"
+    )
+    solved: float = Field(description="the bisection's answer within the reach, kept even where it gives none")
+    rate: float = Field(
+        description="the planner's rate at `solved`, req/s at the endpoint (the measurement, within it)"
+    )
+    sensitivity: float = Field(description="|d ln rate / d ln multiplier| at the answer (at most 10)")
+    capped: bool = Field(False, description="the measurement lies beyond the reach: the answer is its end")
+
+
 class PredictionCheck(BaseModel):
     """A benchmarked layout's prediction beside what its search measured, as a release keeps it
     (registry `predictions`): what the next plan calibrates on and the report's planner table shows."""
@@ -75,6 +106,9 @@ class PredictionCheck(BaseModel):
     extrapolated: bool = Field(False, description="a bound the passes' line puts within the resolution of the edge")
     client_bound: bool = Field(
         False, description="the load client sent late in the runs that decided the rate: it measured the client"
+    )
+    figure_fit: FigureFit | None = Field(
+        None, description="the overhead multiplier solved from this measurement; None: not solved (a record before)"
     )
 
     @property
