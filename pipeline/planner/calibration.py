@@ -37,7 +37,8 @@ LAST = 5  # ratios per key: recent enough to follow an engine's changes, enough 
 REACH = 4.0
 """A multiplier lies within x1/REACH..xREACH: a 4x miss on an overhead is a plausible datasheet error;
 a measurement that needs more says the model is wrong elsewhere (a bound it misses), and a multiplier
-stretched to fit it would carry that error to every layout of the key."""
+stretched to fit it would carry that error to every layout of the key: a measurement beyond the reach
+gives no multiplier (its shape keeps its own ratio)."""
 SENSITIVE = 0.2
 """A measured layout gives a multiplier only where |d ln rate / d ln multiplier| >= SENSITIVE at the
 answer: its rate moves at least 0.2% per 1% of overhead. Below, the overheads are a small part of its
@@ -126,7 +127,8 @@ def scaled(hw: HardwareProfile, multiplier: float) -> HardwareProfile:
 def solve(rate_at: Callable[[float], float], measured: float, key: str) -> FigureFit:
     """The multiplier on the overhead figures at which `rate_at` (the planner's rate, decreasing in
     it) meets `measured`: bisection on its log within the reach, the reach's end where the measurement
-    lies beyond it. The multiplier is kept only where the rate is sensitive to it there (`SENSITIVE`)."""
+    lies beyond it. The multiplier is kept only where the rate is sensitive to it there (`SENSITIVE`) and
+    the measurement lies within the reach (`REACH`: one beyond it is the model wrong elsewhere)."""
     lo, hi = -math.log(REACH), math.log(REACH)
     capped = False
     if measured >= rate_at(REACH**-1):
@@ -143,7 +145,7 @@ def solve(rate_at: Callable[[float], float], measured: float, key: str) -> Figur
     sensitivity = _sensitivity(rate_at(solved / NUDGE), rate_at(solved * NUDGE))
     return FigureFit(
         figure_key=key,
-        multiplier=solved if sensitivity >= SENSITIVE else None,
+        multiplier=solved if sensitivity >= SENSITIVE and not capped else None,
         solved=solved,
         rate=round(rate, 4),
         sensitivity=round(sensitivity, 4),
