@@ -284,6 +284,27 @@ class FakeCluster:
         with self.lock:
             return copy.deepcopy(self.objects)
 
+    # what each fake has of its own and a `state` leaves out: its servers, their threads, its lock and clock
+    MACHINERY = frozenset({"server", "thread", "data_plane", "data_thread", "lock", "clock"})
+
+    def state(self) -> dict:
+        """Everything this fake holds (objects, records, counters, its random generator), deep-copied:
+        a setup made once that each case `restore`s into a fresh fake (a rollout made once, not once
+        per case)."""
+        with self.lock:
+            held = {name: value for name, value in vars(self).items() if name not in self.MACHINERY}
+            return {"data_plane_port": self.data_plane.server_address[1], "held": copy.deepcopy(held)}
+
+    def restore(self, state: dict) -> None:
+        """Hold what another fake's `state` held (a deep copy of it: the same state restores again), its
+        Gateways' listeners moved to this fake's data plane."""
+        with self.lock:
+            vars(self).update(copy.deepcopy(state["held"]))
+            for (_, plural, _, _), obj in self.objects.items():
+                for listener in obj["spec"]["listeners"] if plural == "gateways" else []:
+                    if listener.get("port") == state["data_plane_port"]:
+                        listener["port"] = self.data_plane.server_address[1]
+
     def servers(self) -> dict[str, int]:
         """release -> replicas of its largest replica group (one pod per server), as specified now."""
         out: dict[str, int] = {}

@@ -53,13 +53,18 @@ def test_stop_also_stops_task_processes_that_left_the_standalone_group(tmp_path)
     assert standalone.proc is None
 
 
-def test_stop_also_stops_what_outlives_the_standalone_in_its_own_group(tmp_path):
+def test_stop_also_stops_what_outlives_the_standalone_in_its_own_group(tmp_path, caplog):
     """The standalone exits on SIGTERM, a member of its group does not (a scheduler still shutting
-    down): after the grace, SIGKILL; nothing of the group is left."""
+    down): after the grace, SIGKILL, and a warning names what outlived it; nothing of the group is left."""
     script = f"(trap '' TERM; echo $BASHPID > {tmp_path}/member.pid; while true; do sleep 0.2; done) & wait"
     standalone, member = started(script, tmp_path / "member.pid")
-    standalone.stop(grace=1)
+    leader = standalone.proc.pid
+    with caplog.at_level("WARNING", logger="pipeline.stages.serving.isolation"):
+        standalone.stop(grace=1)
     assert_gone(member, "group member")
+    warned = [r.getMessage() for r in caplog.records if "outlived SIGTERM" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"process group {leader} outlived SIGTERM by 1 s"), warned
+    assert "trap '' TERM" in warned[0]  # the member's command line
 
 
 # Airflow's own engine, built from the embedded environment, writes one row (the REST trigger's

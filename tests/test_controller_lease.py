@@ -391,6 +391,7 @@ def test_a_controller_killed_at_any_change_with_scalers_keep_window_and_rollback
     objs = objs or _scaled("2", "tp4-ep4-x2")
     with FakeCluster() as counting:
         setup(counting)
+        state = counting.state()  # set up once: each kill below starts from a copy of it
         made = killing_after(monkeypatch, -1)
         assert run(counting).status == "live"
         total = len(made)
@@ -399,7 +400,7 @@ def test_a_controller_killed_at_any_change_with_scalers_keep_window_and_rollback
     outcomes = []
     for changes in range(1, total + 1):
         with FakeCluster() as cluster:
-            setup(cluster)
+            cluster.restore(state)
             with clients(cluster):
                 made_now = killing_after(monkeypatch, changes)
                 with pytest.raises(Killed):

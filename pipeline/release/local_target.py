@@ -302,8 +302,11 @@ class LocalRelease:
             assert self.new is not None and self.old is not None
             if not base:
                 base.append(local_prometheus.ensure(root))  # its own: the cluster's on Kubernetes
+                # both releases' targets written before either is waited for: Prometheus hands new
+                # targets to its scrapers every 5 s at most, so one wait covers both (two were ~2x)
                 for dep in (self.old, self.new):
                     local_prometheus.scrape(root, dep.release_id, dep.layout, dep.ports)
+                for dep in (self.old, self.new):
                     local_prometheus.wait_scraped(base[0], dep.release_id, len(dep.ports))
             held = time.time()
             verdict = analysis.after_window(

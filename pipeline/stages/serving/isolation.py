@@ -326,6 +326,19 @@ def alive_group(pgid: int) -> bool:
     return state != "Z"
 
 
+def _members(pgid: int) -> list[str]:
+    """The command lines of the group's live processes (zombies left out), as /proc shows them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if entry.name.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip())
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def stop_groups(pgids: list[int] | set[int], grace: float = 30) -> None:
     """SIGTERM each process group (owners clean up their engines on it), SIGKILL what is left."""
     for pgid in pgids:
@@ -337,6 +350,8 @@ def stop_groups(pgids: list[int] | set[int], grace: float = 30) -> None:
     while any(alive_group(p) for p in pgids) and time.monotonic() < deadline:
         time.sleep(0.5)
     for pgid in pgids:
+        if alive_group(pgid):  # named: a stop that waits out its grace says what made it wait
+            log.warning("process group %d outlived SIGTERM by %.0f s, killed: %s", pgid, grace, _members(pgid))
         try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
