@@ -8,7 +8,7 @@ import textwrap
 import threading
 import time
 
-from pipeline.records.events import detail_of
+from pipeline.records.events import StepReviewed, detail_of
 from pipeline.records.rollout import Query, StepAnalysis, StepReview
 from pipeline.release import step_review
 from pipeline.release.registry import Registry
@@ -65,8 +65,14 @@ def test_the_controller_takes_the_reviewers_answer_or_after_the_timeout_the_verd
     started = time.monotonic()
     fallback = review(judged(2, passed=False))
     assert fallback.decision == "abort" and fallback.by_default and time.monotonic() - started >= 1.0
+    # the fallback is the step's review on record; a review task answering after it (late on a loaded
+    # scheduler) records nothing: one decision per step, in the order the rollout took them
+    late = StepReview(step=2, decision="continue", actor="reviewer", comment="too late")
+    assert step_review.record(reg, rel.id, late) is False
     kinds = [e.kind for e in reg.events(rel.id)]
-    assert kinds == ["created", step_review.JUDGED, step_review.REVIEWED, step_review.JUDGED]
+    assert kinds == ["created", step_review.JUDGED, step_review.REVIEWED, step_review.JUDGED, step_review.REVIEWED]
+    on_record = reg.events(rel.id)[-1]
+    assert on_record.actor == "pipeline (no review answer)" and on_record.detail_as(StepReviewed).decision == "abort"
 
 
 def test_a_review_task_sees_only_its_own_rollout(tmp_path):

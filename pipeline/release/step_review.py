@@ -4,7 +4,10 @@ The release DAG maps one review task per step (pipeline/airflow/step_review.py):
 step's analysis to be recorded here, puts it to the spec's reviewers in Airflow's Required actions
 with the verdict as the default answer, and records the answer. The controller holding the step
 (local or Kubernetes) waits for that answer, and goes on with the analysis verdict if no answer
-comes, so a broken or missing review task can delay a rollout but never wedge it.
+comes, so a broken or missing review task can delay a rollout but never wedge it. That fallback is
+recorded as the step's review, and an answer that comes after it (a review task late on a loaded
+scheduler) is logged, not recorded: the trail holds one decision per step, the one the rollout took,
+in the order the steps were taken.
 """
 
 from __future__ import annotations
@@ -79,7 +82,9 @@ def registry_reviewer(
                     verdict.step,
                     timeout_s + grace_s,
                 )
-                return default(verdict, "pipeline (no review answer)")
+                fallback = default(verdict, "pipeline (no review answer)")
+                record(reg, release_id, fallback)
+                return fallback
             time.sleep(poll_s)
 
     return review
@@ -102,5 +107,30 @@ def pending(reg: Registry, release_id: int, step: int) -> PendingStep | None | b
     return False
 
 
-def record(reg: Registry, release_id: int, review: StepReview) -> None:
+def decided(reg: Registry, release_id: int, step: int) -> StepReviewed | None:
+    """The review recorded for the step since its analysis, if any (the rollout's decision on it)."""
+    for e in reversed(reg.events(release_id)):
+        if e.kind == REVIEWED and (review := e.detail_as(StepReviewed)).step == step:
+            return review
+        if e.kind == JUDGED and e.detail_as(JudgedStep).step == step:
+            return None
+    return None
+
+
+def record(reg: Registry, release_id: int, review: StepReview) -> bool:
+    """Record a step's review; False (and a warning) where the step was decided already: the
+    controller went on without an answer, and a later one changes nothing the rollout did."""
+    earlier = decided(reg, release_id, review.step)
+    if earlier is not None:
+        log.warning(
+            "release %d, step %d: %s by %s came after the step was decided (%s by %s): not recorded",
+            release_id,
+            review.step,
+            review.decision,
+            review.actor,
+            earlier.decision,
+            earlier.actor,
+        )
+        return False
     reg.record(release_id, StepReviewed(**review.model_dump()), review.actor)
+    return True
