@@ -291,13 +291,19 @@ def test_the_answer_is_confirmed_on_a_fresh_engine_started_after_the_searchs_sto
     assert max(p.rate for p in result.probes if not p.confirmation and p.passed) > 100.0  # short probes flatter
     if fresh:
         assert events == ["start 1", "stop 1", "start 2", "stop 2"]  # the fresh one starts once the search's stopped
-        assert [rate for instance, rate in seen if instance == 2] == [p.rate for p in confirmations]
+        # the fresh engine is warmed first at the first confirmation's rate; that run is kept, not counted
+        warm = [p for p in result.probes if p.warmup]
+        assert len(warm) == 1 and warm[0].superseded and not warm[0].confirmation
+        assert warm[0].num_prompts == math.ceil(warm[0].rate * confirm.WARMUP_SECONDS)
+        assert [rate for instance, rate in seen if instance == 2] == [warm[0].rate] + [p.rate for p in confirmations]
+        assert warm[0].rate == confirmations[0].rate
         assert result.step_downs >= 1 and result.max_slo_rate <= 88.0  # it holds what the second instance sustains
         assert checked == ["http://instance-2"] and result.confirm_engine == "fresh"
         assert "on a fresh engine" in result.stop_reason
     else:
         assert events == ["start 1", "stop 1"] and checked == ["http://instance-1"]
         assert len(searched) == len(result.probes) and result.confirm_engine == "searched"
+        assert not any(p.warmup for p in result.probes)  # the search's engine is warm already
         assert 100.0 * (1 - SLO.resolution) ** 2 <= result.max_slo_rate <= 100.0
     assert result.confirm_wall_s is not None and result.confirm_wall_s >= 0
 

@@ -128,6 +128,11 @@ class Probe(BaseModel):
     confirmation: bool = Field(
         False, description="a run at the search's answer, as long as workload.confirm_seconds, that confirms it"
     )
+    warmup: bool = Field(
+        False,
+        description="a fresh engine's first run, before its confirmation, not counted (also superseded): the "
+        "search's engine is warm from the search, and a cold one stalls in its first seconds",
+    )
 
 
 class LoadSplit(BaseModel):

@@ -223,7 +223,9 @@ def _measurement_view(bench: BenchmarkFile | None) -> list[dict[str, Any]] | Non
                     "inter": inter,
                     "engine": p.engine,
                     "top": ", ".join(f"{name} {c:.2f}" for name, c in (inter.top_other if inter else [])[:2]),
-                    "verdict": ("confirmation: " if p.confirmation else "")
+                    "verdict": "warm-up (not counted)"
+                    if p.warmup
+                    else ("confirmation: " if p.confirmation else "")
                     + ("pass" if p.passed else "fail")
                     + (" (run again)" if p.superseded else "")
                     + ("" if p.clean else " (unclean)")

@@ -12,7 +12,13 @@ Why under the answer: the search puts the edge within its resolution on the inst
 and sits on the engine's knee there (a 30 s run at it passed at p90 200 ms on one instance and
 failed at 524 ms on the next, #61); two instances of one engine sustained rates 4-10% apart. A rate
 the fleet is sized on must hold on every instance, so the answer reported is the one confirmed a
-resolution (`slo.resolution`) under the search's edge: a lower bound, not the edge."""
+resolution (`slo.resolution`) under the search's edge: a lower bound, not the edge.
+
+Why a fresh engine is warmed first: the search's engine is warm from the search's runs, and a cold
+one stalls in its first seconds under load (a demo's fresh engine: p90 TTFT 74 ms in its first 2 s,
+then a 1 s queue it never drained at 98% of its capacity, while a third engine held more for 30 s
+at 86 ms); the confirmation compares the instances' steady state, and a cold start is the rollout's
+concern (readiness, its first step's analysis)."""
 
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from pipeline.stages.benchmark.steady import confirm_seconds
 
 log = logging.getLogger(__name__)
 
+WARMUP_SECONDS = 5.0  # a fresh engine's warm-up run lasts at least this (or workload.min_probe_seconds)
 MAX_STEP_DOWNS = 3  # a failed confirmation moves the answer down at most this many times, then there is none
 SEED_OFFSET = 50_000  # confirmations draw prompt sets apart from the search's (seed + 1, + 2, ...)
 
@@ -42,15 +49,36 @@ def under_the_edge(searched: float, slo: SloSpec) -> float:
     return searched * (1 - slo.resolution)
 
 
+def warm_up(run: RunProbe, rate: float, workload: WorkloadSpec, seed: int) -> Probe:
+    """A cold engine's first run at `rate`, kept in the record but not counted (`warmup`, `superseded`)."""
+    seconds = max(WARMUP_SECONDS, workload.min_probe_seconds)
+    probe = run(rate, math.ceil(rate * seconds), seed)
+    probe.warmup = probe.superseded = True
+    log.info(
+        "warm-up of the fresh engine at %.3g req/s x %d (%.0f s, not counted): p90 TTFT %.1f ms",
+        rate,
+        probe.num_prompts,
+        seconds,
+        probe.p90_ttft_ms,
+    )
+    return probe
+
+
 def confirm(
-    run: RunProbe, outcome: SearchOutcome, workload: WorkloadSpec, slo: SloSpec, where: str = ""
+    run: RunProbe,
+    outcome: SearchOutcome,
+    workload: WorkloadSpec,
+    slo: SloSpec,
+    where: str = "",
+    cold: bool = False,
 ) -> SearchOutcome:
     """Confirm `outcome`'s answer with a `confirm_seconds` run a resolution under it (`under_the_edge`;
     appended to its probes, marked `confirmation`); where it fails, step down (`step_down`, at most
     `MAX_STEP_DOWNS` times) and confirm again. A run that other processes disturbed is run again, as
     the search's probes are (`workload.interference_retries`). The outcome's answer becomes the rate
     that held, or None; the search's is kept as `searched_rate`. `where`: the engine instance `run`
-    measures, for the verdict's text (" on a fresh engine")."""
+    measures, for the verdict's text (" on a fresh engine"); `cold`: it has served nothing yet, and is
+    warmed first (`warm_up`)."""
     if outcome.max_slo_rate is None:
         return outcome
     seconds = confirm_seconds(workload, slo)
@@ -59,6 +87,8 @@ def confirm(
     under = f"{slo.resolution:.0%} under the search's {searched:.3g}"
     outcome.confirm_seconds = round(seconds, 2)
     seed = workload.seed + SEED_OFFSET
+    if cold:
+        outcome.probes.append(warm_up(run, rate, workload, seed))
     for downs in range(MAX_STEP_DOWNS + 1):
         for tries in range(workload.interference_retries + 1):
             seed += 1

@@ -192,7 +192,7 @@ def confirmed(
     `result.confirm_wall_s` (from `answered`, the search's end by the monotonic clock: a fresh engine's
     start included, what the confirmation adds to the release)."""
     where = " on a fresh engine" if engine == "fresh" else ""
-    outcome = confirm(run, searched, spec.workload, spec.slo, where)
+    outcome = confirm(run, searched, spec.workload, spec.slo, where, cold=engine == "fresh")
     if outcome.confirmed is not None:
         result.confirm_engine, result.confirm_wall_s = engine, round(time.monotonic() - answered, 1)
     copy_outcome(result, outcome)
