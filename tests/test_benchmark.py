@@ -827,7 +827,8 @@ def test_a_layout_that_holds_the_slo_and_answers_worse_fails_on_its_answers(held
     monkeypatch.setattr(
         orchestration, "slo_search", lambda *args, **kwargs: SearchOutcome(probes=[], max_slo_rate=held)
     )
-    monkeypatch.setattr(orchestration, "confirm", lambda run, outcome, *args: outcome)  # held where it was found
+    # held where it was found
+    monkeypatch.setattr(orchestration, "confirm", lambda run, outcome, *args, **kwargs: outcome)
     monkeypatch.setattr(served_accuracy, "check", check)
     gate = EvalResult.model_construct()
     result = benchmark.benchmark_layout(
