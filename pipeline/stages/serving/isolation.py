@@ -327,14 +327,14 @@ def alive_group(pgid: int) -> bool:
 
 
 def _members(pgid: int) -> list[str]:
-    """The command lines of the group's live processes (zombies left out), as /proc shows them."""
+    """The command lines of the group's live processes (`group_members`, zombies left out)."""
     found = []
-    for entry in Path("/proc").iterdir():
+    for pid in group_members(pgid):
+        proc = Path(f"/proc/{pid}")
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if entry.name.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip())
-        except (OSError, IndexError, ValueError):
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip())
+        except (OSError, IndexError):
             continue
     return found
 
