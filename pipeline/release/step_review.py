@@ -47,7 +47,7 @@ def registry_reviewer(
     the review's timeout and `grace_s`, the analysis verdict stands."""
 
     def review(verdict: StepAnalysis) -> StepReview:
-        judged = reg.record(release_id, JudgedStep(**verdict.model_dump(), review_timeout_s=timeout_s), "pipeline")
+        reg.record(release_id, JudgedStep(**verdict.model_dump(), review_timeout_s=timeout_s), "pipeline")
         log.info(
             "release %d, step %d: analysis %s; waiting up to %.0f s for a reviewer's Continue / Abort",
             release_id,
@@ -57,24 +57,17 @@ def registry_reviewer(
         )
         deadline = time.monotonic() + timeout_s + grace_s
         while True:
-            answer = next(
-                (
-                    e
-                    for e in reversed(reg.events(release_id))
-                    if e.id > judged.id and e.kind == REVIEWED and e.detail_as(StepReviewed).step == verdict.step
-                ),
-                None,
-            )
+            answer = decided(reg, release_id, verdict.step)  # since the analysis just recorded
             if answer is not None:
-                decided = StepReview.model_validate(answer.detail_as(StepReviewed).model_dump(exclude={"kind"}))
+                decision = StepReview.model_validate(answer.model_dump(exclude={"kind"}))
                 log.info(
                     "release %d, step %d: %s (%s)",
                     release_id,
                     verdict.step,
-                    decided.decision,
-                    "nobody answered: the analysis verdict" if decided.by_default else f"by {decided.actor}",
+                    decision.decision,
+                    "nobody answered: the analysis verdict" if decision.by_default else f"by {decision.actor}",
                 )
-                return decided
+                return decision
             if time.monotonic() > deadline:
                 log.warning(
                     "release %d, step %d: no review answer within %.0f s; the analysis verdict stands",
