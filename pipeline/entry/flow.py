@@ -496,7 +496,9 @@ def figure_fits(loaded: LoadedSpec, checks: list[PredictionCheck]) -> list[Predi
                     "calibration: %s: overheads x%.3g meet its %.4g req/s (sensitivity %.2g%s)%s",
                     check.layout, fit.solved, check.max_slo_rate, fit.sensitivity,
                     ", at the reach's end" if fit.capped else "",
-                    "" if fit.multiplier is not None else f": under {calibration.SENSITIVE}, no multiplier",
+                    "" if fit.multiplier is not None
+                    else ": beyond the reach, no multiplier" if fit.capped
+                    else f": under {calibration.SENSITIVE}, no multiplier",
                 )  # fmt: skip
                 check = check.model_copy(update={"figure_fit": fit})
             else:
