@@ -10,10 +10,14 @@ import random
 from pipeline.core.specs import SloSpec
 from pipeline.records.benchmark import Probe
 from pipeline.stages import benchmark
+from pipeline.stages.benchmark import steady
 
 
-def fixed_probe(rate: float, n: int, p90: float, slo: SloSpec, achieved: float | None = None) -> Probe:
-    """A judged probe whose p90 TTFT is `p90` ms (TPOT 5 ms), as a stand-in engine would give."""
+def fixed_probe(
+    rate: float, n: int, p90: float, slo: SloSpec, achieved: float | None = None, trend: float | None = None
+) -> Probe:
+    """A judged probe whose p90 TTFT is `p90` ms (TPOT 5 ms), as a stand-in engine would give; with
+    `trend` (ms/s), that TTFT trend carried over the SLO's confirmation floor as the client does."""
     achieved = rate if achieved is None else achieved
     probe = Probe(
         rate=rate,
@@ -32,6 +36,8 @@ def fixed_probe(rate: float, n: int, p90: float, slo: SloSpec, achieved: float |
         p99_tpot_ms=5,
         p90_itl_ms=5,
         p90_e2el_ms=p90,
+        ttft_trend_ms_per_s=trend,
+        projected_p90_ttft_ms=steady.projected(p90, trend, slo.confirm_floor_seconds),
     )
     benchmark.judge(probe, slo)
     return probe

@@ -106,6 +106,39 @@ def test_the_trend_is_the_median_slope_of_the_settled_part():
     assert steady.projected(100.0, -20.0, 10.0) == 100.0 and steady.projected(100.0, 20.0, 10.0) == 300.0
 
 
+def test_a_probe_failed_on_its_trend_alone_is_measured_again_twice_as_long_before_it_counts():
+    """Two of three demos' edges were set by 8 s probes failed on their slope alone (p90 243 and 162 ms
+    of 500): a short probe's trend is measured again, twice as long, and that run's verdict counts."""
+    from pipeline.stages.benchmark.search import SloSearch
+
+    workload = WorkloadSpec(input_len=1, output_len=1, num_prompts=100, min_probe_seconds=1, repeats=0)
+
+    def engine(settles: bool, p90: float = 200.0):
+        seen: list[int] = []
+
+        def run(rate: float, n: int, seed: int):
+            seen.append(n)
+            if len(seen) == 1:  # the short probe: a slope of 40 ms/s carried over the 11 s floor crosses 500 ms
+                return fixed_probe(rate, n, p90, SLO, trend=40.0)
+            return fixed_probe(rate, n, p90 if settles else 320.0, SLO, trend=0.0 if settles else 40.0)
+
+        return run, seen
+
+    run, seen = engine(settles=True)
+    search = SloSearch(run, workload, SLO)
+    counted = search.probe(50.0)
+    first = search.out.probes[0]
+    assert "TTFT trend +40.0 ms/s" in first.reasons[0] and first.p90_ttft_ms < SLO.max_p90_ttft_ms
+    assert seen == [100, 200] and first.superseded and counted.passed and search.runs[50.0] == [counted]
+    run, seen = engine(settles=False)  # the queue grows: the longer probe fails too, and counts; no third run
+    search = SloSearch(run, workload, SLO)
+    counted = search.probe(50.0)
+    assert seen == [100, 200] and not counted.passed and search.holds(50.0) is False
+    run, seen = engine(settles=True, p90=600.0)  # failed on its p90: not a slope's noise, counted at once
+    search = SloSearch(run, workload, SLO)
+    assert not search.probe(50.0).passed and seen == [100]
+
+
 def sustains(mu: float, slo: SloSpec, seen: list[tuple[float, int]], dirty: set[int] = frozenset()):
     """A stand-in engine that serves `mu` req/s: a run shorter than the confirmation's floor passes at any
     rate up to 1.2 mu (its queue does not show in time), a longer one only at or below mu."""

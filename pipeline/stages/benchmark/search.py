@@ -14,10 +14,12 @@ from collections.abc import Callable, Sequence
 
 from pipeline.core.specs import SloSpec, WorkloadSpec
 from pipeline.records.benchmark import Probe, SearchOutcome
+from pipeline.stages.benchmark.verdict import trend_only
 
 log = logging.getLogger(__name__)
 
 MAX_PROMPT_DOUBLINGS = 2
+TREND_DOUBLINGS = 1  # how many times a probe failed on its TTFT trend alone is measured again, twice as long
 RunProbe = Callable[[float, int, int], Probe]  # (rate, num_prompts, seed) -> Probe
 
 UP, UP_WITH_PRIOR = 2.0, 1.25  # first bracket steps: from a burst's rough scale, or from a known answer
@@ -74,7 +76,8 @@ class SloSearch:
     """One SLO search's state, one method per phase (the loop in `run` picks the phase).
 
     Probes: `probe` runs one rate (again when other processes disturbed it, with twice the
-    requests while its verdict is inside the p90 interval) and counts it in `runs`. Phases, from
+    requests while its verdict is inside the p90 interval, and once so when it failed on its TTFT
+    trend alone) and counts it in `runs`. Phases, from
     the counted runs: `open` (a burst's scale, or the prior); `widen` (all passed: step up, or go
     just below where the line through the two highest passes meets the edge); `lower` (all failed:
     step down, or to the line through the two lowest fails); `narrow` (a bracket wider than half
@@ -133,9 +136,13 @@ class SloSearch:
                     rate,
                     dirty + 1,
                 )
-            if result.conclusive or math.isinf(rate) or hopeless(result):
+            if trend_only(result) and doublings < TREND_DOUBLINGS and not math.isinf(rate):
+                # an 8 s probe's slope set two of three demos' edges at p90s under half the limit; a queue
+                # that really grows still shows, its p90 with it, in a probe twice as long
+                log.info("probe at %.3g req/s failed on its TTFT trend alone; measuring again with %d", rate, 2 * n)
+            elif result.conclusive or math.isinf(rate) or hopeless(result):
                 break
-            if doublings == MAX_PROMPT_DOUBLINGS:
+            elif doublings >= MAX_PROMPT_DOUBLINGS:
                 log.warning("probe at %.3g req/s stays inconclusive with %d requests; counting it as a fail", rate, n)
                 result.passed = False
                 result.reasons.append("inconclusive: SLO limit inside the p90 interval")
