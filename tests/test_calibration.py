@@ -54,6 +54,8 @@ def test_the_overheads_multiplier_solved_from_single_carries_to_a_layout_never_m
     first = flow.plan_layouts(flow.validate_spec(str(TINY_SPEC)), "manual__first")
     before = first.of("single")
     assert before and before.calibration_kind is None and before.figure_key == first.of("two-replicas").figure_key
+    spec_only = planner.plan(loaded, every_layout=False, intervals=False)  # what `model-release plan` predicts
+    assert all("no earlier measurement applies" in line for line in flow.calibrated_plan(loaded, spec_only, None))
     measured = endpoint_rate(spec, truth(hw), single)
     checks = flow.figure_fits(loaded, [PredictionCheck(layout="single", prediction=before, max_slo_rate=measured)])
     fit = checks[0].figure_fit
@@ -70,6 +72,10 @@ def test_the_overheads_multiplier_solved_from_single_carries_to_a_layout_never_m
     uncalibrated = abs(carried.planner_rate / real - 1)
     single_ratio = abs(carried.planner_rate * measured / before.planner_rate / real - 1)  # single's ratio, carried
     assert error < 0.05 and error < uncalibrated / 3 and error < single_ratio / 2, (error, uncalibrated, single_ratio)
+    # `model-release plan` says what the release's plan predicts, with the same calibration
+    shown = {line.split()[5]: line for line in flow.calibrated_plan(loaded, spec_only, None)}
+    assert f"two-replicas {carried.predicted_max_slo_rate:.4g} req/s (x" in shown["two-replicas"], shown
+    assert f"release {rel} single x{fit.multiplier:.3g}" in shown["two-replicas"]
     own = again.of("single")  # the measured layout itself: its figures meet its measurement
     assert own and own.calibration_kind == "figures" and own.predicted_max_slo_rate == pytest.approx(measured, 0.03)
 

@@ -93,6 +93,11 @@ def _plan(args: argparse.Namespace) -> int:
     emit(planner.table(result, limit=None if args.all else 8))
     for line in planner.comparisons(result):
         emit(line)
+    if not args.datasheet:  # the spec's layouts as the release DAG's plan would predict them
+        from pipeline.entry import flow
+
+        for line in flow.calibrated_plan(loaded, result, fitted):
+            emit(line)
     png = Path(args.png) if args.png else home() / "plans" / f"{result.spec}-{result.input_len}-{result.output_len}.png"
     emit(f"chart: {planner.chart(result, png)}")
     if args.json:

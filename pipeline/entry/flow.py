@@ -7,6 +7,7 @@ Kept free of Airflow imports so the same calls run from the CLI, a pod or a test
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from pipeline.core import storage
 from pipeline.core.errors import GateFailed, ReleaseError
 from pipeline.core.files import atomic_write
 from pipeline.core.paths import PROJECT_ROOT, home, run_dir
-from pipeline.core.specs import LoadedSpec, load_spec, local_source
+from pipeline.core.specs import HardwareProfile, Layout, LoadedSpec, ReleaseSpec, load_spec, local_source
 from pipeline.planner import calibration, uncertainty
 from pipeline.planner import plan as planner
 from pipeline.planner import profile as profiling
@@ -238,6 +239,41 @@ def profile_engine(
     return registry().keep_profile(profiled) if save else profiled
 
 
+def rate_on(spec: ReleaseSpec, layout: Layout, own: float) -> Callable[[HardwareProfile], float]:
+    """The planner again for one layout on other figures (the overheads x a multiplier): req/s at its
+    endpoint, searched from `own`."""
+
+    def rate(hw: HardwareProfile) -> float:
+        at = planner.predict(
+            spec, hw, layout, spec.workload.input_len, spec.workload.output_len, True, start=own
+        )  # fmt: skip
+        return at.rate_per_replica * layout.replicas
+
+    return rate
+
+
+def calibrated_plan(loaded: LoadedSpec, found: planner.Plan, fitted: Profile | None) -> list[str]:
+    """What the release DAG's plan would predict for the spec's layouts, calibrated on what earlier
+    releases measured (the registry), one line each: `model-release plan` prints it under its table."""
+    measured = registry().measured_predictions()
+    spec = loaded.spec
+    hw = fitted.hardware_at_hand(loaded.hardware) if fitted else loaded.hardware
+    lines = []
+    for p in (p for p in found.predictions if p.in_spec and p.rate_per_server > 0):
+        own = round(p.rate_per_replica * p.layout.replicas, 4)
+        applied = calibration.for_layout(
+            measured, spec, loaded.hardware.name, hw, p.layout, own, fitted.id if fitted else None,
+            rate_on(spec, p.layout, own),
+        ).applied  # fmt: skip
+        lines.append(
+            f"calibrated (as the release's plan): {p.layout.name} {own * applied.factor:.4g} req/s"
+            f" (x{applied.factor:.3g}; {applied.text})"
+            if applied.kind
+            else f"calibrated (as the release's plan): {p.layout.name} {own:.4g} req/s: no earlier measurement applies"
+        )
+    return lines
+
+
 def plan_layouts(release: ValidatedRelease, run_id: str) -> Predictions:
     """Predict each layout's max SLO rate (the planner; seconds, no engine), calibrated on what earlier
     releases measured on the same hardware and engine, and publish it before any benchmark starts:
@@ -264,17 +300,10 @@ def plan_layouts(release: ValidatedRelease, run_id: str) -> Predictions:
             p, spec, hw, spec.workload.input_len, spec.workload.output_len, figures, fitted, planner.predict
         )
         own = round(p.rate_per_replica * layout.replicas, 4)
-        key = calibration.key(loaded.hardware.name, spec.serving.engine_image, layout, profile_id)
-        figure_key = calibration.layout_figure_key(spec, loaded.hardware.name, layout, profile_id)
-        by_figures = calibration.calibrate_figures(measured, figure_key)
-        figure_rate = None
-        if by_figures is not None and own > 0:  # the planner again, on the overheads x the multiplier
-            at = planner.predict(
-                spec, calibration.scaled(hw, by_figures.multiplier), layout, spec.workload.input_len,
-                spec.workload.output_len, True, start=own,
-            )  # fmt: skip
-            figure_rate = at.rate_per_replica * layout.replicas
-        applied = calibration.choose(own, by_figures, figure_rate, calibration.calibrate(measured, key))
+        found_for = calibration.for_layout(
+            measured, spec, loaded.hardware.name, hw, layout, own, profile_id, rate_on(spec, layout, own)
+        )
+        applied, key, figure_key = found_for.applied, found_for.key, found_for.figure_key
         factor = applied.factor
         found.append(
             LayoutPrediction(

@@ -367,3 +367,30 @@ def choose(
     if shape is not None:
         return Applied(factor=shape.factor, kind="shape", text=f"per-shape ratio {shape.summary()}")
     return Applied()
+
+
+class LayoutCalibration(BaseModel):
+    applied: Applied
+    key: str = Field(description="the per-shape key (`key`)")
+    figure_key: str = Field(description="the figures' key (`layout_figure_key`)")
+
+
+def for_layout(
+    measured: Measurements,
+    spec: ReleaseSpec,
+    hardware: str,
+    hw: HardwareProfile,
+    layout: Layout,
+    own: float,
+    profile: int | None,
+    rate_on: Callable[[HardwareProfile], float],
+) -> LayoutCalibration:
+    """What a plan applies to one layout's own rate `own` (req/s at its endpoint): its figure key's
+    multiplier, with the planner run again on the overheads x it (`rate_on`), or the per-shape ratio
+    (`choose`). The release DAG's plan and `model-release plan` both call this, so they agree."""
+    shape_key = key(hardware, spec.serving.engine_image, layout, profile)
+    figures_key = layout_figure_key(spec, hardware, layout, profile)
+    by_figures = calibrate_figures(measured, figures_key)
+    figure_rate = rate_on(scaled(hw, by_figures.multiplier)) if by_figures is not None and own > 0 else None
+    applied = choose(own, by_figures, figure_rate, calibrate(measured, shape_key))
+    return LayoutCalibration(applied=applied, key=shape_key, figure_key=figures_key)
