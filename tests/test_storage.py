@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import uuid
+import zlib
 from pathlib import Path
 
 import pytest
@@ -274,12 +276,15 @@ def test_verify_staged_passes_a_whole_artifact_and_names_what_is_missing(s3, art
     assert "model-00002-of-00002.safetensors" in capsys.readouterr().err
 
 
-def test_a_part_damaged_on_the_way_is_refused_naming_its_file_and_never_committed(s3, artifact, monkeypatch, tmp_path):
+@pytest.mark.parametrize("part_checksum", [None, "crc32"])  # moto checks neither Content-MD5 nor the CRC32
+def test_a_part_damaged_on_the_way_is_refused_naming_its_file_and_never_committed(
+    s3, artifact, monkeypatch, tmp_path, part_checksum
+):
     """The payload is no longer SHA-256-signed: the server's ETag (the MD5 of what it stored) must
     equal the MD5 of the local part, and a flipped byte fails that check even on moto."""
     monkeypatch.setattr(s3_upload, "WORKERS", 1)  # one request at a time, files in order
     monkeypatch.setattr(s3_upload, "READERS", 1)
-    target = target_for(s3.url)
+    target = target_for(s3.url, part_checksum=part_checksum)
     proxy = FlipProxy(s3.port, flip_at=3 * MB)  # inside the first shard's first part
     try:
         with pytest.raises(ArtifactError, match=r"model-00001-of-00002\.safetensors: part 1: the server stored bytes"):
@@ -291,6 +296,41 @@ def test_a_part_damaged_on_the_way_is_refused_naming_its_file_and_never_committe
     repaired = storage.stage(artifact, StagingSpec(s3=target))  # the damaged part is not kept on resume
     assert (repaired.files_sent, repaired.files_skipped) == (2, 2)  # the small files went up whole before
     storage.fetch(repaired.s3_uri, tmp_path / "pod", target)  # every byte checked against the manifest
+
+
+def composite_crc32(data: bytes, part: int) -> str:
+    """S3's composite checksum of a multipart object, computed here from the local bytes: the CRC32
+    of its parts' CRC32s."""
+    crcs = b"".join(zlib.crc32(data[i : i + part]).to_bytes(4, "big") for i in range(0, len(data), part))
+    return base64.b64encode(zlib.crc32(crcs).to_bytes(4, "big")).decode()
+
+
+def test_crc32_parts_leave_the_store_a_composite_checksum_of_the_local_bytes(s3, artifact, tmp_path):
+    target = target_for(s3.url, part_checksum="crc32")
+    staged = storage.stage(artifact, StagingSpec(s3=target))
+    client = storage.s3_client(target)
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        head = client.head_object(Bucket=target.bucket, Key=f"releases/{artifact.name}/{name}", ChecksumMode="ENABLED")
+        assert head["ChecksumCRC32"] == composite_crc32((artifact / name).read_bytes(), 5 * MB), name
+    storage.fetch(staged.s3_uri, tmp_path / "pod", target)
+
+
+def test_an_unfinished_upload_that_declared_no_checksum_is_started_afresh_under_crc32(s3, artifact):
+    """A store refuses parts whose checksum the upload did not declare: such an upload is not resumed."""
+    target = target_for(s3.url, part_checksum="crc32")
+    client = storage.s3_client(target)
+    client.create_bucket(Bucket=target.bucket)
+    name = "model-00001-of-00002.safetensors"
+    key = f"releases/{artifact.name}/{name}"
+    upload = client.create_multipart_upload(Bucket=target.bucket, Key=key)["UploadId"]  # no checksum
+    client.upload_part(
+        Bucket=target.bucket, Key=key, UploadId=upload, PartNumber=1, Body=(artifact / name).read_bytes()[: 5 * MB]
+    )
+    staged = storage.stage(artifact, StagingSpec(s3=target))
+    assert staged.bytes_sent == staged.total_bytes  # its part was not taken into the new upload
+    assert client.list_multipart_uploads(Bucket=target.bucket).get("Uploads", []) == []
+    head = client.head_object(Bucket=target.bucket, Key=key, ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32"] == composite_crc32((artifact / name).read_bytes(), 5 * MB)
 
 
 def test_restage_of_an_unchanged_artifact_reads_no_local_bytes(s3, artifact, monkeypatch):

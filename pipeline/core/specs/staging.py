@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from pipeline.core.specs.base import Strict
@@ -17,6 +19,13 @@ class S3Target(Strict):
     region: str | None = None
     create_bucket: bool = Field(
         False, description="create the bucket if missing (embedded default); production buckets exist"
+    )
+    part_checksum: Literal["crc32"] | None = Field(
+        None,
+        description="crc32: every part and small object also carries its CRC32 (x-amz-checksum-crc32, the "
+        "checksum awscli sends by default), which AWS S3 verifies and keeps as the object's composite "
+        "checksum; the Content-MD5 and ETag checks stay. Off by default: not every S3-compatible store "
+        "accepts the header (the embedded default's moto and AWS S3 do)",
     )
     stream: bool = Field(
         False,
