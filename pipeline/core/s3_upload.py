@@ -272,6 +272,10 @@ def _upload_all(
     failed = threading.Event()  # after a failure nobody reads or sends more
     completed: dict[str, list[dict]] = {}  # key -> its parts on the server
 
+    def checksum(data: bytes) -> dict[str, str]:
+        """The CRC32 argument a body carries where the target asks for one (`crc32`)."""
+        return {"ChecksumCRC32": _b64crc32(data)} if crc32 else {}
+
     def send_part(key: str, upload_id: str, number: int, data: bytes, held: dict, digest: LocalDigest) -> None:
         """MD5 the part here, in one of WORKERS threads, so hashing spreads over the cores."""
         try:
@@ -279,9 +283,9 @@ def _upload_all(
                 return
             md5 = hashlib.md5(data).digest()
             digest.part_md5s[number - 1] = md5.hex()
-            checksum = {"ChecksumCRC32": _b64crc32(data)} if crc32 else {}
+            crc = checksum(data)
             if held.get(number) == (md5.hex(), len(data)):  # already on the server with these exact bytes
-                parts = {"PartNumber": number, "ETag": f'"{md5.hex()}"', **checksum}
+                parts = {"PartNumber": number, "ETag": f'"{md5.hex()}"', **crc}
             else:
                 response = client.upload_part(
                     Bucket=bucket,
@@ -290,10 +294,10 @@ def _upload_all(
                     PartNumber=number,
                     Body=data,
                     ContentMD5=base64.b64encode(md5).decode(),
-                    **checksum,
+                    **crc,
                 )
                 _check_etag(bucket, key, f"part {number}", response, md5.hex())
-                parts = {"PartNumber": number, "ETag": response["ETag"], **checksum}
+                parts = {"PartNumber": number, "ETag": response["ETag"], **crc}
                 sent.add(len(data))
             completed[key].append(parts)
             progress.add(len(data))
@@ -320,7 +324,7 @@ def _upload_all(
                     Body=data,
                     ContentMD5=base64.b64encode(md5.digest()).decode(),
                     Metadata={"sha256": entry.sha256},
-                    **({"ChecksumCRC32": _b64crc32(data)} if crc32 else {}),
+                    **checksum(data),
                 )
                 _check_etag(bucket, key, "object", response, md5.hexdigest())
             sent.add(len(data))
